@@ -1,0 +1,142 @@
+"""The `Codec` base class: input checks, integer views, backends, the container.
+
+A codec subclass implements three things on 1-D integer "word" tensors
+(int8/16/32/64, the bit pattern of the user's tensor):
+
+    _encode(words, config, backend, alloc) -> meta tuple
+        compress; call alloc(payload_nbytes) once to get the payload view
+        (uint8, 16-byte aligned, on words' device) and fill it.
+    _check_meta(header)
+        raise CorruptDataError unless the meta fields agree with numel, the
+        element size and the payload size. Runs before any kernel.
+    _decode(payload, header, word_dtype, config, backend, check) -> words
+        decompress. Kernels never read or write out of bounds, whatever the
+        payload holds; with check=True, payload inconsistencies found on the
+        device are raised as CorruptDataError (this costs one host sync).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, ClassVar
+
+import torch
+
+from ..errors import CorruptDataError
+from ..kernels.launch import LaunchConfig, check_triton_device
+from .container import SUPPORTED_DTYPES, Compressed, Header, header_size, pack_header
+
+__all__ = ["Codec", "WORD_DTYPES"]
+
+WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BACKENDS = ("auto", "triton", "torch")
+
+
+def _check_input(x, where: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.is_nested or x.layout != torch.strided:
+        raise TypeError(f"{where}: only dense (strided) tensors are supported, got layout {x.layout}; "
+                        f"call .to_dense() first")
+    if x.device.type == "meta" or type(x).__name__ == "FakeTensor":
+        raise ValueError(f"{where}: a {x.device.type if x.device.type == 'meta' else 'fake'} tensor has no "
+                         f"data to compress; pass a real CPU or CUDA tensor")
+    if x.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{where}: dtype {x.dtype} is not supported; supported are real dtypes of "
+                        f"1, 2, 4 or 8 bytes: {names}")
+
+
+def _resolve_backend(backend: str, device: torch.device, where: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"{where}: backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton":
+        check_triton_device(device, where)
+    return backend
+
+
+def as_words(x: torch.Tensor) -> torch.Tensor:
+    """The bits of `x` as a flat integer tensor (copies only if not contiguous)."""
+    x = x.detach().resolve_conj().resolve_neg().contiguous()
+    return x.view(WORD_DTYPES[x.element_size()]).reshape(-1)
+
+
+class Codec:
+    """One compression format with a Triton and a PyTorch backend."""
+
+    name: ClassVar[str]
+    n_meta: ClassVar[int]
+
+    def compress(self, x: torch.Tensor, config: LaunchConfig | None = None, backend: str = "auto") -> Compressed:
+        """Compress `x` losslessly (bit for bit) into one contiguous buffer.
+
+        Any dense tensor of 1-, 2-, 4- or 8-byte dtype, any shape; a
+        non-contiguous tensor is copied to contiguous first. `config` sets
+        the Triton launch (ignored by the torch backend).
+        """
+        where = f"cswap.codecs.{self.name}.compress"
+        _check_input(x, where)
+        backend = _resolve_backend(backend, x.device, where)
+        shape = tuple(x.shape)
+        hsize = header_size(len(shape), self.n_meta)
+        buf: list[torch.Tensor] = []
+
+        def alloc(payload_nbytes: int) -> torch.Tensor:
+            if buf:
+                raise RuntimeError(f"{where}: alloc called twice")
+            buf.append(torch.empty(hsize + payload_nbytes, dtype=torch.uint8, device=x.device))
+            return buf[0][hsize:]
+
+        meta = tuple(int(m) for m in self._encode(as_words(x), config, backend, alloc))
+        if len(meta) != self.n_meta or not buf:
+            raise RuntimeError(f"{where}: codec returned {len(meta)} meta fields (expected {self.n_meta})")
+        data = buf[0]
+        raw = pack_header(self.name, x.dtype, shape, meta, data.numel() - hsize)
+        data[:hsize].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        header = Header(self.name, x.dtype, torch.Size(shape), meta, hsize, data.numel() - hsize)
+        return Compressed(data, header)
+
+    def decompress(self, blob: Compressed, config: LaunchConfig | None = None, backend: str = "auto",
+                   check: bool = True) -> torch.Tensor:
+        """Restore the tensor: same shape, dtype and bits, on `blob`'s device.
+
+        check=False skips reading back the decoder's on-device consistency
+        flags (saves a host sync); bounds safety does not depend on it.
+        """
+        where = f"cswap.codecs.{self.name}.decompress"
+        if not isinstance(blob, Compressed):
+            raise TypeError(f"{where}: expected a cswap.Compressed, got {type(blob).__name__}; "
+                            f"use cswap.Compressed.from_bytes(data) for raw bytes")
+        if blob.codec != self.name:
+            raise ValueError(f"{where}: buffer was written by codec {blob.codec!r}; use "
+                             f"cswap.codecs.get({blob.codec!r}) or blob.decompress()")
+        header = blob._header
+        self.check_meta(header)
+        backend = _resolve_backend(backend, blob.device, where)
+        word_dtype = WORD_DTYPES[header.dtype.itemsize]
+        words = self._decode(blob.payload, header, word_dtype, config, backend, check)
+        return words.view(header.dtype).reshape(header.shape)
+
+    def check_meta(self, header: Header) -> None:
+        if len(header.meta) != self.n_meta:
+            raise CorruptDataError(f"cswap.codecs.{self.name}: header has {len(header.meta)} meta fields, "
+                                   f"expected {self.n_meta}")
+        self._check_meta(header)
+
+    # -- implemented by each codec ------------------------------------------------
+    def _encode(self, words: torch.Tensor, config, backend: str,
+                alloc: Callable[[int], torch.Tensor]) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _check_meta(self, header: Header) -> None:
+        raise NotImplementedError
+
+    def _decode(self, payload: torch.Tensor, header: Header, word_dtype: torch.dtype, config,
+                backend: str, check: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<cswap codec {self.name!r}>"
+
+

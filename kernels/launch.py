@@ -1,0 +1,78 @@
+"""Launch settings shared by every codec kernel: the tuner's two knobs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device"]
+
+_MAX_GRID = 1 << 20
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a codec kernel is launched.
+
+    grid:  number of programs. Kernels are persistent: each program walks the
+           tiles in a grid-stride loop, so any grid >= 1 is correct and the
+           tuner is free to search it.
+    block: threads per program, a multiple of 32 (Triton's num_warps = block // 32).
+    """
+
+    grid: int
+    block: int = 128
+
+    def __post_init__(self):
+        if not isinstance(self.grid, int) or not 1 <= self.grid <= _MAX_GRID:
+            raise ValueError(f"cswap.LaunchConfig: grid must be an int in [1, {_MAX_GRID}], got {self.grid!r}")
+        warps = self.block // 32 if isinstance(self.block, int) else 0
+        if self.block % 32 or warps < 1 or warps > 32 or warps & (warps - 1):
+            raise ValueError(
+                f"cswap.LaunchConfig: block must be 32 times a power of two up to 1024 "
+                f"(32, 64, 128, ..., 1024), got {self.block!r}"
+            )
+
+    @property
+    def num_warps(self) -> int:
+        return self.block // 32
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_triton_device(device: torch.device, who: str) -> None:
+    """Raise a clear error when the Triton backend cannot run on `device`."""
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and interpreting():
+        return
+    raise ValueError(
+        f"{who}: backend='triton' needs a CUDA tensor (or a CPU tensor with TRITON_INTERPRET=1 "
+        f"set before cswap is imported); got a tensor on {device}. Use backend='torch' or 'auto'."
+    )
+
+
+def default_config(device: torch.device) -> LaunchConfig:
+    """Untuned default: a few programs per SM, 4 warps each.
+
+    grid = 4 x SMs: enough resident programs to hide memory latency on H100
+    (132 SMs); cswap-tune replaces it with a measured optimum.
+    """
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return LaunchConfig(grid=4 * sms, block=128)
+    # The interpreter runs programs one after another: fewer is faster.
+    return LaunchConfig(grid=4, block=128)
+
+
+def launch_grid(config: LaunchConfig | None, num_tiles: int, device: torch.device) -> tuple[int, int]:
+    """(programs, num_warps) for a persistent kernel over `num_tiles` tiles."""
+    config = config or default_config(device)
+    if not isinstance(config, LaunchConfig):
+        raise TypeError(f"cswap.kernels: config must be a cswap.LaunchConfig or None, got {type(config).__name__}")
+    return max(1, min(config.grid, num_tiles)), config.num_warps
