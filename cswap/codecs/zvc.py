@@ -1,0 +1,55 @@
+"""ZVC codec: bitmask of non-zeros plus the non-zeros (format in cswap.kernels.zvc).
+
+Header meta: (tile, nnz).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import CorruptDataError
+from ..kernels import zvc as kernels
+from .base import Codec
+
+__all__ = ["ZVC", "CODEC"]
+
+
+class ZVC(Codec):
+    name = "zvc"
+    n_meta = 2
+
+    def _encode(self, words, config, backend, alloc):
+        if backend == "triton":
+            nnz = kernels.zvc_compress(words, alloc, config)
+        else:
+            nnz = kernels.zvc_compress_ref(words, alloc)
+        return kernels.TILE, nnz
+
+    def _check_meta(self, header):
+        tile, nnz = header.meta
+        n = header.shape.numel()
+        where = "cswap.codecs.zvc"
+        if tile <= 0 or tile % 32 or tile > 1 << 20:
+            raise CorruptDataError(f"{where}: tile size {tile} is not a positive multiple of 32 up to 2**20")
+        if not 0 <= nnz <= n:
+            raise CorruptDataError(f"{where}: {nnz} non-zeros recorded for a tensor of {n} elements")
+        expected = kernels.layout(n, tile, nnz, header.dtype.itemsize)[3]
+        if header.payload_nbytes != expected:
+            raise CorruptDataError(f"{where}: payload is {header.payload_nbytes} bytes but {n} elements "
+                                   f"with {nnz} non-zeros take {expected}")
+
+    def _decode(self, payload, header, word_dtype, config, backend, check):
+        tile, nnz = header.meta
+        n = header.shape.numel()
+        if backend == "triton":
+            words, status = kernels.zvc_decompress(payload, n, tile, nnz, word_dtype, config)
+        else:
+            words, status = kernels.zvc_decompress_ref(payload, n, tile, nnz, word_dtype)
+        if check and status.numel() and bool(status.any()):
+            tile_index = int(status.nonzero()[0, 0])
+            raise CorruptDataError(f"cswap.codecs.zvc: tile {tile_index} of {status.numel()} is inconsistent: "
+                                   f"its mask bits disagree with its recorded offsets (the payload was altered)")
+        return words
+
+
+CODEC = ZVC()

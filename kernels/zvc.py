@@ -1,0 +1,215 @@
+"""Zero-value compression (ZVC): a bitmask of non-zeros, then the non-zeros.
+
+Format of the payload (all little-endian; each section starts 16-byte aligned):
+
+    tile_offsets  int64[T + 1]       T = ceil(n / TILE); entry t = number of non-zero
+                                     elements before tile t (so entry T = nnz). Lets
+                                     every tile decode on its own.
+    masks         uint32[ceil(n/32)] word j, bit i (LSB first) = element 32*j + i is
+                                     non-zero; bits past n are zero.
+    values        word[nnz]          the non-zero elements, in order.
+
+Elements are the integer view of the tensor (int8/16/32/64), so "zero" means
+all bits zero and -0.0, NaN payloads, infinities and denormals survive.
+TILE is stored in the container header, so a buffer decodes with the TILE it
+was written with.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import LaunchConfig, launch_grid
+
+__all__ = ["TILE", "layout", "zvc_compress", "zvc_decompress", "zvc_compress_ref", "zvc_decompress_ref"]
+
+# TILE = 4096 elements (128 mask words): untuned default, pending a sweep on
+# H100; any multiple of 32 decodes.
+TILE = 4096
+_ALIGN = 16
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def layout(n: int, tile: int, nnz: int, itemsize: int) -> tuple[int, int, int, int]:
+    """Byte offsets of (tile_offsets, masks, values) and the payload size."""
+    num_tiles = -(-n // tile)
+    off_masks = _align(8 * (num_tiles + 1))
+    off_values = off_masks + _align(4 * (-(-n // 32)))
+    return 0, off_masks, off_values, off_values + _align(nnz * itemsize)
+
+
+# -- Triton -------------------------------------------------------------------
+
+
+@triton.jit
+def _zvc_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    idx = tl.arange(0, TILE)
+    for t in range(pid, num_tiles, nprog):
+        offs = t * TILE + idx
+        w = tl.load(words_ptr + offs, mask=offs < n, other=0)
+        tl.store(counts_ptr + t, tl.sum((w != 0).to(tl.int64), axis=0))
+
+
+@triton.jit
+def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_tiles,
+                         TILE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    ROWS: tl.constexpr = TILE // 32
+    rows = tl.arange(0, ROWS)
+    lane = tl.arange(0, 32)
+    for t in range(pid, num_tiles, nprog):
+        offs = t * TILE + rows[:, None] * 32 + lane[None, :]
+        inb = offs < n
+        w = tl.load(words_ptr + offs, mask=inb, other=0)
+        nz = (w != 0).to(tl.int32)
+        bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
+        mask_words = tl.sum(bits, axis=1).to(tl.uint32)
+        tl.store(masks_ptr + t * ROWS + rows, mask_words.to(tl.int32, bitcast=True),
+                 mask=t * ROWS + rows < (n + 31) // 32)
+        # Position of each non-zero: exclusive prefix over the tile in row-major order.
+        row_count = tl.sum(nz, axis=1)
+        row_before = tl.cumsum(row_count, axis=0) - row_count
+        pos = row_before[:, None] + tl.cumsum(nz, axis=1) - nz
+        base = tl.load(offsets_ptr + t)
+        tl.store(values_ptr + base + pos, w, mask=inb & (nz != 0))
+
+
+@triton.jit
+def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_ptr, n, nnz,
+                           num_tiles, TILE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    ROWS: tl.constexpr = TILE // 32
+    rows = tl.arange(0, ROWS)
+    lane = tl.arange(0, 32)
+    for t in range(pid, num_tiles, nprog):
+        offs = t * TILE + rows[:, None] * 32 + lane[None, :]
+        inb = offs < n
+        m = tl.load(masks_ptr + t * ROWS + rows, mask=t * ROWS + rows < (n + 31) // 32, other=0)
+        m = m.to(tl.uint32, bitcast=True)
+        bit = ((m[:, None] >> lane[None, :].to(tl.uint32)) & 1).to(tl.int32)
+        bit = tl.where(inb, bit, 0)
+        row_count = tl.sum(bit, axis=1)
+        row_before = tl.cumsum(row_count, axis=0) - row_count
+        pos = row_before[:, None] + tl.cumsum(bit, axis=1) - bit
+        # The payload is untrusted: clamp the tile's value range into [0, nnz].
+        start = tl.minimum(tl.maximum(tl.load(offsets_ptr + t), 0), nnz)
+        end = tl.minimum(tl.maximum(tl.load(offsets_ptr + t + 1), start), nnz)
+        src = start + pos
+        v = tl.load(values_ptr + src, mask=inb & (bit != 0) & (src < end), other=0)
+        tl.store(out_ptr + offs, v, mask=inb)
+        bad = (tl.sum(row_count, axis=0) != end - start) | (tl.load(offsets_ptr + t) != start) \
+            | (tl.load(offsets_ptr + t + 1) != end)
+        tl.store(status_ptr + t, bad.to(tl.int8))
+
+
+def _sections(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype):
+    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    _, off_masks, off_values, _ = layout(n, tile, nnz, itemsize)
+    num_tiles = -(-n // tile)
+    offsets = payload[: 8 * (num_tiles + 1)].view(torch.int64)
+    masks = payload[off_masks: off_masks + 4 * (-(-n // 32))].view(torch.int32)
+    values = payload[off_values: off_values + nnz * itemsize].view(word_dtype)
+    return offsets, masks, values
+
+
+def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE) -> int:
+    """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns nnz."""
+    n = words.numel()
+    num_tiles = -(-n // tile)
+    counts = torch.zeros(num_tiles, dtype=torch.int64, device=words.device)
+    grid, warps = launch_grid(config, num_tiles, words.device)
+    if num_tiles:
+        _zvc_count_kernel[(grid,)](words, counts, n, num_tiles, TILE=tile, num_warps=warps)
+    tile_offsets = torch.cumsum(counts, 0)
+    nnz = int(tile_offsets[-1]) if num_tiles else 0  # the one host sync: sizes the buffer
+    payload = alloc(layout(n, tile, nnz, words.element_size())[3])
+    payload.zero_()  # padding bytes are part of the format: keep them deterministic
+    offsets, masks, values = _sections(payload, n, tile, nnz, words.dtype)
+    offsets[1:].copy_(tile_offsets)
+    if num_tiles:
+        _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile,
+                                      num_warps=warps)
+    return nnz
+
+
+def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype,
+                   config: LaunchConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with Triton; returns (words, per-tile status: non-zero = inconsistent tile)."""
+    offsets, masks, values = _sections(payload, n, tile, nnz, word_dtype)
+    num_tiles = -(-n // tile)
+    out = torch.empty(n, dtype=word_dtype, device=payload.device)
+    status = torch.zeros(num_tiles, dtype=torch.int8, device=payload.device)
+    if num_tiles:
+        grid, warps = launch_grid(config, num_tiles, payload.device)
+        _zvc_decompress_kernel[(grid,)](masks, offsets, values, out, status, n, nnz, num_tiles,
+                                        TILE=tile, num_warps=warps)
+        # The tiles must account for exactly nnz values (checked on the device: no sync).
+        status[0] |= (offsets[0] != 0).to(torch.int8)
+        status[-1] |= (offsets[-1] != nnz).to(torch.int8)
+    return out, status
+
+
+# -- PyTorch reference ----------------------------------------------------------
+
+
+def _mask_words(nz: torch.Tensor) -> torch.Tensor:
+    n = nz.numel()
+    padded = torch.zeros(-(-n // 32) * 32, dtype=torch.int64, device=nz.device)
+    padded[:n] = nz
+    weights = torch.ones((), dtype=torch.int64, device=nz.device) << torch.arange(32, device=nz.device)
+    m = (padded.view(-1, 32) * weights).sum(1)
+    return (m - (m >= 2**31).to(torch.int64) * 2**32).to(torch.int32)  # uint32 bits in int32
+
+
+def _mask_bits(masks: torch.Tensor, n: int) -> torch.Tensor:
+    shifts = torch.arange(32, device=masks.device)
+    m = masks.to(torch.int64) & 0xFFFFFFFF
+    return ((m[:, None] >> shifts) & 1).reshape(-1)[:n].bool()
+
+
+def _tile_counts(nz: torch.Tensor, tile: int) -> torch.Tensor:
+    n = nz.numel()
+    padded = torch.zeros(-(-n // tile) * tile, dtype=torch.int64, device=nz.device)
+    padded[:n] = nz
+    return padded.view(-1, tile).sum(1)
+
+
+def zvc_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> int:
+    """Reference encoder in plain PyTorch; writes the same bytes as `zvc_compress`."""
+    n = words.numel()
+    nz = words != 0
+    values = words[nz]
+    nnz = values.numel()
+    payload = alloc(layout(n, tile, nnz, words.element_size())[3])
+    payload.zero_()
+    offsets, masks, out_values = _sections(payload, n, tile, nnz, words.dtype)
+    offsets[1:].copy_(torch.cumsum(_tile_counts(nz, tile), 0))
+    masks.copy_(_mask_words(nz))
+    out_values.copy_(values)
+    return nnz
+
+
+def zvc_decompress_ref(payload: torch.Tensor, n: int, tile: int, nnz: int,
+                       word_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference decoder; returns (words, per-tile status) like `zvc_decompress`."""
+    offsets, masks, values = _sections(payload, n, tile, nnz, word_dtype)
+    nz = _mask_bits(masks, n)
+    counts = _tile_counts(nz, tile)
+    status = (offsets[1:] - offsets[:-1] != counts).to(torch.int8)
+    out = torch.zeros(n, dtype=word_dtype, device=payload.device)
+    found = int(nz.sum())
+    # Scatter only what is consistent: never index values past nnz.
+    if found == nnz and offsets[0] == 0:
+        out[nz] = values
+    elif status.numel():
+        status[0] = 1  # total mismatch: report it even if each tile looks fine
+    return out, status

@@ -1,0 +1,228 @@
+import struct
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cswap
+from bitdata import DTYPES, assert_bit_equal, bits, blocky, random_bits, special_values
+from cswap.codecs.container import pack_header
+from cswap.kernels import zvc as kz
+
+ZVC = cswap.codecs.get("zvc")
+BACKENDS = ["torch", "triton"]
+SHAPES = [(), (0,), (1,), (31,), (33,), (kz.TILE - 1,), (kz.TILE + 1,), (3, 5, 7), (2, 0, 3)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_round_trip_every_dtype(dtype, backend):
+    x = random_bits((2 * kz.TILE + 77,), dtype, sparsity=0.5)
+    blob = ZVC.compress(x, backend=backend)
+    assert blob.codec == "zvc" and blob.dtype == dtype and blob.shape == x.shape
+    assert_bit_equal(ZVC.decompress(blob, backend=backend), x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_round_trip_shapes(shape, backend):
+    x = random_bits(shape, torch.float32, sparsity=0.3)
+    assert_bit_equal(ZVC.decompress(ZVC.compress(x, backend=backend), backend=backend), x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sparsity", [0.0, 0.2, 0.5, 0.9, 1.0])
+def test_round_trip_sparsity(sparsity, backend):
+    x = random_bits((kz.TILE + 100,), torch.float16, sparsity=sparsity)
+    blob = ZVC.compress(x, backend=backend)
+    assert blob.meta[1] == int((bits(x) != 0).sum())
+    assert_bit_equal(ZVC.decompress(blob, backend=backend), x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+def test_special_values_survive(dtype, backend):
+    x = special_values(dtype)
+    assert_bit_equal(ZVC.decompress(ZVC.compress(x, backend=backend), backend=backend), x)
+
+
+def test_format_masks_lsb_first_then_values():
+    x = torch.zeros(40, dtype=torch.int32)
+    x[0], x[3], x[31], x[32], x[39] = 7, -1, 5, 9, 2
+    blob = ZVC.compress(x, backend="torch")
+    offsets, masks, values = kz._sections(blob.payload, 40, kz.TILE, 5, torch.int32)
+    assert offsets.tolist() == [0, 5]
+    assert [m & 0xFFFFFFFF for m in masks.tolist()] == [(1 << 0) | (1 << 3) | (1 << 31), (1 << 0) | (1 << 7)]
+    assert values.tolist() == [7, -1, 5, 9, 2]
+
+
+def test_tile_offsets_count_nonzeros_per_tile():
+    x = torch.zeros(3 * kz.TILE, dtype=torch.int8)
+    x[:10] = 1
+    x[2 * kz.TILE: 2 * kz.TILE + 4] = 3
+    blob = ZVC.compress(x, backend="torch")
+    offsets, _, _ = kz._sections(blob.payload, x.numel(), kz.TILE, 14, torch.int8)
+    assert offsets.tolist() == [0, 10, 10, 14]
+
+
+@pytest.mark.parametrize("x", [random_bits((3 * kz.TILE + 5,), torch.bfloat16, 0.6),
+                               random_bits((77,), torch.float64, 0.1),
+                               random_bits((0,), torch.float32)], ids=["bf16", "f64", "empty"])
+def test_backends_write_identical_bytes_and_decode_each_other(x):
+    a = ZVC.compress(x, backend="torch")
+    b = ZVC.compress(x, backend="triton")
+    assert torch.equal(a.data, b.data)
+    assert_bit_equal(ZVC.decompress(a, backend="triton"), x)
+    assert_bit_equal(ZVC.decompress(b, backend="torch"), x)
+
+
+@pytest.mark.parametrize("grid,block", [(1, 32), (2, 64), (3, 128), (1000, 256)])
+def test_launch_config_does_not_change_result(grid, block):
+    x = random_bits((5 * kz.TILE + 3,), torch.float32, 0.5)
+    config = cswap.LaunchConfig(grid=grid, block=block)
+    blob = ZVC.compress(x, config=config, backend="triton")
+    assert torch.equal(blob.data, ZVC.compress(x, backend="torch").data)
+    assert_bit_equal(ZVC.decompress(blob, config=config, backend="triton"), x)
+
+
+def test_zvc_shrinks_sparse_data():
+    x = blocky((8 * 1024,), torch.float32, sparsity=0.5)
+    blob = ZVC.compress(x, backend="torch")
+    nnz = int((bits(x) != 0).sum())
+    assert blob.nbytes < x.numel() * 4 * 0.6
+    assert blob.payload.numel() < nnz * 4 + x.numel() / 8 + 64
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(min_size=0, max_size=600), width=st.sampled_from([1, 2, 4, 8]),
+       zero_every=st.integers(1, 8))
+def test_property_round_trip(data, width, zero_every):
+    raw = bytearray(data[: len(data) // width * width])
+    for i in range(0, len(raw), width * zero_every):  # inject zero elements
+        raw[i: i + width] = bytes(width)
+    dtype = {1: torch.uint8, 2: torch.float16, 4: torch.float32, 8: torch.float64}[width]
+    x = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+    assert_bit_equal(ZVC.decompress(ZVC.compress(x, backend="torch"), backend="torch"), x)
+
+
+@settings(max_examples=6, deadline=None)
+@given(n=st.integers(0, 3 * kz.TILE), sparsity=st.floats(0, 1))
+def test_property_round_trip_triton(n, sparsity):
+    x = random_bits((n,), torch.int16, sparsity)
+    blob = ZVC.compress(x, backend="triton")
+    assert_bit_equal(ZVC.decompress(blob, backend="triton"), x)
+
+
+# -- corrupt buffers -------------------------------------------------------------
+
+
+def _rewrap(blob, meta=None, payload=None):
+    """A buffer with a valid header (CRC passes) but different meta or payload."""
+    payload = blob.payload.clone() if payload is None else payload
+    meta = blob.meta if meta is None else meta
+    raw = pack_header("zvc", blob.dtype, tuple(blob.shape), meta, payload.numel())
+    return torch.cat([torch.frombuffer(bytearray(raw), dtype=torch.uint8), payload])
+
+
+@pytest.fixture
+def blob():
+    return ZVC.compress(random_bits((2 * kz.TILE + 9,), torch.float32, 0.5), backend="torch")
+
+
+def test_truncated_and_overlong_buffers_raise(blob):
+    with pytest.raises(cswap.CorruptDataError, match="truncated"):
+        cswap.Compressed.from_bytes(blob.data[:-1])
+    with pytest.raises(cswap.CorruptDataError, match="overlong"):
+        cswap.Compressed.from_bytes(torch.cat([blob.data, blob.data[:3]]))
+    with pytest.raises(cswap.CorruptDataError):
+        cswap.Compressed.from_bytes(blob.data[:20])
+
+
+def test_altered_header_raises(blob):
+    data = blob.data.clone()
+    data[40] ^= 1  # inside the shape field: CRC catches it
+    with pytest.raises(cswap.CorruptDataError, match="checksum"):
+        cswap.Compressed.from_bytes(data)
+
+
+@pytest.mark.parametrize("meta", [(kz.TILE, -1), (kz.TILE, 10**9), (33, 10), (0, 10)])
+def test_inconsistent_meta_raises_before_decoding(blob, meta):
+    with pytest.raises(cswap.CorruptDataError, match="cswap.codecs.zvc"):
+        cswap.Compressed.from_bytes(_rewrap(blob, meta=meta))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wrong_nnz_with_matching_size_raises(backend):
+    # 9 int32 non-zeros (36 bytes, padded to 48); claiming 10 keeps the payload
+    # size, so only the decoder can notice. It must raise, not read past the values.
+    x = torch.zeros(2 * kz.TILE + 9, dtype=torch.int32)
+    x[torch.arange(9) * 900] = torch.arange(1, 10, dtype=torch.int32)
+    blob = ZVC.compress(x, backend="torch")
+    tile, nnz = blob.meta
+    assert nnz == 9 and kz.layout(x.numel(), tile, 10, 4)[3] == blob.payload.numel()
+    bad = cswap.Compressed.from_bytes(_rewrap(blob, meta=(tile, 10)))
+    with pytest.raises(cswap.CorruptDataError, match="tile"):
+        ZVC.decompress(bad, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("section", ["mask", "offset"])
+def test_altered_payload_raises(blob, backend, section):
+    payload = blob.payload.clone()
+    n = blob.shape.numel()
+    offsets, masks, _ = kz._sections(payload, n, kz.TILE, blob.meta[1], torch.int32)
+    if section == "mask":
+        assert masks[5] != -1
+        masks[5] = -1  # all 32 set: tile 0's count no longer matches its offsets
+    else:
+        offsets[1] += 3
+    bad = cswap.Compressed.from_bytes(_rewrap(blob, payload=payload))
+    with pytest.raises(cswap.CorruptDataError):
+        ZVC.decompress(bad, backend=backend)
+    # check=False skips the report but still never reads out of bounds
+    y = ZVC.decompress(bad, backend=backend, check=False)
+    assert y.shape == blob.shape
+
+
+def test_header_dtype_itemsize_matches_payload():
+    x = random_bits((100,), torch.float64, 0.5)
+    blob = ZVC.compress(x, backend="torch")
+    # Relabel as float32 with the same payload: sizes no longer agree.
+    raw = pack_header("zvc", torch.float32, (100,), blob.meta, blob.payload.numel())
+    data = torch.cat([torch.frombuffer(bytearray(raw), dtype=torch.uint8), blob.payload])
+    with pytest.raises(cswap.CorruptDataError, match="payload is"):
+        cswap.Compressed.from_bytes(data)
+
+
+def test_header_layout_is_as_documented():
+    blob = ZVC.compress(torch.zeros(2, 3), backend="torch")
+    magic, version, codec_id, _, ndim, hsize, n_meta = struct.unpack_from("<4sBBBBHH", bytes(blob.data[:12].tolist()))
+    assert (magic, version, codec_id, ndim, n_meta) == (b"CSWZ", 1, 1, 2, 2)
+    assert hsize % 16 == 0 and blob.payload.data_ptr() % 16 == 0
+
+
+# -- GPU ---------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8], ids=str)
+def test_gpu_large_round_trip(dtype):
+    x = random_bits((64 << 20) // torch.empty((), dtype=dtype).element_size(), dtype, 0.5, device="cuda")
+    blob = ZVC.compress(x)
+    assert torch.equal(blob.data, ZVC.compress(x, backend="torch").data)
+    assert_bit_equal(ZVC.decompress(blob), x)
+
+
+@pytest.mark.gpu
+def test_gpu_more_than_2_31_elements():
+    n = 2**31 + 4099
+    if torch.cuda.get_device_properties(0).total_memory < 8 * n:
+        pytest.skip("needs about 8 bytes of GPU memory per element")
+    x = torch.zeros(n, dtype=torch.int8, device="cuda")
+    x[-5:] = torch.tensor([1, 2, 0, 4, 5], dtype=torch.int8)
+    x[2**31 - 3: 2**31 + 3] = 7
+    blob = ZVC.compress(x)
+    assert blob.meta[1] == 10
+    y = ZVC.decompress(blob)
+    assert torch.equal(y, x)
