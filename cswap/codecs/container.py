@@ -166,9 +166,18 @@ class Compressed:
     def meta(self) -> tuple[int, ...]:
         return self._header.meta
 
-    def to(self, device, non_blocking: bool = False) -> "Compressed":
-        """Copy the bytes to `device` (pinned host memory makes non_blocking real)."""
-        return Compressed(self.data.to(device, non_blocking=non_blocking), self._header)
+    def to(self, device=None, non_blocking: bool = False, out: torch.Tensor | None = None) -> "Compressed":
+        """Copy the bytes to `device`, or into the front of `out` (a 1-D uint8
+        buffer of at least `nbytes`, e.g. from a pinned pool: then
+        non_blocking=True makes the copy asynchronous). One copy either way."""
+        if out is None:
+            return Compressed(self.data.to(device, non_blocking=non_blocking), self._header)
+        if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() < self.nbytes:
+            raise ValueError(f"cswap.Compressed.to: out must be a 1-D uint8 tensor of at least {self.nbytes} "
+                             f"bytes, got {out.dtype} of shape {tuple(out.shape)}")
+        dst = out[: self.nbytes]
+        dst.copy_(self.data, non_blocking=non_blocking)
+        return Compressed(dst, self._header)
 
     def pin_memory(self) -> "Compressed":
         return Compressed(self.data.pin_memory(), self._header)

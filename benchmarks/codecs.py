@@ -1,0 +1,316 @@
+"""Codec benchmark: cswap's four codecs against nvCOMP, side by side in one run.
+
+For each codec x sparsity x size x dtype: compression ratio, compress and
+decompress throughput (GB/s of uncompressed input, and % of the measured
+device-to-device copy bandwidth), the pinned D2H/H2D copy of the raw tensor,
+and the end-to-end swap (compress + D2H + H2D + decompress) against the raw
+round trip (D2H + H2D). Every case is checked bit-exact before it is timed.
+
+    python benchmarks/codecs.py            # full sweep (on a GPU: 1 MiB .. 1 GiB)
+    python benchmarks/codecs.py --quick    # small sizes; runs on CPU in a minute
+
+Results: a printed table, and CSV + JSON under benchmarks/results/<device>/.
+On CPU there is no PCIe: transfer and swap columns are empty, and the codecs
+run their PyTorch backend (the Triton interpreter is far too slow to time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import cswap
+from cswap.synthetic import PATTERNS, make_tensor
+
+MiB = 1 << 20
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+# -- timing ----------------------------------------------------------------------
+
+
+def bench_ms(fn, device: torch.device, repeats: int) -> float:
+    """Median wall time of fn() in ms (CUDA: triton's do_bench, events, L2 flushed)."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=5, rep=max(20, 10 * repeats), return_mode="median"))
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbps(device: torch.device, repeats: int) -> float:
+    """Device memory bandwidth as a plain copy moves it (bytes read + written)."""
+    n = (256 if device.type == "cuda" else 64) * MiB
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), device, repeats)
+    return 2 * n / ms / 1e6
+
+
+# -- providers ---------------------------------------------------------------------
+
+
+class CswapProvider:
+    def __init__(self, name: str, backend: str):
+        self.name, self.codec, self.backend = name, cswap.codecs.get(name), backend
+
+    def compress(self, x):
+        return self.codec.compress(x, backend=self.backend)
+
+    def decompress(self, blob, like):
+        return self.codec.decompress(blob, backend=self.backend, check=False)
+
+    @staticmethod
+    def nbytes(blob) -> int:
+        return blob.nbytes
+
+    @staticmethod
+    def data(blob) -> torch.Tensor:
+        return blob.data
+
+    @staticmethod
+    def rebuild(blob, data):
+        return cswap.Compressed(data, blob._header)
+
+
+class NvcompProvider:
+    """nvCOMP through its Python API (nvidia-nvcomp-cu12/13), on torch's stream."""
+
+    # Bitcomp algorithm_type=1 is its sparse mode.
+    OPTIONS = {"LZ4": {}, "Cascaded": {}, "Bitcomp": {"algorithm_type": 1}}
+
+    def __init__(self, algorithm: str):
+        from nvidia import nvcomp
+
+        self.nvcomp, self.algorithm = nvcomp, algorithm
+        self.name = f"nvcomp-{algorithm.lower()}"
+        self._codecs = {}
+
+    def _codec(self, typestr: str):
+        key = (typestr, torch.cuda.current_stream().cuda_stream)
+        if key not in self._codecs:
+            self._codecs[key] = self.nvcomp.Codec(algorithm=self.algorithm, cuda_stream=key[1],
+                                                  data_type=typestr, **self.OPTIONS[self.algorithm])
+        return self._codecs[key]
+
+    def compress(self, x):
+        words = x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+        typestr = words.__cuda_array_interface__["typestr"]
+        return self._codec(typestr).encode(self.nvcomp.as_array(words)), typestr
+
+    def decompress(self, blob, like):
+        enc, typestr = blob
+        out = torch.as_tensor(self._codec(typestr).decode(enc), device=like.device)
+        return out.view(torch.uint8).view(like.dtype).reshape(like.shape)
+
+    @staticmethod
+    def nbytes(blob) -> int:
+        return int(blob[0].buffer_size)
+
+    @staticmethod
+    def data(blob) -> torch.Tensor:
+        return torch.as_tensor(blob[0], device="cuda").view(torch.uint8).reshape(-1)
+
+    def rebuild(self, blob, data):
+        return self.nvcomp.as_array(data), blob[1]
+
+
+def providers(args, device) -> list:
+    backend = "triton" if device.type == "cuda" else "torch"
+    found = [CswapProvider(name, backend) for name in args.codecs]
+    if device.type == "cuda" and not args.no_nvcomp:
+        try:
+            from nvidia import nvcomp  # noqa: F401
+        except ImportError:
+            print("nvidia.nvcomp not importable: nvCOMP columns skipped (pip install nvidia-nvcomp-cu12/13)")
+        else:
+            found += [NvcompProvider(a) for a in NvcompProvider.OPTIONS]
+    return found
+
+
+# -- one case ------------------------------------------------------------------------
+
+
+def run_case(provider, x, device, repeats, bw_gbps, raw) -> dict:
+    nbytes = x.numel() * x.element_size()
+    blob = provider.compress(x)
+    y = provider.decompress(blob, x)
+    words = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    if not torch.equal(y.view(words), x.view(words)):
+        raise AssertionError(f"{provider.name}: round trip is not bit-exact; refusing to time it")
+    size = provider.nbytes(blob)
+    c_ms = bench_ms(lambda: provider.compress(x), device, repeats)
+    d_ms = bench_ms(lambda: provider.decompress(blob, x), device, repeats)
+    row = {
+        "provider": provider.name, "ratio": nbytes / size, "compressed_bytes": size,
+        "compress_ms": c_ms, "decompress_ms": d_ms,
+        "compress_gbps": nbytes / c_ms / 1e6, "decompress_gbps": nbytes / d_ms / 1e6,
+    }
+    row["compress_pct_bw"] = 100 * row["compress_gbps"] / bw_gbps
+    row["decompress_pct_bw"] = 100 * row["decompress_gbps"] / bw_gbps
+    if device.type == "cuda":
+        pinned, back = raw["pinned"], raw["device_buf"]
+
+        def swap():
+            b = provider.compress(x)
+            data = provider.data(b)
+            host = pinned[: data.numel()]
+            host.copy_(data, non_blocking=True)
+            dev = back[: data.numel()]
+            dev.copy_(host, non_blocking=True)
+            return provider.decompress(provider.rebuild(b, dev), x)
+
+        row["swap_ms"] = bench_ms(swap, device, repeats)
+        row["swap_vs_raw"] = row["swap_ms"] / raw["round_trip_ms"]
+    return row
+
+
+def raw_transfers(x, device, repeats) -> dict:
+    if device.type != "cuda":
+        return {}
+    nbytes = x.numel() * x.element_size()
+    flat = x.view(torch.uint8).reshape(-1) if x.dtype != torch.bool else x.view(torch.uint8)
+    pinned = torch.empty(nbytes + MiB, dtype=torch.uint8, pin_memory=True)
+    device_buf = torch.empty(nbytes + MiB, dtype=torch.uint8, device=device)
+    d2h = bench_ms(lambda: pinned[:nbytes].copy_(flat, non_blocking=True), device, repeats)
+    h2d = bench_ms(lambda: device_buf[:nbytes].copy_(pinned[:nbytes], non_blocking=True), device, repeats)
+
+    def round_trip():
+        pinned[:nbytes].copy_(flat, non_blocking=True)
+        device_buf[:nbytes].copy_(pinned[:nbytes], non_blocking=True)
+
+    return {"pinned": pinned, "device_buf": device_buf, "d2h_ms": d2h, "h2d_ms": h2d,
+            "d2h_gbps": nbytes / d2h / 1e6, "h2d_gbps": nbytes / h2d / 1e6,
+            "round_trip_ms": bench_ms(round_trip, device, repeats)}
+
+
+# -- driver ----------------------------------------------------------------------------
+
+
+def device_slug(device: torch.device) -> str:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}"
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def environment(device, bw_gbps) -> dict:
+    import triton
+
+    env = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+           "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+           "python": sys.version.split()[0], "cswap": cswap.__version__,
+           "copy_bandwidth_gbps": bw_gbps}
+    try:
+        from nvidia import nvcomp
+        env["nvcomp"] = nvcomp.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes and fewer cases (CPU-friendly)")
+    p.add_argument("--sizes-mib", type=float, nargs="+", help="tensor sizes in MiB")
+    p.add_argument("--sparsities", type=float, nargs="+", help="fractions of zero elements")
+    p.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), help="element types")
+    p.add_argument("--codecs", nargs="+", choices=cswap.codecs.names(), default=list(cswap.codecs.names()))
+    p.add_argument("--pattern", choices=PATTERNS, default="blocky", help="where the zeros are (blocky = ReLU-like)")
+    p.add_argument("--repeats", type=int, help="timed repeats per measurement")
+    p.add_argument("--no-nvcomp", action="store_true", help="skip nvCOMP even if it is installed")
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
+    args = p.parse_args(argv)
+    full = not args.quick
+    args.sizes_mib = args.sizes_mib or ([1, 16, 256, 1024] if full else [0.25, 1])
+    args.sparsities = args.sparsities or ([0.2, 0.5, 0.7, 0.9] if full else [0.2, 0.5, 0.9])
+    args.dtypes = args.dtypes or ["fp32", "bf16"]
+    args.repeats = args.repeats or (10 if full else 3)
+    return args
+
+
+COLUMNS = [  # (row key, header, format)
+    ("provider", "provider", "{}"), ("dtype", "dtype", "{}"), ("size_mib", "MiB", "{:.2f}"),
+    ("sparsity", "sparsity", "{:.2f}"), ("ratio", "ratio", "{:.2f}"), ("compress_gbps", "comp GB/s", "{:.1f}"),
+    ("decompress_gbps", "dec GB/s", "{:.1f}"), ("compress_pct_bw", "comp %bw", "{:.1f}"),
+    ("decompress_pct_bw", "dec %bw", "{:.1f}"), ("swap_ms", "swap ms", "{:.3f}"),
+    ("swap_vs_raw", "swap/raw", "{:.2f}"),
+]
+WIDTHS = [14] + [9] * (len(COLUMNS) - 1)
+
+
+def format_row(row: dict | None = None) -> str:
+    """One table line; the header line when row is None. Missing values stay blank."""
+    cells = []
+    for (key, head, fmt), width in zip(COLUMNS, WIDTHS):
+        text = head if row is None else ("" if row.get(key) is None else fmt.format(row[key]))
+        cells.append(text.rjust(width))
+    return " ".join(cells)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bw = copy_bandwidth_gbps(device, args.repeats)
+    env = environment(device, bw)
+    print(f"# cswap codec benchmark on {env['device']} ({device.type}); torch {env['torch']}, "
+          f"triton {env['triton']}; copy bandwidth {bw:.0f} GB/s (read + write); pattern {args.pattern}")
+    found = providers(args, device)
+    print(format_row())
+    rows = []
+    for dtype_name in args.dtypes:
+        for size_mib in args.sizes_mib:
+            for sparsity in args.sparsities:
+                x = make_tensor(int(size_mib * MiB), sparsity, DTYPES[dtype_name], args.pattern, device)
+                raw = raw_transfers(x, device, args.repeats)
+                base = {"dtype": dtype_name, "size_mib": size_mib, "sparsity": sparsity, "pattern": args.pattern,
+                        "bytes": x.numel() * x.element_size(),
+                        **{k: v for k, v in raw.items() if k.endswith(("_ms", "_gbps"))}}
+                for provider in found:
+                    try:
+                        row = {**base, **run_case(provider, x, device, args.repeats, bw, raw)}
+                    except Exception as exc:  # one provider failing must not hide the others
+                        row = {**base, "provider": provider.name, "error": f"{type(exc).__name__}: {exc}"}
+                        print(f"  {provider.name}: {row['error']}", flush=True)
+                    else:
+                        print(format_row(row), flush=True)
+                    rows.append(row)
+                del x, raw
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    write_results(rows, env, args, device)
+    return rows
+
+
+def write_results(rows, env, args, device) -> None:
+    out = args.out or RESULTS / device_slug(device)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "codecs-quick" if args.quick else "codecs"
+    keys = sorted({k for row in rows for k in row})
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "args": config, "rows": rows}, indent=1))
+    print(f"# wrote {out / stem}.csv and .json")
+
+
+if __name__ == "__main__":
+    main()

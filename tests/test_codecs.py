@@ -1,0 +1,153 @@
+"""The codec API contract, the same for every registered codec."""
+
+import pytest
+import torch
+
+import cswap
+from bitdata import assert_bit_equal, random_bits
+
+NAMES = cswap.codecs.names()
+
+
+def test_registry():
+    assert NAMES == ("zvc", "rle", "csr", "lz4")
+    for name in NAMES:
+        codec = cswap.codecs.get(name)
+        assert codec.name == name and cswap.codecs.get(name) is codec
+    with pytest.raises(ValueError, match="unknown codec 'gzip'; available: zvc, rle, csr, lz4"):
+        cswap.codecs.get("gzip")
+
+
+def test_public_api():
+    assert set(cswap.__all__) >= {"codecs", "Compressed", "CorruptDataError", "LaunchConfig"}
+    assert issubclass(cswap.CorruptDataError, ValueError)
+    assert callable(cswap.codecs.lz4.compress_block) and callable(cswap.codecs.lz4.decompress_block)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+def test_blob_properties_and_round_trip(name, backend):
+    x = random_bits((4, 33), torch.bfloat16, 0.6)
+    codec = cswap.codecs.get(name)
+    blob = codec.compress(x, backend=backend)
+    assert isinstance(blob, cswap.Compressed)
+    assert (blob.codec, blob.shape, blob.dtype, blob.device) == (name, x.shape, x.dtype, x.device)
+    assert blob.data.dtype == torch.uint8 and blob.data.dim() == 1 and blob.data.is_contiguous()
+    assert blob.nbytes == blob.data.numel()
+    assert name in repr(blob)
+    assert_bit_equal(codec.decompress(blob, backend=backend), x)
+    assert_bit_equal(blob.decompress(), x)
+    assert_bit_equal(cswap.codecs.decompress(blob), x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_from_bytes_and_to_round_trip(name):
+    x = random_bits((3, 4, 5), torch.float32, 0.5)
+    codec = cswap.codecs.get(name)
+    blob = codec.compress(x)
+    moved = blob.to("cpu")
+    assert moved.codec == name and torch.equal(moved.data, blob.data)
+    for data in (blob.data.clone(), bytes(blob.data.tolist())):
+        rebuilt = cswap.Compressed.from_bytes(data)
+        assert (rebuilt.codec, rebuilt.shape, rebuilt.dtype) == (name, x.shape, x.dtype)
+        assert_bit_equal(codec.decompress(rebuilt), x)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_non_contiguous_input_is_copied(name):
+    base = random_bits((6, 10), torch.float16, 0.5)
+    x = base.t()[::2]
+    assert not x.is_contiguous()
+    assert_bit_equal(cswap.codecs.get(name).decompress(cswap.codecs.get(name).compress(x)), x.contiguous())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_requires_grad_input_is_detached(name):
+    x = torch.randn(50, requires_grad=True)
+    y = cswap.codecs.get(name).decompress(cswap.codecs.get(name).compress(x))
+    assert not y.requires_grad and torch.equal(y, x.detach())
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("bad,exc,match", [
+    (torch.zeros(3, dtype=torch.complex64), TypeError, "not supported"),
+    (torch.zeros(3, 3).to_sparse(), TypeError, "dense"),
+    (torch.zeros(3, device="meta"), ValueError, "meta"),
+    ([1.0, 2.0], TypeError, "torch.Tensor"),
+], ids=["complex", "sparse", "meta", "list"])
+def test_unsupported_input_raises_clearly(name, bad, exc, match):
+    with pytest.raises(exc, match=match):
+        cswap.codecs.get(name).compress(bad)
+
+
+def test_bad_backend_and_config_raise():
+    codec = cswap.codecs.get("zvc")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        codec.compress(torch.zeros(3), backend="cuda")
+    with pytest.raises(TypeError, match="LaunchConfig"):
+        codec.compress(torch.zeros(3), backend="triton", config=(1, 128))
+    with pytest.raises(ValueError, match="grid"):
+        cswap.LaunchConfig(grid=0)
+    with pytest.raises(ValueError, match="block"):
+        cswap.LaunchConfig(grid=1, block=96)
+    assert cswap.LaunchConfig(grid=8, block=256).num_warps == 8
+
+
+def test_decompress_checks_codec_and_type():
+    blob = cswap.codecs.get("zvc").compress(torch.ones(4))
+    with pytest.raises(ValueError, match="written by codec 'zvc'"):
+        cswap.codecs.get("rle").decompress(blob)
+    with pytest.raises(TypeError, match="from_bytes"):
+        cswap.codecs.get("zvc").decompress(blob.data)
+
+
+def test_from_bytes_rejects_garbage():
+    with pytest.raises(cswap.CorruptDataError, match="magic"):
+        cswap.Compressed.from_bytes(torch.zeros(64, dtype=torch.uint8))
+    with pytest.raises(cswap.CorruptDataError, match="shorter"):
+        cswap.Compressed.from_bytes(b"CSWZ")
+    with pytest.raises(TypeError, match="1-D uint8"):
+        cswap.Compressed.from_bytes(torch.zeros(64, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_altered_header_byte_anywhere_raises(name):
+    blob = cswap.codecs.get(name).compress(random_bits((2, 50), torch.float32, 0.5))
+    hsize = blob.data.numel() - blob.payload.numel()
+    for i in range(hsize):
+        data = blob.data.clone()
+        data[i] ^= 0x41
+        with pytest.raises(cswap.CorruptDataError):
+            cswap.Compressed.from_bytes(data)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_truncation_raises(name):
+    blob = cswap.codecs.get(name).compress(random_bits((300,), torch.int16, 0.5))
+    for cut in range(0, blob.nbytes, 7):
+        with pytest.raises(cswap.CorruptDataError):
+            cswap.Compressed.from_bytes(blob.data[:cut])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_gpu_round_trip_and_cross_device(name):
+    x = random_bits((1000, 37), torch.float32, 0.5, device="cuda")
+    codec = cswap.codecs.get(name)
+    blob = codec.compress(x)
+    assert blob.device.type == "cuda"
+    host = blob.to("cpu")
+    assert_bit_equal(codec.decompress(host), x.cpu())
+    assert_bit_equal(codec.decompress(host.to("cuda", non_blocking=True)), x)
+    assert_bit_equal(codec.decompress(codec.compress(x.cpu()).to("cuda")), x)
+
+
+def test_to_out_buffer_copies_into_its_front():
+    x = random_bits((500,), torch.float32, 0.5)
+    blob = cswap.codecs.get("zvc").compress(x)
+    pool = torch.full((blob.nbytes + 100,), 7, dtype=torch.uint8)
+    moved = blob.to(out=pool)
+    assert moved.data.data_ptr() == pool.data_ptr() and int(pool[blob.nbytes]) == 7
+    assert_bit_equal(moved.decompress(), x)
+    with pytest.raises(ValueError, match="at least"):
+        blob.to(out=torch.empty(blob.nbytes - 1, dtype=torch.uint8))
