@@ -162,23 +162,23 @@ def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtyp
 
 
 def _mask_words(nz: torch.Tensor) -> torch.Tensor:
+    """Pack a bool vector LSB-first into 32-bit words (as int32), one byte per element of temp."""
     n = nz.numel()
-    padded = torch.zeros(-(-n // 32) * 32, dtype=torch.int64, device=nz.device)
+    padded = torch.zeros(-(-n // 32) * 32, dtype=torch.uint8, device=nz.device)
     padded[:n] = nz
-    weights = torch.ones((), dtype=torch.int64, device=nz.device) << torch.arange(32, device=nz.device)
-    m = (padded.view(-1, 32) * weights).sum(1)
-    return (m - (m >= 2**31).to(torch.int64) * 2**32).to(torch.int32)  # uint32 bits in int32
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=nz.device)
+    # Little-endian: byte k of word j holds elements 32j + 8k .. 32j + 8k + 7.
+    return (padded.view(-1, 8) * weights).sum(1, dtype=torch.uint8).view(torch.int32)
 
 
 def _mask_bits(masks: torch.Tensor, n: int) -> torch.Tensor:
-    shifts = torch.arange(32, device=masks.device)
-    m = masks.to(torch.int64) & 0xFFFFFFFF
-    return ((m[:, None] >> shifts) & 1).reshape(-1)[:n].bool()
+    shifts = torch.arange(8, dtype=torch.uint8, device=masks.device)
+    return ((masks.view(torch.uint8)[:, None] >> shifts) & 1).reshape(-1)[:n].bool()
 
 
 def _tile_counts(nz: torch.Tensor, tile: int) -> torch.Tensor:
     n = nz.numel()
-    padded = torch.zeros(-(-n // tile) * tile, dtype=torch.int64, device=nz.device)
+    padded = torch.zeros(-(-n // tile) * tile, dtype=torch.bool, device=nz.device)
     padded[:n] = nz
     return padded.view(-1, tile).sum(1)
 
