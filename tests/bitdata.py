@@ -81,6 +81,8 @@ def special_values(dtype, device="cpu") -> torch.Tensor:
         x = torch.cat([f, nans, f.new_zeros(5)])
     elif dtype == torch.bool:
         x = torch.tensor([True, False, False, True])
+    elif itemsize == 1:  # int8, uint8, float8: every bit pattern (-0.0, NaN, denormals), then zeros
+        x = torch.cat([torch.arange(256, dtype=torch.uint8), torch.zeros(5, dtype=torch.uint8)]).view(dtype)
     else:
         info = torch.iinfo(dtype)
         x = torch.tensor([0, 1, -1 if info.min < 0 else 2, info.max, info.min, 0, 0], dtype=dtype)

@@ -41,7 +41,7 @@ def test_round_trip_sparsity(sparsity, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_special_values_survive(dtype, backend):
     x = special_values(dtype)
     assert_bit_equal(ZVC.decompress(ZVC.compress(x, backend=backend), backend=backend), x)

@@ -3,8 +3,9 @@
 A codec subclass implements three things on 1-D integer "word" tensors
 (int8/16/32/64, the bit pattern of the user's tensor):
 
-    _encode(words, config, backend, alloc) -> meta tuple
-        compress; call alloc(payload_nbytes) once to get the payload view
+    _encode(words, shape, config, backend, alloc) -> meta tuple
+        compress; `shape` is the user tensor's shape (CSR needs its 2-D
+        view); call alloc(payload_nbytes) once to get the payload view
         (uint8, 16-byte aligned, on words' device) and fill it.
     _check_meta(header)
         raise CorruptDataError unless the meta fields agree with numel, the
@@ -46,7 +47,7 @@ def _check_input(x, where: str) -> None:
                         f"1, 2, 4 or 8 bytes: {names}")
 
 
-def _resolve_backend(backend: str, device: torch.device, where: str) -> str:
+def resolve_backend(backend: str, device: torch.device, where: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"{where}: backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
@@ -77,7 +78,7 @@ class Codec:
         """
         where = f"cswap.codecs.{self.name}.compress"
         _check_input(x, where)
-        backend = _resolve_backend(backend, x.device, where)
+        backend = resolve_backend(backend, x.device, where)
         shape = tuple(x.shape)
         hsize = header_size(len(shape), self.n_meta)
         buf: list[torch.Tensor] = []
@@ -88,7 +89,7 @@ class Codec:
             buf.append(torch.empty(hsize + payload_nbytes, dtype=torch.uint8, device=x.device))
             return buf[0][hsize:]
 
-        meta = tuple(int(m) for m in self._encode(as_words(x), config, backend, alloc))
+        meta = tuple(int(m) for m in self._encode(as_words(x), shape, config, backend, alloc))
         if len(meta) != self.n_meta or not buf:
             raise RuntimeError(f"{where}: codec returned {len(meta)} meta fields (expected {self.n_meta})")
         data = buf[0]
@@ -113,9 +114,15 @@ class Codec:
                              f"cswap.codecs.get({blob.codec!r}) or blob.decompress()")
         header = blob._header
         self.check_meta(header)
-        backend = _resolve_backend(backend, blob.device, where)
+        backend = resolve_backend(backend, blob.device, where)
         word_dtype = WORD_DTYPES[header.dtype.itemsize]
-        words = self._decode(blob.payload, header, word_dtype, config, backend, check)
+        payload = blob.payload
+        if payload.numel() and payload.data_ptr() % 16:
+            # Decoders view sections as int32/int64; a buffer rebuilt from bytes at
+            # an arbitrary address (from_bytes on a slice, to(out=) into an offset
+            # view) is copied once to fresh, aligned memory.
+            payload = payload.clone()
+        words = self._decode(payload, header, word_dtype, config, backend, check)
         return words.view(header.dtype).reshape(header.shape)
 
     def check_meta(self, header: Header) -> None:
@@ -125,7 +132,7 @@ class Codec:
         self._check_meta(header)
 
     # -- implemented by each codec ------------------------------------------------
-    def _encode(self, words: torch.Tensor, config, backend: str,
+    def _encode(self, words: torch.Tensor, shape: tuple[int, ...], config, backend: str,
                 alloc: Callable[[int], torch.Tensor]) -> tuple[int, ...]:
         raise NotImplementedError
 

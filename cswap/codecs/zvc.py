@@ -18,7 +18,7 @@ class ZVC(Codec):
     name = "zvc"
     n_meta = 2
 
-    def _encode(self, words, config, backend, alloc):
+    def _encode(self, words, shape, config, backend, alloc):
         if backend == "triton":
             nnz = kernels.zvc_compress(words, alloc, config)
         else:
