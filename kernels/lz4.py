@@ -1,0 +1,663 @@
+"""LZ4: the input cut into 64 KiB chunks, each one standard LZ4 block.
+
+Payload format (little-endian; each section starts 16-byte aligned):
+
+    offset  size            field
+    0       8 * (C + 1)     block_offsets int64[C + 1]: byte offset of block c inside the
+                            blocks section, i.e. the exclusive prefix sum of the block sizes
+                            (entry 0 = 0, entry C = blocks_nbytes). C = ceil(nbytes / chunk).
+    A       blocks_nbytes   the blocks, concatenated; A = align16(8 * (C + 1)).
+
+The payload is exactly A + blocks_nbytes bytes; the padding before A is zero.
+Chunk c holds the input bytes [c * chunk, min((c + 1) * chunk, nbytes)) of the
+tensor's integer view; `chunk` (CHUNK = 65536 when we write it), C and
+blocks_nbytes are the header meta fields.
+
+Each block is the public LZ4 block format (lz4/doc/lz4_Block_format.md),
+readable by `lz4.block.decompress(block, uncompressed_size=n)`, and every
+block that `lz4.block.compress(data, store_size=False)` writes decodes here.
+A block is a list of sequences; one sequence is, byte by byte:
+
+    1 byte      token: high nibble = literal length L (15 = "15 or more"),
+                low nibble = match length M - 4 (15 = "19 or more")
+    k bytes     if L >= 15: k = (L - 15) // 255 + 1 extension bytes, k - 1 of them
+                255 and the last (L - 15) % 255; L is their sum plus 15
+    L bytes     the literals, copied to the output as they are
+    2 bytes     match offset (1..65535): the match copies from `offset` bytes back in
+                the output; offset < M is an overlapping copy (a run)
+    k bytes     if M - 4 >= 15: extension bytes of M - 4, as for L
+
+The last sequence stops after its literals (no offset, no match). Our encoder
+also keeps LZ4's end-of-block rules: the last 5 bytes are literals and the last
+match starts at least 12 bytes before the end of the chunk.
+
+Encoder (one program per chunk, grid-stride over chunks; run twice: pass 1
+writes each block's size, the host takes one prefix sum and allocates, pass 2
+writes the bytes). The chunk is cut into NSEG = CHUNK // SEG segments of
+SEG = 32 bytes, one lane each. A full segment is a match segment if its bytes
+equal those of segment s - 1 (offset 32: turns a zero run into one long
+overlapping match) or else those of the earliest segment with the same hash
+(an atomic_min into a per-program table indexed by the top HBITS bits of
+h = (h ^ w) * HASH_MUL mod 2**32 folded over the segment's 8 little-endian
+int32 words w; the bytes are compared, so a collision only loses a match). The last two full segments and a partial tail
+are always literals, which keeps the end-of-block rules. A sequence begins at
+segment 0 and wherever segment s - 1 is a match that segment s does not extend
+with the same offset, so a sequence is literal segments then match segments;
+prefix sums give each sequence's L, M, offset, size and position. The encoder
+finds only repeats aligned to 32 bytes (zero runs and repeated tiles); it is
+built for speed on the GPU, not for the ratio of a byte-wise LZ4 search.
+
+Decoder (one program per chunk): sequential over sequences as LZ4 requires,
+vectorised within each copy (VEC bytes per step; a match copy reads
+out[p - offset + (j % offset)], which is only bytes written before the match,
+so overlapping matches copy in one pass). Every read stays inside the block,
+every write inside the chunk's output, and every sequence consumes at least one
+input byte, so no payload can make it read or write out of bounds or hang. A
+per-chunk status (error code, byte position) reports the first problem; the
+PyTorch reference decoder reports the same codes and positions. It rejects
+offset 0, offsets before the chunk, lengths past the input or the chunk, a
+block that ends after a match, and a decoded size other than the chunk's; like
+many decoders it does not enforce the last-5-literals / 12-byte rules.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import LaunchConfig, launch_grid
+
+__all__ = [
+    "CHUNK", "MAX_BLOCK_INPUT", "OK", "TRUNCATED", "OFFSET_ZERO", "OFFSET_BEFORE_START", "OVERFLOW",
+    "ENDS_WITH_MATCH", "SHORT", "BAD_OFFSETS", "layout", "block_bound", "sections",
+    "lz4_compress", "lz4_decompress", "lz4_compress_ref", "lz4_decompress_ref",
+]
+
+# CHUNK = 65536: the largest input whose every byte a 16-bit LZ4 offset (<= 65535)
+# can reach, so chunks are independent and a chunk is exactly one LZ4 block.
+CHUNK = 65536
+MAX_BLOCK_INPUT = CHUNK
+# SEG = 32 bytes (8 int32 words) per lane: NSEG = 2048 lanes per chunk fit one
+# program, zero runs and tensors made of repeated tiles (>= 32 B) still match.
+# Untuned (no GPU measurement yet); SEG, HBITS and SUBB are free to change: the
+# decoder reads any valid LZ4 block.
+SEG = 32
+NSEG = CHUNK // SEG
+# HBITS = 12: a 4096-entry table for 2048 segments keeps hash collisions rare.
+HBITS = 12
+HSIZE = 1 << HBITS
+# Knuth's multiplicative hash constant, 2**32 / golden ratio.
+HASH_MUL = 0x9E3779B1
+# SUBB = 4096 literal bytes copied per step of the encoder's write pass.
+SUBB = 4096
+# Each encoder program needs SCRATCH int32 words of global scratch; capping the
+# programs at 4096 bounds it to 4096 * 74 KB = 300 MB whatever grid is asked for.
+MAX_ENCODE_PROGRAMS = 4096
+_ALIGN = 16
+
+# Per-chunk decoder status codes (status[c] = (code, byte position)).
+OK = 0
+TRUNCATED = 1            # the block ends inside a sequence (position: that sequence/field)
+OFFSET_ZERO = 2          # a match offset of 0 (position: the offset field)
+OFFSET_BEFORE_START = 3  # a match offset reaching before the chunk's first byte
+OVERFLOW = 4             # literals or a match run past the end of the chunk
+ENDS_WITH_MATCH = 5      # the block ends right after a match, not with literals
+SHORT = 6                # the block ends before the chunk is full (position: bytes decoded)
+BAD_OFFSETS = 7          # block_offsets[c], [c + 1] are not a range inside the blocks section
+
+_TRUNCATED = tl.constexpr(TRUNCATED)
+_OFFSET_ZERO = tl.constexpr(OFFSET_ZERO)
+_OFFSET_BEFORE_START = tl.constexpr(OFFSET_BEFORE_START)
+_OVERFLOW = tl.constexpr(OVERFLOW)
+_ENDS_WITH_MATCH = tl.constexpr(ENDS_WITH_MATCH)
+_SHORT = tl.constexpr(SHORT)
+
+# Scratch of one encoder program, in int32 words (offsets computed in the kernel):
+# hash table [HSIZE]; per segment: match offset (0 = literal) [NSEG]; per sequence:
+# literal and match bytes before it [NSEG + 1 each], first segment, match offset,
+# block position of its literal 0 minus that literal's chunk position [NSEG each];
+# per segment: the last value for its sequence [NSEG].
+SCRATCH = HSIZE + 7 * NSEG + 2
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def layout(num_chunks: int, blocks_nbytes: int) -> tuple[int, int]:
+    """(byte offset of the blocks section, payload size)."""
+    off_blocks = _align(8 * (num_chunks + 1))
+    return off_blocks, off_blocks + blocks_nbytes
+
+
+def block_bound(n: int) -> int:
+    """LZ4_compressBound: the largest valid LZ4 block for n input bytes."""
+    return n + n // 255 + 16
+
+
+def sections(payload: torch.Tensor, num_chunks: int, blocks_nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block_offsets int64[C + 1], blocks uint8) views of a payload."""
+    off_blocks, total = layout(num_chunks, blocks_nbytes)
+    return payload[: 8 * (num_chunks + 1)].view(torch.int64), payload[off_blocks:total]
+
+
+# -- Triton: encoder -------------------------------------------------------------------
+
+
+@triton.jit
+def _lz4_compress_kernel(src8_ptr, src32_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, nbytes,
+                         num_chunks, CHUNK: tl.constexpr, SEG: tl.constexpr, HBITS: tl.constexpr,
+                         SUBB: tl.constexpr, SCRATCH: tl.constexpr, WRITE: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    NSEG: tl.constexpr = CHUNK // SEG
+    W: tl.constexpr = SEG // 4
+    HSIZE: tl.constexpr = 1 << HBITS
+    T0: tl.constexpr = 0
+    CODE: tl.constexpr = T0 + HSIZE
+    SL: tl.constexpr = CODE + NSEG
+    SM: tl.constexpr = SL + NSEG + 1
+    BEG: tl.constexpr = SM + NSEG + 1
+    OFF: tl.constexpr = BEG + NSEG
+    LB: tl.constexpr = OFF + NSEG
+    SEGLB: tl.constexpr = LB + NSEG
+    tl.static_assert(SEGLB + NSEG <= SCRATCH)
+    sc = scratch_ptr + pid * SCRATCH
+    s = tl.arange(0, NSEG)
+    for c in range(pid, num_chunks, nprog):
+        tl.debug_barrier()  # the previous chunk's scratch reads finish before we overwrite it
+        n = tl.minimum(nbytes - c * CHUNK, CHUNK).to(tl.int32)
+        wbase = c * (CHUNK // 4)
+        nfull = n // SEG
+        full = s < nfull
+        # Hash each full segment's 8 words; the table keeps the earliest segment per hash.
+        h = tl.zeros([NSEG], dtype=tl.uint32)
+        for j in tl.static_range(W):
+            w = tl.load(src32_ptr + wbase + s * W + j, mask=full, other=0)
+            h = (h ^ w.to(tl.uint32, bitcast=True)) * 0x9E3779B1  # HASH_MUL
+        h = (h >> (32 - HBITS)).to(tl.int32)
+        tl.store(sc + T0 + tl.arange(0, HSIZE), tl.full([HSIZE], NSEG, tl.int32))
+        tl.debug_barrier()
+        tl.atomic_min(sc + T0 + h, s, mask=full)
+        tl.debug_barrier()
+        # .cg: read the atomics' result from L2, never a stale L1 line
+        cand = tl.load(sc + T0 + h, mask=full, other=NSEG, cache_modifier=".cg")
+        # The last two full segments and the partial tail stay literal (end-of-block rules).
+        allowed = s < nfull - 2
+        ok_a = allowed & (s >= 1)
+        ok_b = allowed & (cand < s)
+        eq_a = ok_a
+        eq_b = ok_b
+        for j in tl.static_range(W):
+            w = tl.load(src32_ptr + wbase + s * W + j, mask=allowed, other=0)
+            wa = tl.load(src32_ptr + wbase + (s - 1) * W + j, mask=ok_a, other=0)
+            wb = tl.load(src32_ptr + wbase + cand * W + j, mask=ok_b, other=0)
+            eq_a = eq_a & (w == wa)
+            eq_b = eq_b & (w == wb)
+        kind = tl.where(eq_a, SEG, tl.where(eq_b, (s - cand) * SEG, 0))
+        tl.store(sc + CODE + s, kind)
+        tl.debug_barrier()
+        prev = tl.load(sc + CODE + s - 1, mask=s >= 1, other=0)
+        # Sequences: literal segments, then match segments sharing one offset.
+        active = s < (n + SEG - 1) // SEG
+        is_m = kind > 0
+        cont = is_m & (prev == kind)
+        begin = active & ((s == 0) | ((prev > 0) & (cont == 0)))
+        seg_lit = tl.where(active & (kind == 0), tl.minimum(n - s * SEG, SEG), 0)
+        seg_mat = tl.where(is_m, SEG, 0)
+        bi = begin.to(tl.int32)
+        seq = tl.cumsum(bi, axis=0) - 1
+        nseq = tl.sum(bi, axis=0)
+        tl.store(sc + SL + seq, tl.cumsum(seg_lit, axis=0) - seg_lit, mask=begin)
+        tl.store(sc + SM + seq, tl.cumsum(seg_mat, axis=0) - seg_mat, mask=begin)
+        tl.store(sc + BEG + seq, s, mask=begin)
+        tl.store(sc + OFF + seq, kind, mask=is_m)  # all match segments of a sequence agree
+        tl.store(sc + SL + nseq, tl.sum(seg_lit, axis=0))
+        tl.store(sc + SM + nseq, tl.sum(seg_mat, axis=0))
+        tl.debug_barrier()
+        # From here lane k is sequence k.
+        kv = s < nseq
+        sl0 = tl.load(sc + SL + s, mask=kv, other=0)
+        lit = tl.load(sc + SL + s + 1, mask=kv, other=0) - sl0
+        mat = tl.load(sc + SM + s + 1, mask=kv, other=0) - tl.load(sc + SM + s, mask=kv, other=0)
+        off = tl.load(sc + OFF + s, mask=kv & (mat > 0), other=0)
+        ext_l = tl.where(lit >= 15, (lit - 15) // 255 + 1, 0)
+        ext_m = tl.where(mat >= 19, (mat - 19) // 255 + 1, 0)
+        size = tl.where(kv, 1 + ext_l + lit + tl.where(mat > 0, 2 + ext_m, 0), 0)
+        total = tl.sum(size, axis=0)
+        if WRITE:
+            # The block was pre-filled with 255, so every extension byte but the last is written.
+            base = tl.load(offsets_ptr + c)
+            pos = tl.cumsum(size, axis=0) - size
+            p = base + pos
+            token = (tl.minimum(lit, 15) << 4) | tl.where(mat > 0, tl.minimum(mat - 4, 15), 0)
+            tl.store(dst_ptr + p, token.to(tl.uint8), mask=kv)
+            tl.store(dst_ptr + p + ext_l, ((lit - 15) % 255).to(tl.uint8), mask=kv & (lit >= 15))
+            po = p + 1 + ext_l + lit
+            has_m = kv & (mat > 0)
+            tl.store(dst_ptr + po, (off & 255).to(tl.uint8), mask=has_m)
+            tl.store(dst_ptr + po + 1, (off >> 8).to(tl.uint8), mask=has_m)
+            tl.store(dst_ptr + po + 1 + ext_m, ((mat - 19) % 255).to(tl.uint8), mask=kv & (mat >= 19))
+            beg = tl.load(sc + BEG + s, mask=kv, other=0)
+            tl.store(sc + LB + s, pos + 1 + ext_l - beg * SEG, mask=kv)
+            tl.debug_barrier()
+            tl.store(sc + SEGLB + s, tl.load(sc + LB + seq, mask=active, other=0), mask=active)
+            tl.debug_barrier()
+            # Literal bytes: byte i of the chunk goes to block position SEGLB[i // SEG] + i.
+            for sub in range(CHUNK // SUBB):
+                i = sub * SUBB + tl.arange(0, SUBB)
+                inb = i < n
+                sg = i // SEG
+                lb = tl.load(sc + SEGLB + sg, mask=inb, other=0)
+                lit_byte = inb & (tl.load(sc + CODE + sg, mask=inb, other=1) == 0)
+                dpos = lb + i
+                m = lit_byte & (dpos >= 0) & (dpos < total)
+                b = tl.load(src8_ptr + c * CHUNK + i, mask=m, other=0)
+                tl.store(dst_ptr + base + dpos, b, mask=m)
+        else:
+            tl.store(sizes_ptr + c, total.to(tl.int64))
+
+
+def _word_views(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8, int32) views of the same bytes; copies only when `data` is not 16-byte
+    aligned or not a whole number of words (the int32 loads need both)."""
+    n = data.numel()
+    if data.data_ptr() % 16 or n % 4:
+        padded = torch.zeros(-(-n // 16) * 16, dtype=torch.uint8, device=data.device)
+        padded[:n] = data
+        data = padded
+    return data, data.view(torch.int32)
+
+
+def _check_bytes(data: torch.Tensor, where: str) -> None:
+    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.dim() != 1:
+        raise TypeError(f"{where}: expected a 1-D uint8 tensor")
+
+
+def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None) -> tuple[int, int]:
+    """Compress 1-D uint8 `data` with Triton into `alloc(payload_nbytes)`.
+
+    Returns (num_chunks, blocks_nbytes). One host sync (the blocks' total size).
+    """
+    _check_bytes(data, "cswap.kernels.lz4.lz4_compress")
+    nbytes = data.numel()
+    num_chunks = -(-nbytes // CHUNK)
+    if num_chunks == 0:
+        alloc(layout(0, 0)[1]).zero_()
+        return 0, 0
+    src8, src32 = _word_views(data)
+    programs, warps = launch_grid(config, num_chunks, data.device)
+    programs = min(programs, MAX_ENCODE_PROGRAMS)
+    scratch = torch.empty(programs * SCRATCH, dtype=torch.int32, device=data.device)
+    sizes = torch.empty(num_chunks, dtype=torch.int64, device=data.device)
+    args = dict(CHUNK=CHUNK, SEG=SEG, HBITS=HBITS, SUBB=SUBB, SCRATCH=SCRATCH, num_warps=warps)
+    _lz4_compress_kernel[(programs,)](src8, src32, sizes, sizes, src8, scratch, nbytes, num_chunks,
+                                      WRITE=False, **args)
+    ends = torch.cumsum(sizes, 0)
+    blocks_nbytes = int(ends[-1])  # the one host sync: sizes the buffer
+    payload = alloc(layout(num_chunks, blocks_nbytes)[1])
+    off_blocks = layout(num_chunks, blocks_nbytes)[0]
+    payload[:off_blocks].zero_()
+    offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
+    offsets[1:].copy_(ends)
+    blocks.fill_(255)
+    _lz4_compress_kernel[(programs,)](src8, src32, offsets, sizes, blocks, scratch, nbytes, num_chunks,
+                                      WRITE=True, **args)
+    return num_chunks, blocks_nbytes
+
+
+# -- Triton: decoder --------------------------------------------------------------------
+
+
+@triton.jit
+def _read_ext(src_ptr, ip, iend, v, limit, VEC: tl.constexpr):
+    """Add LZ4 length-extension bytes at `ip` to `v` (when v == 15), VEC bytes per step.
+
+    Returns (v, ip after the last byte, truncated). Stops early once v > limit
+    (the caller reports an overflow); truncated = the block ended first.
+    """
+    idx = tl.arange(0, VEC)
+    more = v == 15
+    trunc = v < 0
+    while more:
+        pos = ip + idx
+        b = tl.load(src_ptr + pos, mask=pos < iend, other=0).to(tl.int32)
+        stop = (b != 255) | (pos >= iend)
+        first = tl.min(tl.where(stop, idx, VEC), axis=0)
+        found = first < VEC
+        v += 255 * first
+        over = v > limit
+        past = found & (ip + first >= iend)
+        trunc = past & (over == 0)
+        v += tl.where(found & (past == 0), tl.sum(tl.where(idx == first, b, 0), axis=0), 0)
+        ip += tl.where(found, first + 1, VEC)
+        more = (found == 0) & (over == 0)
+    return v, ip, trunc
+
+
+@triton.jit
+def _lz4_decompress_kernel(blocks_ptr, offsets_ptr, out_ptr, status_ptr, nbytes, chunk, blocks_nbytes,
+                           num_chunks, VEC: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    idx = tl.arange(0, VEC)
+    for c in range(pid, num_chunks, nprog):
+        # block_offsets are untrusted: clamp the block into the blocks section.
+        ib = tl.minimum(tl.maximum(tl.load(offsets_ptr + c), 0), blocks_nbytes)
+        ie = tl.minimum(tl.maximum(tl.load(offsets_ptr + c + 1), ib), blocks_nbytes)
+        ob = c * chunk + pid * 0
+        oe = tl.minimum(ob + chunk, nbytes)
+        ip = ib
+        op = ob
+        err = (ib * 0).to(tl.int32)
+        errpos = ib * 0
+        done = err
+        while done == 0:
+            # Token and literals.
+            tstart = ip
+            has_tok = ip < ie
+            tok = tl.load(blocks_ptr + ip, mask=has_tok, other=0).to(tl.int32)
+            lit, ip1, trunc1 = _read_ext(blocks_ptr, ip + 1, ie, (tok >> 4).to(tl.int64), oe - op, VEC)
+            e = tl.where(has_tok, 0, _TRUNCATED)
+            e = tl.where((e == 0) & trunc1, _TRUNCATED, e)
+            e = tl.where((e == 0) & (lit > oe - op), _OVERFLOW, e)
+            e = tl.where((e == 0) & (lit > ie - ip1), _TRUNCATED, e)
+            ncopy = tl.where(e == 0, lit, 0)
+            j = ncopy * 0
+            while j < ncopy:
+                jj = j + idx
+                m = jj < ncopy
+                v = tl.load(blocks_ptr + ip1 + jj, mask=m & (ip1 + jj < ie), other=0)
+                tl.store(out_ptr + op + jj, v, mask=m & (op + jj < oe))
+                j += VEC
+            ip2 = ip1 + ncopy
+            op2 = op + ncopy
+            last = (e == 0) & (ip2 >= ie)
+            short = last & (op2 != oe)
+            # Offset and match (only when input remains after the literals).
+            mt = (e == 0) & (ip2 < ie)
+            has_off = mt & (ip2 + 2 <= ie)
+            b0 = tl.load(blocks_ptr + ip2, mask=has_off, other=0).to(tl.int64)
+            b1 = tl.load(blocks_ptr + ip2 + 1, mask=has_off, other=0).to(tl.int64)
+            off = b0 | (b1 << 8)
+            mv = tl.where(has_off, tok & 15, 0).to(tl.int64)
+            ml, ip3, trunc2 = _read_ext(blocks_ptr, ip2 + 2, ie, mv, oe - op2 - 4, VEC)
+            ml += 4
+            e2 = tl.where(mt & (has_off == 0), _TRUNCATED, 0)
+            e2 = tl.where(has_off & (off == 0), _OFFSET_ZERO, e2)
+            e2 = tl.where(has_off & (e2 == 0) & (off > op2 - ob), _OFFSET_BEFORE_START, e2)
+            e2 = tl.where(has_off & (e2 == 0) & trunc2, _TRUNCATED, e2)
+            e2 = tl.where(has_off & (e2 == 0) & (ml > oe - op2), _OVERFLOW, e2)
+            e2 = tl.where(has_off & (e2 == 0) & (ip3 >= ie), _ENDS_WITH_MATCH, e2)
+            mcopy = tl.where(has_off & (e2 == 0), ml, 0)
+            offs = tl.maximum(off, 1)
+            tl.debug_barrier()  # earlier stores to out are visible to the match's loads
+            j = mcopy * 0
+            while j < mcopy:
+                jj = j + idx
+                src = op2 - offs + jj % offs  # only bytes before op2: overlap-safe
+                m = jj < mcopy
+                v = tl.load(out_ptr + src, mask=m & (src >= ob) & (src < op2), other=0)
+                tl.store(out_ptr + op2 + jj, v, mask=m & (op2 + jj < oe))
+                j += VEC
+            err = tl.where(e != 0, e, tl.where(short, _SHORT, e2))
+            errpos = tl.where(e != 0, tstart - ib, tl.where(short, op2 - ob, ip2 - ib))
+            errpos = tl.where(err != 0, errpos, 0)
+            done = ((err != 0) | last).to(tl.int32)
+            ip = ip3
+            op = op2 + mcopy
+        tl.store(status_ptr + 2 * c, err.to(tl.int64))
+        tl.store(status_ptr + 2 * c + 1, errpos.to(tl.int64))
+
+
+def _offsets_status(offsets: torch.Tensor, blocks_nbytes: int, status: torch.Tensor) -> None:
+    """Mark chunks whose block range is not inside the blocks section or goes
+    backwards (on the device: no sync). Position = the recorded start offset."""
+    if status.shape[0] == 0:
+        return
+    start, end = offsets[:-1], offsets[1:]
+    bad = (start < 0) | (end < start) | (end > blocks_nbytes)
+    bad[0] |= offsets[0] != 0
+    bad[-1] |= offsets[-1] != blocks_nbytes
+    status[:, 0] = torch.where(bad, BAD_OFFSETS, status[:, 0])
+    status[:, 1] = torch.where(bad, start, status[:, 1])
+
+
+def _check_payload(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: int, blocks_nbytes: int,
+                   where: str) -> None:
+    """The decoders' contract: sizes that agree (the codec checks them in _check_meta)."""
+    _check_bytes(payload, where)
+    if nbytes < 0 or chunk < 0 or blocks_nbytes < 0 or num_chunks < (1 if nbytes else 0) \
+            or num_chunks * chunk < nbytes or payload.numel() < layout(num_chunks, blocks_nbytes)[1]:
+        raise ValueError(f"{where}: inconsistent sizes: {nbytes} bytes in {num_chunks} chunks of {chunk}, "
+                         f"{blocks_nbytes} block bytes, payload of {payload.numel()} bytes")
+
+
+def lz4_decompress(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: int, blocks_nbytes: int,
+                   config: LaunchConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with Triton; returns (uint8[nbytes], status int64[C, 2] = (code, position))."""
+    _check_payload(payload, nbytes, chunk, num_chunks, blocks_nbytes, "cswap.kernels.lz4.lz4_decompress")
+    offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
+    out = torch.zeros(nbytes, dtype=torch.uint8, device=payload.device)
+    status = torch.zeros((num_chunks, 2), dtype=torch.int64, device=payload.device)
+    if num_chunks:
+        programs, warps = launch_grid(config, num_chunks, payload.device)
+        # VEC = 4 bytes per thread per copy step.
+        if blocks.numel() == 0:  # every block is empty: nothing is read, any uint8 pointer will do
+            blocks = torch.zeros(1, dtype=torch.uint8, device=payload.device)
+        _lz4_decompress_kernel[(programs,)](blocks, offsets, out, status,
+                                            nbytes, chunk, blocks_nbytes, num_chunks, VEC=4 * 32 * warps,
+                                            num_warps=warps)
+    _offsets_status(offsets, blocks_nbytes, status)
+    return out, status
+
+
+# -- PyTorch reference: encoder (same bytes as the Triton encoder) -------------------------
+
+# Chunks per step of the reference encoder: bounds its temporaries to ~50 MB.
+_REF_GROUP = 16
+
+
+def _mul32(h: torch.Tensor, k: int) -> torch.Tensor:
+    """(h * k) mod 2**32 for 0 <= h, k < 2**32 without int64 overflow."""
+    lo, hi = k & 0xFFFF, k >> 16
+    return (h * lo + (((h * hi) & 0xFFFF) << 16)) & 0xFFFFFFFF
+
+
+def _plan(group: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Segments, sequences and block sizes for chunks `group` (uint8 [Cg, CHUNK],
+    zero-padded) of lengths `n` (int64 [Cg]): the Triton kernel's steps, batched."""
+    dev = group.device
+    cg = n.numel()
+    s = torch.arange(NSEG, device=dev)
+    words = group.view(torch.int32).view(cg, NSEG, SEG // 4).to(torch.int64) & 0xFFFFFFFF
+    nfull = (n // SEG)[:, None]
+    full = s < nfull
+    h = torch.zeros(cg, NSEG, dtype=torch.int64, device=dev)
+    for j in range(SEG // 4):
+        h = _mul32(h ^ words[..., j], HASH_MUL)
+    h = h >> (32 - HBITS)
+    table = torch.full((cg, HSIZE), NSEG, dtype=torch.int64, device=dev)
+    table.scatter_reduce_(1, h, torch.where(full, s, NSEG), "amin")
+    cand = table.gather(1, h)
+    allowed = s < nfull - 2
+    ok_a = allowed & (s >= 1)
+    ok_b = allowed & (cand < s)
+    prev_words = torch.roll(words, 1, dims=1)
+    eq_a = ok_a & (words == prev_words).all(-1)
+    cand_words = words.gather(1, cand.clamp(max=NSEG - 1)[..., None].expand(-1, -1, SEG // 4))
+    eq_b = ok_b & (words == cand_words).all(-1)
+    kind = torch.where(eq_a, SEG, torch.where(eq_b, (s - cand) * SEG, 0))
+    prev = torch.nn.functional.pad(kind[:, :-1], (1, 0))
+    active = s < ((n + SEG - 1) // SEG)[:, None]
+    is_m = kind > 0
+    cont = is_m & (prev == kind)
+    begin = active & ((s == 0) | ((prev > 0) & ~cont))
+    seg_lit = torch.where(active & ~is_m, (n[:, None] - s * SEG).clamp(max=SEG), 0)
+    seg_mat = torch.where(is_m, SEG, 0)
+    seq = torch.cumsum(begin, 1) - 1
+    nseq = begin.sum(1)
+    dump = NSEG + 1  # column for lanes that store nothing
+    col = torch.where(begin, seq, dump)
+    sl = torch.zeros(cg, NSEG + 2, dtype=torch.int64, device=dev)
+    sm = torch.zeros_like(sl)
+    beg = torch.zeros_like(sl)
+    off = torch.zeros_like(sl)
+    sl.scatter_(1, col, torch.cumsum(seg_lit, 1) - seg_lit)
+    sm.scatter_(1, col, torch.cumsum(seg_mat, 1) - seg_mat)
+    beg.scatter_(1, col, s.expand(cg, -1))
+    off.scatter_(1, torch.where(is_m, seq, dump), kind)
+    sl.scatter_(1, nseq[:, None], seg_lit.sum(1, keepdim=True))
+    sm.scatter_(1, nseq[:, None], seg_mat.sum(1, keepdim=True))
+    kv = s < nseq[:, None]
+    lit = torch.where(kv, sl[:, 1:NSEG + 1] - sl[:, :NSEG], 0)
+    mat = torch.where(kv, sm[:, 1:NSEG + 1] - sm[:, :NSEG], 0)
+    off = torch.where(kv & (mat > 0), off[:, :NSEG], 0)
+    ext_l = torch.where(lit >= 15, (lit - 15).clamp(min=0) // 255 + 1, 0)
+    ext_m = torch.where(mat >= 19, (mat - 19).clamp(min=0) // 255 + 1, 0)
+    size = torch.where(kv, 1 + ext_l + lit + torch.where(mat > 0, 2 + ext_m, 0), 0)
+    return dict(kind=kind, active=active, seq=seq, kv=kv, lit=lit, mat=mat, off=off, ext_l=ext_l,
+                ext_m=ext_m, size=size, beg=beg[:, :NSEG], total=size.sum(1))
+
+
+def _groups(data: torch.Tensor):
+    """Yield (first chunk, uint8 [Cg, CHUNK] zero-padded, lengths int64 [Cg])."""
+    nbytes = data.numel()
+    num_chunks = -(-nbytes // CHUNK)
+    for c0 in range(0, num_chunks, _REF_GROUP):
+        c1 = min(c0 + _REF_GROUP, num_chunks)
+        lo, hi = c0 * CHUNK, min(c1 * CHUNK, nbytes)
+        group = torch.zeros((c1 - c0) * CHUNK, dtype=torch.uint8, device=data.device)
+        group[: hi - lo] = data[lo:hi]
+        starts = torch.arange(c0, c1, device=data.device) * CHUNK
+        yield c0, group.view(c1 - c0, CHUNK), (nbytes - starts).clamp(max=CHUNK)
+
+
+def _write_group(blocks: torch.Tensor, base: torch.Tensor, group: torch.Tensor, n: torch.Tensor,
+                 plan: dict[str, torch.Tensor]) -> None:
+    kv, lit, mat, off, ext_l, ext_m = (plan[k] for k in ("kv", "lit", "mat", "off", "ext_l", "ext_m"))
+    pos = torch.cumsum(plan["size"], 1) - plan["size"]
+    p = base[:, None] + pos
+    token = (lit.clamp(max=15) << 4) | torch.where(mat > 0, (mat - 4).clamp(0, 15), 0)
+
+    def put(where, mask, values):
+        blocks[where[mask]] = values[mask].to(torch.uint8)
+
+    put(p, kv, token)
+    put(p + ext_l, kv & (lit >= 15), (lit - 15) % 255)
+    po = p + 1 + ext_l + lit
+    has_m = kv & (mat > 0)
+    put(po, has_m, off & 255)
+    put(po + 1, has_m, off >> 8)
+    put(po + 1 + ext_m, kv & (mat >= 19), (mat - 19) % 255)
+    lb = pos + 1 + ext_l - plan["beg"] * SEG
+    seglb = torch.where(plan["active"], lb.gather(1, plan["seq"].clamp(min=0)), 0)
+    i = torch.arange(CHUNK, device=group.device)
+    sg = i // SEG
+    lit_byte = (i < n[:, None]) & (plan["kind"][:, sg] == 0)
+    put(base[:, None] + seglb[:, sg] + i, lit_byte, group)
+
+
+def lz4_compress_ref(data: torch.Tensor, alloc) -> tuple[int, int]:
+    """Reference encoder in plain PyTorch (any device); writes the same bytes as `lz4_compress`."""
+    _check_bytes(data, "cswap.kernels.lz4.lz4_compress_ref")
+    num_chunks = -(-data.numel() // CHUNK)
+    sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
+    for c0, group, n in _groups(data):
+        sizes[c0: c0 + n.numel()] = _plan(group, n)["total"]
+    ends = torch.cumsum(sizes, 0)
+    blocks_nbytes = int(ends[-1]) if num_chunks else 0
+    off_blocks, total = layout(num_chunks, blocks_nbytes)
+    payload = alloc(total)
+    payload[:off_blocks].zero_()
+    offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
+    offsets[1:].copy_(ends)
+    blocks.fill_(255)
+    for c0, group, n in _groups(data):
+        _write_group(blocks, offsets[c0: c0 + n.numel()], group, n, _plan(group, n))
+    return num_chunks, blocks_nbytes
+
+
+# -- PyTorch reference: decoder (sequential, on CPU bytes) --------------------------------
+
+
+def _read_ext_py(src, ip: int, ie: int, v: int, limit: int) -> tuple[int, int, bool]:
+    """Python twin of `_read_ext`: same value, stopping rule and truncation flag."""
+    while v <= limit:
+        if ip >= ie:
+            return v, ip, True
+        b = src[ip]
+        ip += 1
+        v += b
+        if b != 255:
+            break
+    return v, ip, False
+
+
+def _decode_block_py(src, ib: int, ie: int, out: bytearray, ob: int, oe: int) -> tuple[int, int]:
+    """Decode src[ib:ie] into out[ob:oe]; returns (status code, position) like the kernel."""
+    ip, op = ib, ob
+    while True:
+        tstart = ip
+        if ip >= ie:
+            return TRUNCATED, tstart - ib
+        tok = src[ip]
+        lit, ip, trunc = tok >> 4, ip + 1, False
+        if lit == 15:
+            lit, ip, trunc = _read_ext_py(src, ip, ie, lit, oe - op)
+        if trunc:
+            return TRUNCATED, tstart - ib
+        if lit > oe - op:
+            return OVERFLOW, tstart - ib
+        if lit > ie - ip:
+            return TRUNCATED, tstart - ib
+        out[op: op + lit] = src[ip: ip + lit]
+        ip, op = ip + lit, op + lit
+        if ip >= ie:
+            return (SHORT, op - ob) if op != oe else (OK, 0)
+        mpos = ip - ib
+        if ip + 2 > ie:
+            return TRUNCATED, mpos
+        off = src[ip] | (src[ip + 1] << 8)
+        ip += 2
+        if off == 0:
+            return OFFSET_ZERO, mpos
+        if off > op - ob:
+            return OFFSET_BEFORE_START, mpos
+        ml = tok & 15
+        if ml == 15:
+            ml, ip, trunc = _read_ext_py(src, ip, ie, ml, oe - op - 4)
+            if trunc:
+                return TRUNCATED, mpos
+        ml += 4
+        if ml > oe - op:
+            return OVERFLOW, mpos
+        if ip >= ie:
+            return ENDS_WITH_MATCH, mpos
+        if off >= ml:
+            out[op: op + ml] = out[op - off: op - off + ml]
+        else:  # overlapping: the last `off` bytes repeat
+            out[op: op + ml] = (out[op - off: op] * (ml // off + 1))[:ml]
+        op += ml
+
+
+def lz4_decompress_ref(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: int,
+                       blocks_nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference decoder: a sequential Python loop over CPU bytes; returns
+    (uint8[nbytes], status int64[C, 2]) on payload's device, like `lz4_decompress`."""
+    _check_payload(payload, nbytes, chunk, num_chunks, blocks_nbytes, "cswap.kernels.lz4.lz4_decompress_ref")
+    offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
+    offs = offsets.tolist()
+    src = blocks.cpu().numpy().tobytes()
+    out = bytearray(nbytes)
+    codes = []
+    for c in range(num_chunks):
+        ib = min(max(offs[c], 0), blocks_nbytes)
+        ie = min(max(offs[c + 1], ib), blocks_nbytes)
+        ob = c * chunk
+        codes.append(_decode_block_py(src, ib, ie, out, ob, min(ob + chunk, nbytes)))
+    status = torch.tensor(codes, dtype=torch.int64).reshape(num_chunks, 2).to(payload.device)
+    _offsets_status(offsets, blocks_nbytes, status)
+    result = torch.frombuffer(out, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+    return result.to(payload.device), status
