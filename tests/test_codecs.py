@@ -54,6 +54,19 @@ def test_from_bytes_and_to_round_trip(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_buffer_at_an_unaligned_address_decodes(name, backend):
+    x = random_bits((4, 50), torch.float64, 0.5)
+    blob = cswap.codecs.get(name).compress(x, backend=backend)
+    data = torch.cat([torch.zeros(3, dtype=torch.uint8), blob.data])[3:]  # payload at an odd address
+    rebuilt = cswap.Compressed.from_bytes(data)
+    assert rebuilt.payload.data_ptr() % 16 != 0
+    assert_bit_equal(rebuilt.decompress(backend=backend), x)
+    pool = torch.zeros(blob.nbytes + 5, dtype=torch.uint8)
+    assert_bit_equal(blob.to(out=pool[5:]).decompress(backend=backend), x)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_non_contiguous_input_is_copied(name):
     base = random_bits((6, 10), torch.float16, 0.5)
     x = base.t()[::2]
