@@ -1,9 +1,13 @@
 """cswap: compressed activation swapping for PyTorch training (CSWAP, CLUSTER 2021)."""
 
 from . import codecs
+from .candidates import SwapInfo
 from .codecs.container import Compressed
 from .errors import CorruptDataError
 from .kernels.launch import LaunchConfig
+from .patch import offload, patch, stats, unpatch
+from .stats import SwapStats
 
-__all__ = ["codecs", "Compressed", "CorruptDataError", "LaunchConfig"]
+__all__ = ["codecs", "Compressed", "CorruptDataError", "LaunchConfig", "SwapInfo", "SwapStats", "offload",
+           "patch", "stats", "unpatch"]
 __version__ = "0.1.0"

@@ -1,0 +1,65 @@
+"""Which saved tensors to offload: found from the saved tensor itself.
+
+A tensor autograd saves carries its producer in `grad_fn`, so `F.relu(x)`,
+`nn.ReLU()` and `nn.ReLU(inplace=True)` all give `ReluBackward0`. A view of
+such a tensor (a flatten after pooling) counts through its base.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SPARSE_PRODUCERS", "SwapInfo", "producer", "is_activation"]
+
+# grad_fn names (without the trailing version digit) of ops whose outputs are
+# sparse: the ReLU family (relu6 dispatches to hardtanh) and pooling.
+SPARSE_PRODUCERS = frozenset({
+    "ReluBackward", "ThresholdBackward", "HardtanhBackward", "LeakyReluBackward",
+    "MaxPool1DWithIndicesBackward", "MaxPool2DWithIndicesBackward", "MaxPool3DWithIndicesBackward",
+    "AvgPool2DBackward", "AvgPool3DBackward",
+    "AdaptiveMaxPool2DBackward", "AdaptiveMaxPool3DBackward",
+    "AdaptiveAvgPool2DBackward", "AdaptiveAvgPool3DBackward",
+})
+_VERSION = re.compile(r"\d+$")
+
+
+def _grad_fn_name(t: torch.Tensor) -> str | None:
+    fn = t.grad_fn
+    return _VERSION.sub("", fn.name()) if fn is not None else None
+
+
+def producer(t: torch.Tensor) -> str | None:
+    """The op that produced `t` ("ReluBackward", ...), looking through views to the
+    base; None for leaves (parameters, buffers, inputs) and tensors outside autograd."""
+    if t._is_view() and t._base is not None:
+        base = _grad_fn_name(t._base)
+        if base is not None:
+            return base
+    return _grad_fn_name(t)
+
+
+def is_activation(t: torch.Tensor) -> bool:
+    """An output of a differentiable op: never a parameter, buffer or input."""
+    return t.grad_fn is not None or (t._is_view() and t._base is not None and t._base.grad_fn is not None)
+
+
+@dataclass(frozen=True)
+class SwapInfo:
+    """What a policy sees about one candidate tensor."""
+
+    op: str                  # producer, e.g. "ReluBackward" or "MaxPool2DWithIndicesBackward"
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+    device: torch.device
+    layer: str               # module path of the running module, e.g. "features.3" ("" = root)
+    layer_type: str          # its class name, e.g. "ReLU"
+    index: int               # position among this forward pass's offloaded tensors
+
+    @property
+    def where(self) -> str:
+        """'features.3 (ReLU)', as reports print it."""
+        return f"{self.layer or '<root>'} ({self.layer_type})"

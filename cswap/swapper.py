@@ -1,0 +1,572 @@
+"""The swapper: autograd's saved tensors go to host memory and come back.
+
+`Swapper.pack` and `Swapper.unpack` are the two `saved_tensors_hooks`.
+
+Offload (CUDA). pack() records an event on the compute stream and hands the
+tensor to a worker thread, so forward never waits (unless the stash limit of
+in-flight bytes is reached). The worker, on a D2H side stream, waits for the
+event, compresses if the policy chose a codec (a codec sizes its output with
+one host sync, which blocks only the worker), copies into a pinned buffer from
+the host pool and records a done event. The swapper holds the saved tensor
+until that event has completed and only then drops it: the memory is released
+after the copy, never before. Temporaries (the compressed buffer) live on the
+D2H stream only, so stream order protects them without record_stream.
+
+Restore (CUDA). Backward unpacks items in roughly reverse pack order. On the
+first unpack of item k, the H2D copies (and decompression) of items k-1,
+k-2, ... start on an H2D side stream, up to `prefetch_bytes` ahead; unpack
+waits only for its own item's event. An item not prefetched is fetched on
+demand (time counted in prefetch_stall_s). The restored tensor is allocated on
+the H2D stream and used on the compute stream, so it is record_stream()ed to
+the compute stream once: the caching allocator then cannot hand its memory to
+the H2D stream before backward is done with it. The swapper drops its own
+reference once every save of the item has been unpacked in this backward
+(retain_graph: the host copy stays until autograd frees the graph, and the
+next backward restores again).
+
+Without CUDA the same pipeline runs synchronously with host buffers from the
+same pool (no streams, no events): every path but the stream plumbing is
+exercised on CPU. `asynchronous=True` forces the worker thread on CPU too.
+
+Dedup: a tensor saved by several ops is offloaded once; later saves of the
+same tensor object at the same version share the first item. A weak
+reference identifies the object, so a new tensor that reuses freed memory is
+never mistaken for an old one.
+
+In-place checks: with hooks installed autograd no longer checks saved
+tensors' versions, so the swapper does, as stock autograd would.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import warnings
+import weakref
+from typing import Callable
+
+import torch
+
+from . import codecs
+from .candidates import SPARSE_PRODUCERS, SwapInfo, is_activation, producer
+from .codecs.container import Compressed
+from .host_pool import HostPool
+from .stats import SwapStats
+
+__all__ = ["Swapper", "default_max_host_bytes"]
+
+MiB = 1 << 20
+_STOP = object()
+
+
+def default_max_host_bytes(fraction: float = 0.5) -> int:
+    """A fraction of the host memory available now (8 GiB when it cannot be read)."""
+    try:
+        return int(fraction * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _dense_permutation(t: torch.Tensor) -> list[int] | None:
+    """A permutation p with t.permute(p) contiguous (same memory, no copy), or
+    None when t is not dense (overlapping or with gaps). Restoring through the
+    inverse permutation gives back t's strides (channels_last stays so)."""
+    if t.is_contiguous():
+        return list(range(t.dim()))
+    perm = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
+    return perm if t.permute(perm).is_contiguous() else None
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor as a 1-D uint8 view."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _modified_error(info: SwapInfo, saved: int, now: int) -> RuntimeError:
+    return RuntimeError(
+        f"one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation: [{info.dtype} {list(info.shape)}], saved by {info.where} as output of {info.op}, is "
+        f"at version {now}; expected version {saved} instead. (cswap keeps autograd's check: do not "
+        f"modify a tensor in place after autograd saved it.)")
+
+
+class _Kept:
+    """A saved tensor left in place (not a candidate): a detached alias, which
+    avoids the reference cycle output -> grad_fn -> saved output, and its version."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.tensor = t.detach()
+        self.version = t._version
+
+
+class _Pass:
+    """The items offloaded during one forward pass, in pack order."""
+
+    __slots__ = ("items", "__weakref__")
+
+    def __init__(self):
+        self.items: list[_Item] = []
+
+
+class _Item:
+    """One offloaded tensor (one storage), shared by every save of it."""
+
+    def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, pass_: _Pass):
+        self.info = info
+        self.codec = codec
+        self.src: torch.Tensor | None = t          # strong until the copy is done
+        self.weak = weakref.ref(t)
+        self.version = t._version
+        self.modified_at: int | None = None
+        self.perm = perm                           # None: restored contiguous
+        self.pass_ = pass_
+        self.index = len(pass_.items)
+        self.host: torch.Tensor | None = None      # host buffer (from the pool)
+        self.header = None                         # Compressed header when compressed
+        self.moved = 0                             # bytes in the host buffer
+        self.d2h_done = None                       # CUDA event: host copy complete
+        self.issued = threading.Event()            # the worker has processed it
+        self.fallback: torch.Tensor | None = None  # offload failed: the tensor itself
+        self.restored: torch.Tensor | None = None
+        self.h2d_done = None                       # CUDA event: restore complete
+        self.last_read = None                      # the latest copy reading `host`
+        self.stashed = False                       # counted in the stash limit
+        self.prefetched = False
+        self.handles = 0
+        self.unpacked = 0
+        self.freed = False
+
+
+class _Handle:
+    """What autograd stores for an offloaded save; frees the item with the last one.
+    `view` = (size, stride, offset): the save was a view of the item's tensor."""
+
+    __slots__ = ("item", "swapper", "view")
+
+    def __init__(self, item: _Item, swapper: "Swapper", view=None):
+        self.item = item
+        self.swapper = swapper
+        self.view = view
+        with swapper._lock:
+            item.handles += 1
+
+    def __del__(self):
+        try:
+            self.swapper._drop_handle(self.item)
+        except Exception:  # never raise from a finalizer (interpreter shutdown)
+            pass
+
+
+class Swapper:
+    """Offloads saved activations; see the module docstring.
+
+    mode: "none" (hooks only), "vdnn" (offload, no compression), "sc" (ZVC on
+    every candidate), "cswap" (policy(info) -> codec name or None).
+    """
+
+    MODES = ("none", "vdnn", "sc", "cswap")
+
+    def __init__(self, mode: str = "vdnn", policy: Callable[[SwapInfo], str | None] | None = None, *,
+                 candidates: str = "sparse", min_bytes: int | None = None, stash_bytes: int = 4 << 30,
+                 prefetch_bytes: int = 256 * MiB, max_host_bytes: int | None = None, pin_memory: bool = True,
+                 codec_configs: dict | None = None, asynchronous: bool | None = None, layer=None):
+        if mode not in self.MODES:
+            raise ValueError(f"cswap: mode must be one of {self.MODES}, got {mode!r}")
+        if mode == "cswap" and policy is None:
+            raise ValueError("cswap: mode='cswap' needs policy=callable(info) -> codec name or None")
+        if policy is not None and not callable(policy):
+            raise TypeError(f"cswap: policy must be callable(info) -> codec name or None, got "
+                            f"{type(policy).__name__}")
+        if candidates not in ("sparse", "all"):
+            raise ValueError(f"cswap: candidates must be 'sparse' (ReLU and pooling outputs) or 'all' "
+                             f"(every saved activation), got {candidates!r}")
+        for name, value in (("min_bytes", min_bytes), ("stash_bytes", stash_bytes),
+                            ("prefetch_bytes", prefetch_bytes), ("max_host_bytes", max_host_bytes)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"cswap: {name} must be a non-negative int of bytes, got {value!r}")
+        self.mode = mode
+        self.policy = policy
+        self.candidates = candidates
+        self.min_bytes = min_bytes
+        self.stash_bytes = stash_bytes
+        self.prefetch_bytes = prefetch_bytes
+        self.codec_configs = dict(codec_configs or {})
+        self.asynchronous = asynchronous
+        self.layer = layer or (lambda: ("", ""))
+        self.pool = HostPool(default_max_host_bytes() if max_host_bytes is None else max_host_bytes, pin_memory)
+        self.stats = SwapStats(self)
+        self._lock = threading.RLock()
+        self._stash_cv = threading.Condition(self._lock)
+        self._inflight: list[_Item] = []   # issued, copy maybe running, src still held
+        self._stash_bytes = 0              # bytes of items queued or in flight
+        self._pass: _Pass | None = None
+        self._seen: dict[int, tuple[weakref.ref, int, _Item]] = {}
+        self._streams: dict[torch.device, tuple] = {}
+        self._queue: queue.SimpleQueue | None = None
+        self._worker: threading.Thread | None = None
+        self._warned: set[str] = set()
+
+    # -- passes -------------------------------------------------------------------------
+
+    def begin_pass(self) -> None:
+        """A new forward pass: new pack order, new dedup table."""
+        self._pass = _Pass()
+        self._seen.clear()
+        self._release_finished()
+
+    def end_pass(self) -> None:
+        self._seen.clear()
+
+    # -- pack -------------------------------------------------------------------------
+
+    def pack(self, t: torch.Tensor):
+        if self.mode == "none" or not self._is_candidate(t):
+            return _Kept(t)
+        shared = self._already_offloaded(t)
+        if shared is not None:
+            self.stats.add("deduplicated")
+            return shared
+        if self._pass is None:
+            self._pass = _Pass()
+        perm = _dense_permutation(t)
+        layer, layer_type = self.layer()
+        info = SwapInfo(op=producer(t) or "", shape=tuple(t.shape), dtype=t.dtype,
+                        nbytes=t.numel() * t.element_size(), device=t.device, layer=layer,
+                        layer_type=layer_type, index=len(self._pass.items))
+        codec = self._choose_codec(info)
+        item = _Item(t, info, codec, perm, self._pass)
+        if not self._start_offload(item, t):
+            return _Kept(t)
+        self._pass.items.append(item)
+        self._seen[id(t)] = (item.weak, item.version, item)
+        return _Handle(item, self)
+
+    def _already_offloaded(self, t: torch.Tensor) -> _Handle | None:
+        """A handle on this pass's item for `t`, or for the tensor `t` is a view of
+        (a flatten after pooling): the same bytes are never sent twice."""
+        entry = self._seen.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version and not entry[2].freed:
+            return _Handle(entry[2], self)
+        base = t._base if t._is_view() else None
+        entry = self._seen.get(id(base)) if base is not None else None
+        if entry is not None and entry[0]() is base and entry[1] == t._version and not entry[2].freed \
+                and entry[2].perm is not None:
+            # The restored base has the original strides from storage offset 0.
+            view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
+            return _Handle(entry[2], self, view)
+        return None
+
+    def _is_candidate(self, t: torch.Tensor) -> bool:
+        if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.is_sparse \
+                or t.layout != torch.strided or t.device.type == "meta" or t.numel() == 0:
+            return False
+        if t.dtype.itemsize not in (1, 2, 4, 8) or t.is_complex():
+            return False
+        if not is_activation(t):
+            return False
+        floor = self.min_bytes if self.min_bytes is not None else (MiB if t.is_cuda else 0)
+        if t.numel() * t.element_size() < floor:
+            return False
+        return self.candidates == "all" or producer(t) in SPARSE_PRODUCERS
+
+    def _choose_codec(self, info: SwapInfo) -> str | None:
+        if self.mode == "vdnn":
+            return None
+        if self.mode == "sc":
+            return "zvc"
+        codec = self.policy(info)
+        if codec is not None and codec not in codecs.names():
+            raise ValueError(f"cswap: policy returned {codec!r} for {info.where}; expected None or one of "
+                             f"{', '.join(codecs.names())}")
+        return codec
+
+    def _start_offload(self, item: _Item, t: torch.Tensor) -> bool:
+        """Hand the item to the offload path; False when it must stay in place."""
+        if t.is_cuda:
+            stream = torch.cuda.current_stream(t.device)
+            item.ready = stream.record_event()
+        else:
+            item.ready = None
+            self._warn_once("cpu", "cswap: offloading CPU tensors to host memory saves no memory; cswap "
+                                   "runs its full pipeline on CPU only for testing and development")
+        if not self._asynchronous(t):
+            self._issue(item)
+            self._release_finished(wait_oldest=t.is_cuda)
+            return item.fallback is None
+        with self._lock:
+            while self._stash_bytes + item.info.nbytes > self.stash_bytes and self._stash_bytes > 0:
+                start = time.perf_counter()
+                self._stash_cv.wait(timeout=0.05)
+                self.stats.add("offload_stall_s", time.perf_counter() - start)
+                self._release_finished_locked()
+            self._stash_bytes += item.info.nbytes
+            item.stashed = True
+        self._ensure_worker().put(item)
+        return True
+
+    def _asynchronous(self, t: torch.Tensor) -> bool:
+        return t.is_cuda if self.asynchronous is None else self.asynchronous
+
+    # -- the offload itself (worker thread, or inline) -------------------------------------
+
+    def _ensure_worker(self) -> queue.SimpleQueue:
+        if self._worker is None or not self._worker.is_alive():
+            self._queue = queue.SimpleQueue()
+            self._worker = threading.Thread(target=self._work, args=(self._queue,), name="cswap-offload",
+                                            daemon=True)
+            self._worker.start()
+        return self._queue
+
+    def _work(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            try:
+                item = jobs.get(timeout=0.01 if self._inflight else None)
+            except queue.Empty:
+                self._release_finished(wait_oldest=True)
+                continue
+            if item is _STOP:
+                return
+            self._issue(item)
+            self._release_finished()
+
+    def _issue(self, item: _Item) -> None:
+        """Compress (maybe) and copy to a host buffer; never raises: on failure the
+        item keeps its tensor (fallback) and backward uses it as stock autograd would."""
+        t = item.src
+        try:
+            if t.is_cuda:
+                with torch.cuda.device(t.device):
+                    d2h = self._stream_pair(t.device)[0]
+                    with torch.cuda.stream(d2h):
+                        d2h.wait_event(item.ready)
+                        self._copy_out(item, t, non_blocking=True)
+                        item.d2h_done = d2h.record_event()
+            else:
+                self._copy_out(item, t, non_blocking=False)
+        except Exception as exc:  # offload failed: keep the tensor, warn once, train on
+            item.fallback = t.detach()  # detached: no cycle tensor -> grad_fn -> handle -> item
+            self._warn_once("offload", f"cswap: offloading {item.info.where} failed ({type(exc).__name__}: "
+                                       f"{exc}); such tensors stay on the device")
+        finally:
+            with self._lock:
+                self._inflight.append(item)
+            item.issued.set()
+
+    def _copy_out(self, item: _Item, t: torch.Tensor, non_blocking: bool) -> None:
+        src = t.permute(item.perm) if item.perm is not None else t.contiguous()
+        raw = item.info.nbytes
+        data, header = _flat_bytes(src), None
+        if item.codec is not None:
+            blob = codecs.get(item.codec).compress(src, config=self.codec_configs.get(item.codec))
+            if blob.nbytes < raw:  # compression that does not shrink is not sent
+                data, header = blob.data, blob._header
+        with self._lock:
+            host = self.pool.acquire(data.numel())
+        if host is None:  # host memory limit: the tensor stays where it is
+            item.fallback = t.detach()
+            self.stats.add("kept_on_gpu")
+            return
+        host[: data.numel()].copy_(data, non_blocking=non_blocking)
+        item.host, item.header, item.moved = host, header, data.numel()
+        self.stats.add("offloaded_tensors")
+        self.stats.add("offloaded_bytes", raw)
+        self.stats.add("transferred_bytes", item.moved)
+        if header is not None:
+            self.stats.add("compressed_tensors")
+
+    def _release_finished(self, wait_oldest: bool = False) -> None:
+        """Drop the saved tensors whose host copy has completed (in issue order);
+        wait_oldest: first block (outside the lock) until the oldest copy is done."""
+        if wait_oldest:
+            with self._lock:
+                done = self._inflight[0].d2h_done if self._inflight else None
+            if done is not None:
+                done.synchronize()
+        with self._lock:
+            self._release_finished_locked()
+
+    def _release_finished_locked(self) -> None:
+        while self._inflight:
+            item = self._inflight[0]
+            if item.d2h_done is not None and not item.d2h_done.query():
+                return
+            self._inflight.pop(0)
+            self._settle(item)
+        self._stash_cv.notify_all()
+
+    def _settle(self, item: _Item) -> None:
+        """The copy is done: note an in-place change made meanwhile, drop the tensor."""
+        t = item.src
+        if t is not None and t._version != item.version:
+            item.modified_at = t._version
+        item.src = None
+        if item.stashed:
+            item.stashed = False
+            self._stash_bytes -= item.info.nbytes
+
+    # -- unpack ---------------------------------------------------------------------------
+
+    def unpack(self, packed):
+        if isinstance(packed, _Kept):
+            if packed.tensor._version != packed.version:
+                raise RuntimeError(
+                    f"one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: [{packed.tensor.dtype} {list(packed.tensor.shape)}] is at version "
+                    f"{packed.tensor._version}; expected version {packed.version} instead.")
+            return packed.tensor
+        item = packed.item
+        self._check_version(item)
+        out = self._unpack_item(item)
+        return out if packed.view is None else out.as_strided(*packed.view)
+
+    def _unpack_item(self, item: _Item) -> torch.Tensor:
+        if item.restored is None:  # not prefetched: backward waits for this copy
+            start = time.perf_counter()
+            self._restore(item)
+            self.stats.add("on_demand")
+            if item.h2d_done is not None:
+                item.h2d_done.synchronize()
+            self.stats.add("prefetch_stall_s", time.perf_counter() - start)
+        if item.h2d_done is not None:  # compute waits for its own item only
+            torch.cuda.current_stream(item.info.device).wait_event(item.h2d_done)
+        out = item.restored
+        if item.unpacked == 0:
+            self._prefetch_before(item)
+        item.unpacked += 1
+        if item.unpacked >= item.handles:  # every save of it served in this backward
+            item.unpacked = 0
+            item.restored = None
+            item.h2d_done = None
+        return out
+
+    def _check_version(self, item: _Item) -> None:
+        now = item.modified_at
+        alive = item.weak()
+        if now is None and alive is not None and alive._version != item.version:
+            now = alive._version
+        if now is not None:
+            raise _modified_error(item.info, item.version, now)
+
+    def _prefetch_before(self, item: _Item) -> None:
+        """Start restoring the items packed just before `item`, up to prefetch_bytes."""
+        budget = self.prefetch_bytes
+        items = item.pass_.items
+        for j in range(item.index - 1, -1, -1):
+            other = items[j]
+            if other.freed:
+                continue
+            if other.restored is None:
+                if budget < other.info.nbytes and j != item.index - 1:
+                    break
+                self._restore(other)
+                other.prefetched = True
+                self.stats.add("prefetched")
+            budget -= other.info.nbytes
+            if budget <= 0:
+                break
+
+    def _restore(self, item: _Item) -> None:
+        """Bring the item back (asynchronously on CUDA); sets item.restored."""
+        item.issued.wait()
+        if item.fallback is not None:
+            item.restored = item.fallback
+            return
+        device = item.info.device
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                h2d = self._stream_pair(device)[1]
+                with torch.cuda.stream(h2d):
+                    h2d.wait_event(item.d2h_done)
+                    y = self._copy_in(item, device, non_blocking=True)
+                    item.h2d_done = item.last_read = h2d.record_event()
+            y.record_stream(torch.cuda.current_stream(device))  # allocated on h2d, used on compute
+        else:
+            y = self._copy_in(item, device, non_blocking=False)
+        item.restored = y
+        self.stats.add("restored_tensors")
+
+    def _copy_in(self, item: _Item, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        info = item.info
+        host = item.host[: item.moved]
+        shape = [info.shape[p] for p in item.perm] if item.perm is not None else list(info.shape)
+        if item.header is not None:
+            data = host.to(device, non_blocking=non_blocking)
+            y = codecs.get(item.codec).decompress(Compressed(data, item.header),
+                                                  config=self.codec_configs.get(item.codec),
+                                                  check=device.type != "cuda")
+        else:
+            y = torch.empty(shape, dtype=info.dtype, device=device)
+            _flat_bytes(y).copy_(host, non_blocking=non_blocking)
+        return y.permute(_inverse(item.perm)) if item.perm is not None else y
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def _drop_handle(self, item: _Item) -> None:
+        with self._lock:  # handles die in whichever thread the garbage collector runs
+            item.handles -= 1
+            if item.handles > 0 or item.freed:
+                return
+            item.freed = True
+        item.restored = None
+        item.fallback = None
+        if item.host is not None:
+            host, item.host = item.host, None
+            with self._lock:
+                self.pool.release(host, item.last_read or item.d2h_done)
+
+    def _stream_pair(self, device: torch.device):
+        pair = self._streams.get(device)
+        if pair is None:
+            pair = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+            self._streams[device] = pair
+        return pair
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def synchronize(self) -> None:
+        """Wait until every queued offload has been issued and its copy has completed."""
+        while True:
+            with self._lock:
+                queued = self._stash_bytes > 0 and not self._inflight
+                if not self._inflight and not queued:
+                    return
+            if queued:  # the worker has not issued it yet
+                time.sleep(0.001)
+            self._release_finished(wait_oldest=True)
+
+    def close(self) -> None:
+        """Finish queued offloads, stop the worker, drop idle host buffers."""
+        self.synchronize()
+        if self._worker is not None and self._worker.is_alive():
+            self._queue.put(_STOP)
+            self._worker.join()
+        self._worker = None
+        with self._lock:
+            self.pool.clear()
+
+    # -- stats ------------------------------------------------------------------------------
+
+    def on_stats_reset(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    def live_stat(self, name: str):
+        if name == "host_pool_bytes":
+            return self.pool.reserved_bytes
+        if name == "peak_host_pool_bytes":
+            return self.pool.peak_reserved_bytes
+        return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
