@@ -17,13 +17,7 @@ run their PyTorch backend (the Triton interpreter is far too slow to time).
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
-import json
-import platform
-import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -32,9 +26,10 @@ import torch
 import cswap
 from cswap.synthetic import PATTERNS, make_tensor
 
+from common import environment, format_row, write_results
+
 MiB = 1 << 20
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # -- timing ----------------------------------------------------------------------
@@ -204,27 +199,6 @@ def raw_transfers(x, device, repeats) -> dict:
 # -- driver ----------------------------------------------------------------------------
 
 
-def device_slug(device: torch.device) -> str:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}"
-    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
-
-
-def environment(device, bw_gbps) -> dict:
-    import triton
-
-    env = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-           "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-           "python": sys.version.split()[0], "cswap": cswap.__version__,
-           "copy_bandwidth_gbps": bw_gbps}
-    try:
-        from nvidia import nvcomp
-        env["nvcomp"] = nvcomp.__version__
-    except ImportError:
-        pass
-    return env
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes and fewer cases (CPU-friendly)")
@@ -255,24 +229,15 @@ COLUMNS = [  # (row key, header, format)
 WIDTHS = [14] + [9] * (len(COLUMNS) - 1)
 
 
-def format_row(row: dict | None = None) -> str:
-    """One table line; the header line when row is None. Missing values stay blank."""
-    cells = []
-    for (key, head, fmt), width in zip(COLUMNS, WIDTHS):
-        text = head if row is None else ("" if row.get(key) is None else fmt.format(row[key]))
-        cells.append(text.rjust(width))
-    return " ".join(cells)
-
-
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bw = copy_bandwidth_gbps(device, args.repeats)
-    env = environment(device, bw)
+    env = environment(device, copy_bandwidth_gbps=bw)
     print(f"# cswap codec benchmark on {env['device']} ({device.type}); torch {env['torch']}, "
           f"triton {env['triton']}; copy bandwidth {bw:.0f} GB/s (read + write); pattern {args.pattern}")
     found = providers(args, device)
-    print(format_row())
+    print(format_row(COLUMNS, WIDTHS))
     rows = []
     for dtype_name in args.dtypes:
         for size_mib in args.sizes_mib:
@@ -289,27 +254,13 @@ def main(argv=None) -> list[dict]:
                         row = {**base, "provider": provider.name, "error": f"{type(exc).__name__}: {exc}"}
                         print(f"  {provider.name}: {row['error']}", flush=True)
                     else:
-                        print(format_row(row), flush=True)
+                        print(format_row(COLUMNS, WIDTHS, row), flush=True)
                     rows.append(row)
                 del x, raw
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    write_results(rows, env, args, device)
+    write_results(rows, env, args, args.out, device, "codecs-quick" if args.quick else "codecs")
     return rows
-
-
-def write_results(rows, env, args, device) -> None:
-    out = args.out or RESULTS / device_slug(device)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "codecs-quick" if args.quick else "codecs"
-    keys = sorted({k for row in rows for k in row})
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "args": config, "rows": rows}, indent=1))
-    print(f"# wrote {out / stem}.csv and .json")
 
 
 if __name__ == "__main__":

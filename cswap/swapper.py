@@ -427,6 +427,7 @@ class Swapper:
             return packed.tensor
         item = packed.item
         self._check_version(item)
+        self._release_finished()  # settle finished offloads early (frees their GPU tensors)
         out = self._unpack_item(item)
         return out if packed.view is None else out.as_strided(*packed.view)
 

@@ -1,6 +1,26 @@
-"""The paper's networks (AlexNet, VGG16, ResNet, MobileNet, SqueezeNet, Plain20).
+"""The paper's networks, written here (no torchvision).
 
-Placeholder package: the models arrive with the end-to-end benchmark issue.
+So far: VGG16. AlexNet, ResNet, MobileNet, SqueezeNet and Plain20 arrive with
+the end-to-end benchmark issue.
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from torch import nn
+
+from .vgg import VGG16, vgg16
+
+__all__ = ["VGG16", "build", "names", "vgg16"]
+
+_BUILDERS = {"vgg16": vgg16}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_BUILDERS)
+
+
+def build(name: str, dataset: str = "cifar10", num_classes: int | None = None) -> nn.Module:
+    """A fresh model: build("vgg16", dataset="cifar10" | "imagenet")."""
+    if name not in _BUILDERS:
+        raise ValueError(f"cswap.models: unknown model {name!r}; available: {', '.join(_BUILDERS)}")
+    return _BUILDERS[name](dataset, num_classes)

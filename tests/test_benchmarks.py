@@ -1,15 +1,18 @@
-"""Smoke test: the codec benchmark runs end to end in quick mode on CPU."""
+"""Smoke tests: the benchmarks run end to end in quick mode on CPU."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import cswap
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "codecs.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load(path: Path):
+    if str(BENCHMARKS) not in sys.path:  # as when run as a script: siblings import (common.py)
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -17,7 +20,7 @@ def _load(path: Path):
 
 
 def test_codec_benchmark_quick_run_writes_results(tmp_path, capsys):
-    bench = _load(SCRIPT)
+    bench = _load(BENCHMARKS / "codecs.py")
     rows = bench.main(["--quick", "--sizes-mib", "0.02", "--sparsities", "0.5", "--dtypes", "bf16",
                        "--repeats", "1", "--out", str(tmp_path)])
     assert [r["provider"] for r in rows] == list(cswap.codecs.names())
@@ -30,3 +33,17 @@ def test_codec_benchmark_quick_run_writes_results(tmp_path, capsys):
     assert saved["rows"] == rows and saved["environment"]["torch"]
     assert (tmp_path / "codecs-quick.csv").read_text().count("\n") == len(rows) + 1
     assert "zvc" in capsys.readouterr().out
+
+
+def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
+    bench = _load(BENCHMARKS / "runtime.py")
+    rows = bench.main(["--quick", "--batch", "2", "--warmup", "1", "--iters", "1", "--out", str(tmp_path)])
+    by = {r["provider"]: r for r in rows}
+    assert set(by) == {"unpatched", "none", "vdnn", "sc", "save_on_cpu"}
+    assert all(r["loss_matches"] for r in rows), rows  # same first step, bit for bit
+    assert by["none"]["moved_mib_per_step"] == 0
+    assert by["vdnn"]["moved_mib_per_step"] > 0 and by["vdnn"]["compressed_per_step"] == 0
+    # ZVC shrinks ReLU outputs: sc moves less than vdnn
+    assert 0 < by["sc"]["moved_mib_per_step"] < by["vdnn"]["moved_mib_per_step"]
+    assert by["sc"]["compressed_per_step"] > 0
+    assert json.loads((tmp_path / "runtime-quick.json").read_text())["rows"] == rows

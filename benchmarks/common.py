@@ -1,0 +1,63 @@
+"""What every benchmark shares: device naming, environment record, result files."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+import cswap
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def device_slug(device: torch.device) -> str:
+    """'nvidia-h100-80gb-hbm3', 'cpu-x86-64': the results folder name."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}"
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def environment(device: torch.device, **extra) -> dict:
+    """Device, date and versions, recorded beside every result."""
+    import triton
+
+    env = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+           "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+           "python": sys.version.split()[0], "cswap": cswap.__version__, **extra}
+    try:
+        from nvidia import nvcomp
+        env["nvcomp"] = nvcomp.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def write_results(rows: list[dict], env: dict, args, out: Path | None, device: torch.device, stem: str) -> Path:
+    """rows as <stem>.csv and, with env and args, <stem>.json under out (default results/<device>)."""
+    out = out or RESULTS / device_slug(device)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for row in rows for k in row})
+    with open(out / f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "args": config, "rows": rows}, indent=1))
+    print(f"# wrote {out / stem}.csv and .json")
+    return out
+
+
+def format_row(columns, widths, row: dict | None = None) -> str:
+    """One table line of (key, header, format) columns; the header line when row is None."""
+    cells = []
+    for (key, head, fmt), width in zip(columns, widths):
+        text = head if row is None else ("" if row.get(key) is None else fmt.format(row[key]))
+        cells.append(text.rjust(width))
+    return " ".join(cells)

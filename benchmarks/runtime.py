@@ -1,0 +1,157 @@
+"""Runtime benchmark: cswap's modes against no offload and save_on_cpu, in one run.
+
+Trains VGG16 (from cswap.models) with SGD for a few iterations per provider:
+
+    unpatched     stock PyTorch, nothing offloaded (the memory and speed reference)
+    none          cswap.patch(mode="none"): hooks only, the overhead baseline
+    vdnn          offload every ReLU/pool activation, uncompressed
+    sc            ZVC-compress every one first (static compression, as cDMA)
+    save_on_cpu   torch.autograd.graph.save_on_cpu(pin_memory=True): every saved tensor
+
+and reports the median step time, peak GPU memory (torch.cuda.max_memory_allocated),
+bytes moved to the host, prefetch stalls, and ratios against unpatched and
+save_on_cpu. The first step's loss of every provider is checked to equal the
+unpatched one bit for bit.
+
+    python benchmarks/runtime.py             # GPU: ImageNet-shaped VGG16, batch 64
+    python benchmarks/runtime.py --quick     # CPU-friendly: CIFAR-shaped, batch 4
+
+Results: a printed table, and CSV + JSON under benchmarks/results/<device>/.
+On CPU nothing is saved (host memory is the device memory): the numbers only
+show that the pipeline runs; the memory and time targets are for a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import cswap
+from cswap.models import build
+
+from common import environment, format_row, write_results
+
+PROVIDERS = ("unpatched", "none", "vdnn", "sc", "save_on_cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_provider(name: str, args, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    model = build(args.model, dataset=args.dataset).to(device)
+    if name in ("none", "vdnn", "sc"):
+        cswap.patch(model, mode=name)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    size = 224 if args.dataset == "imagenet" else 32
+    classes = 1000 if args.dataset == "imagenet" else 10
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(args.batch, 3, size, size, generator=gen).to(device)
+    y = torch.randint(0, classes, (args.batch,), generator=gen).to(device)
+    region = (lambda: torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")) \
+        if name == "save_on_cpu" else contextlib.nullcontext
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        with region():
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    times, first_loss = [], None
+    for i in range(args.warmup + args.iters):
+        if i == args.warmup:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            if name in ("none", "vdnn", "sc"):
+                cswap.stats(model).reset()
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = step()
+        _sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+        if first_loss is None:
+            first_loss = loss.detach().cpu()
+    row = {"provider": name, "model": args.model, "dataset": args.dataset, "batch": args.batch,
+           "step_ms": 1e3 * statistics.median(times), "first_loss": float(first_loss)}
+    if device.type == "cuda":
+        row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    if name in ("none", "vdnn", "sc"):
+        s = cswap.stats(model)
+        row.update(moved_mib_per_step=s["transferred_bytes"] / args.iters / 2**20,
+                   offloaded_mib_per_step=s["offloaded_bytes"] / args.iters / 2**20,
+                   compressed_per_step=s["compressed_tensors"] / args.iters,
+                   prefetch_stall_ms_per_step=1e3 * s["prefetch_stall_s"] / args.iters,
+                   host_pool_mib=s["host_pool_bytes"] / 2**20)
+        cswap.unpatch(model)
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+COLUMNS = [
+    ("provider", "provider", "{}"), ("step_ms", "step ms", "{:.1f}"), ("vs_unpatched", "x unpatch", "{:.2f}"),
+    ("vs_save_on_cpu", "x s_o_cpu", "{:.2f}"), ("peak_gpu_mib", "peak MiB", "{:.0f}"),
+    ("peak_vs_unpatched", "peak x", "{:.2f}"), ("moved_mib_per_step", "moved MiB", "{:.1f}"),
+    ("prefetch_stall_ms_per_step", "stall ms", "{:.2f}"), ("loss_matches", "loss ==", "{}"),
+]
+WIDTHS = [12] + [10] * (len(COLUMNS) - 1)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="CIFAR-shaped model, small batch (CPU-friendly)")
+    p.add_argument("--model", default="vgg16", help="a name from cswap.models.names()")
+    p.add_argument("--dataset", choices=["cifar10", "imagenet"])
+    p.add_argument("--batch", type=int)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int)
+    p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
+    args = p.parse_args(argv)
+    args.dataset = args.dataset or ("cifar10" if args.quick else "imagenet")
+    args.batch = args.batch or (4 if args.quick else 64)
+    args.iters = args.iters or (2 if args.quick else 10)
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = environment(device)
+    print(f"# cswap runtime benchmark: {args.model} ({args.dataset}), batch {args.batch}, on {env['device']}; "
+          f"torch {env['torch']}")
+    print(format_row(COLUMNS, WIDTHS))
+    rows = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="cswap: offloading CPU tensors")
+        for name in args.providers:
+            rows.append(run_provider(name, args, device))
+    ref = {r["provider"]: r for r in rows}
+    for row in rows:
+        if "unpatched" in ref:
+            row["vs_unpatched"] = row["step_ms"] / ref["unpatched"]["step_ms"]
+            row["loss_matches"] = row["first_loss"] == ref["unpatched"]["first_loss"]
+            if "peak_gpu_mib" in row:
+                row["peak_vs_unpatched"] = row["peak_gpu_mib"] / ref["unpatched"]["peak_gpu_mib"]
+        if "save_on_cpu" in ref:
+            row["vs_save_on_cpu"] = row["step_ms"] / ref["save_on_cpu"]["step_ms"]
+        print(format_row(COLUMNS, WIDTHS, row), flush=True)
+    write_results(rows, env, args, args.out, device, "runtime-quick" if args.quick else "runtime")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

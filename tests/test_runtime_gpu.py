@@ -1,0 +1,127 @@
+"""Runtime on CUDA: memory really leaves the GPU, streams never race, nothing grows."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cswap
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    old = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old
+
+
+class Sleep(nn.Module):
+    """Holds the compute stream back (~ms), so a missing stream wait shows up as wrong data."""
+
+    def forward(self, x):
+        torch.cuda._sleep(20_000_000)
+        return x
+
+
+def deep_cnn(depth=8, channels=32, sleep=False):
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(inplace=True)]
+    for i in range(depth - 1):
+        layers += [nn.Conv2d(channels, channels, 3, padding=1)] + ([Sleep()] if sleep else []) + [nn.ReLU()]
+        if i % 3 == 2:
+            layers.append(nn.MaxPool2d(2))
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10)]
+    return nn.Sequential(*layers).cuda()
+
+
+def grads_after_steps(model, steps=3, batch=8, size=64):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x = torch.randn(batch, 3, size, size, generator=gen).cuda()
+        y = torch.randint(0, 10, (batch,), generator=gen).cuda()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return [p.grad.clone() for p in model.parameters()] + [p.detach().clone() for p in model.parameters()]
+
+
+def cycle_policy():
+    names = itertools.cycle(cswap.codecs.names() + (None,))
+    return lambda info: next(names)
+
+
+@pytest.mark.parametrize("mode", ["none", "vdnn", "sc", "policy"])
+def test_gradients_equal_unpatched(mode):
+    expected = grads_after_steps(deep_cnn())
+    kw = {"policy": cycle_policy()} if mode == "policy" else {"mode": mode}
+    model = cswap.patch(deep_cnn(), min_bytes=0, **kw)
+    got = grads_after_steps(model)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+    s = cswap.stats(model)
+    assert (s["offloaded_tensors"] > 0) == (mode != "none")
+    if mode in ("sc", "policy"):
+        assert s["compressed_tensors"] > 0
+
+
+def test_race_with_a_slow_compute_stream():
+    expected = grads_after_steps(deep_cnn(sleep=True), steps=2)
+    for kw in ({"mode": "vdnn"}, {"mode": "sc"}, {"policy": cycle_policy()}):
+        model = cswap.patch(deep_cnn(sleep=True), min_bytes=0, prefetch_bytes=1, **kw)
+        for a, b in zip(grads_after_steps(model, steps=2), expected):
+            assert torch.equal(a, b), kw
+
+
+def _forward_peak(model, x):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loss = model(x).sum()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    loss.backward()
+    return peak
+
+
+def test_forward_memory_drops_with_offload():
+    x = torch.randn(32, 3, 128, 128, device="cuda")
+    stock = _forward_peak(deep_cnn(depth=9, channels=64), x)
+    model = cswap.patch(deep_cnn(depth=9, channels=64), mode="vdnn", stash_bytes=256 * MiB)
+    _forward_peak(model, x)  # warm-up: pinned pool, streams
+    patched = _forward_peak(model, x)
+    assert cswap.stats(model)["offloaded_tensors"] > 0
+    assert patched < 0.6 * stock, (patched / MiB, stock / MiB)
+
+
+def test_fifty_iterations_leave_memory_and_pool_flat():
+    model = cswap.patch(deep_cnn(), mode="sc", min_bytes=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (8,), device="cuda")
+    allocated, pool = [], []
+    for _ in range(50):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
+        pool.append(cswap.stats(model)["host_pool_bytes"])
+    assert allocated[5:] == [allocated[5]] * 45
+    assert pool[5:] == [pool[5]] * 45
+
+
+def test_unpack_waits_only_for_its_own_item_and_prefetch_happens():
+    model = cswap.patch(deep_cnn(), mode="vdnn", min_bytes=0)
+    grads_after_steps(model, steps=1)
+    s = cswap.stats(model)
+    assert s["prefetched"] > 0 and s["restored_tensors"] == s["prefetched"] + s["on_demand"]
+    assert s["peak_gpu_bytes"] > 0
