@@ -87,3 +87,13 @@ def special_values(dtype, device="cpu") -> torch.Tensor:
         info = torch.iinfo(dtype)
         x = torch.tensor([0, 1, -1 if info.min < 0 else 2, info.max, info.min, 0, 0], dtype=dtype)
     return x.to(device)
+
+
+def rewrap(blob, meta=None, payload=None) -> torch.Tensor:
+    """The bytes of `blob` with a valid header (its CRC passes) but other meta or payload."""
+    from cswap.codecs.container import pack_header
+
+    payload = blob.payload.clone() if payload is None else payload
+    meta = blob.meta if meta is None else meta
+    raw = pack_header(blob.codec, blob.dtype, tuple(blob.shape), meta, payload.numel())
+    return torch.cat([torch.frombuffer(bytearray(raw), dtype=torch.uint8), payload])

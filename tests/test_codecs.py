@@ -164,3 +164,18 @@ def test_to_out_buffer_copies_into_its_front():
     assert_bit_equal(moved.decompress(), x)
     with pytest.raises(ValueError, match="at least"):
         blob.to(out=torch.empty(blob.nbytes - 1, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_truncated_overlong_and_altered_buffers_raise(name):
+    blob = cswap.codecs.get(name).compress(random_bits((3, 700), torch.float32, 0.5))
+    with pytest.raises(cswap.CorruptDataError, match="truncated"):
+        cswap.Compressed.from_bytes(blob.data[:-1])
+    with pytest.raises(cswap.CorruptDataError, match="overlong"):
+        cswap.Compressed.from_bytes(torch.cat([blob.data, blob.data[:3]]))
+    with pytest.raises(cswap.CorruptDataError):
+        cswap.Compressed.from_bytes(blob.data[:20])
+    data = blob.data.clone()
+    data[33] ^= 1  # inside the shape field: the header CRC catches it
+    with pytest.raises(cswap.CorruptDataError, match="checksum"):
+        cswap.Compressed.from_bytes(data)
