@@ -92,10 +92,19 @@ def _forward_peak(model, x):
     return peak
 
 
+def flat_cnn(depth=10, channels=32):
+    """Every activation at full resolution: saved activations dominate memory."""
+    torch.manual_seed(0)
+    layers = [nn.Conv2d(3, channels, 3, padding=1), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU()]
+    return nn.Sequential(*layers).cuda()
+
+
 def test_forward_memory_drops_with_offload():
-    x = torch.randn(32, 3, 128, 128, device="cuda")
-    stock = _forward_peak(deep_cnn(depth=9, channels=64), x)
-    model = cswap.patch(deep_cnn(depth=9, channels=64), mode="vdnn", stash_bytes=256 * MiB)
+    x = torch.randn(16, 3, 128, 128, device="cuda")  # 32 MiB per activation, 10 of them saved
+    stock = _forward_peak(flat_cnn(), x)
+    model = cswap.patch(flat_cnn(), mode="vdnn", stash_bytes=64 * MiB)
     _forward_peak(model, x)  # warm-up: pinned pool, streams
     patched = _forward_peak(model, x)
     assert cswap.stats(model)["offloaded_tensors"] > 0
