@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SPARSE_PRODUCERS", "SwapInfo", "producer", "is_activation"]
+__all__ = ["SPARSE_PRODUCERS", "SwapInfo", "is_activation", "op_name", "producer"]
 
 # grad_fn names (without the trailing version digit) of ops whose outputs are
 # sparse: the ReLU family (relu6 dispatches to hardtanh) and pooling.
@@ -24,11 +24,20 @@ SPARSE_PRODUCERS = frozenset({
     "AdaptiveAvgPool2DBackward", "AdaptiveAvgPool3DBackward",
 })
 _VERSION = re.compile(r"\d+$")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 
 def _grad_fn_name(t: torch.Tensor) -> str | None:
     fn = t.grad_fn
     return _VERSION.sub("", fn.name()) if fn is not None else None
+
+
+def op_name(grad_fn_name: str) -> str:
+    """The op as users write it: "MaxPool2DWithIndicesBackward" -> "max_pool2d",
+    "ReluBackward" -> "relu", "ConvolutionBackward" -> "convolution"."""
+    name = grad_fn_name.removesuffix("Backward").replace("WithIndices", "")
+    name = re.sub(r"Pool(\d)D", r"Pool\1d", name)
+    return _CAMEL.sub("_", name).lower()
 
 
 def producer(t: torch.Tensor) -> str | None:
@@ -50,7 +59,7 @@ def is_activation(t: torch.Tensor) -> bool:
 class SwapInfo:
     """What a policy sees about one candidate tensor."""
 
-    op: str                  # producer, e.g. "ReluBackward" or "MaxPool2DWithIndicesBackward"
+    op: str                  # producing op, e.g. "relu", "max_pool2d" (see op_name)
     shape: tuple[int, ...]
     dtype: torch.dtype
     nbytes: int

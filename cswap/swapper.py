@@ -50,7 +50,7 @@ from typing import Callable
 import torch
 
 from . import codecs
-from .candidates import SPARSE_PRODUCERS, SwapInfo, is_activation, producer
+from .candidates import SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer
 from .codecs.container import Compressed
 from .host_pool import HostPool
 from .stats import SwapStats
@@ -241,7 +241,7 @@ class Swapper:
             self._pass = _Pass()
         perm = _dense_permutation(t)
         layer, layer_type = self.layer()
-        info = SwapInfo(op=producer(t) or "", shape=tuple(t.shape), dtype=t.dtype,
+        info = SwapInfo(op=op_name(producer(t) or ""), shape=tuple(t.shape), dtype=t.dtype,
                         nbytes=t.numel() * t.element_size(), device=t.device, layer=layer,
                         layer_type=layer_type, index=len(self._pass.items))
         codec = self._choose_codec(info)
