@@ -51,8 +51,11 @@ def producer(t: torch.Tensor) -> str | None:
 
 
 def is_activation(t: torch.Tensor) -> bool:
-    """An output of a differentiable op: never a parameter, buffer or input."""
-    return t.grad_fn is not None or (t._is_view() and t._base is not None and t._base.grad_fn is not None)
+    """An output of a differentiable op: never a parameter, buffer or input, nor a
+    view of one (linear saves weight.t(), which has a grad_fn of its own)."""
+    if t._is_view() and t._base is not None:
+        return t._base.grad_fn is not None
+    return t.grad_fn is not None
 
 
 @dataclass(frozen=True)

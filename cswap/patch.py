@@ -57,24 +57,22 @@ class _Patch:
         self.swapper.close()
 
 
-def patch(model: nn.Module, mode: str = "vdnn", policy=None, **options) -> nn.Module:
+def patch(model: nn.Module, mode: str | None = None, policy=None, **options) -> nn.Module:
     """Offload the activations `model` saves for backward to host memory.
 
     Returns the same module, patched in place (patching again replaces the
     settings). Modes: "none" (hooks only, the overhead baseline), "vdnn"
     (offload every candidate uncompressed), "sc" (ZVC on every candidate),
-    "cswap" (policy(info) -> codec name or None per tensor; passing a policy
-    selects it). Options (see cswap.swapper.Swapper): candidates="sparse" |
+    "cswap" (policy(info) -> codec name or None per tensor). The default is
+    "vdnn", or "cswap" when a policy is given. Options (see cswap.swapper.Swapper): candidates="sparse" |
     "all", min_bytes (default 1 MiB on CUDA), stash_bytes, prefetch_bytes,
     max_host_bytes, pin_memory, codec_configs={codec: LaunchConfig}.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.patch: expected a torch.nn.Module, got {type(model).__name__}")
-    if policy is not None and mode == "vdnn":
-        mode = "cswap"
-    unpatch(model)
     tracker = LayerTracker()
-    swapper = Swapper(mode, policy, layer=lambda: tracker.current, **options)
+    swapper = Swapper(mode, policy, layer=lambda: tracker.current, **options)  # validates first
+    unpatch(model)
     tracker.attach(model)
     _PATCHED[model] = _Patch(model, swapper, tracker)
     return model
@@ -95,11 +93,9 @@ def is_patched(model: nn.Module) -> bool:
 
 
 @contextmanager
-def offload(mode: str = "vdnn", policy=None, **options):
+def offload(mode: str | None = None, policy=None, **options):
     """Offload tensors saved for backward inside this region; yields the Swapper
     (its .stats counts what moved). Backward may run after the region ends."""
-    if policy is not None and mode == "vdnn":
-        mode = "cswap"
     tracker = LayerTracker()
     swapper = Swapper(mode, policy, layer=lambda: tracker.current, **options)
     tracker.attach_global()
@@ -110,6 +106,7 @@ def offload(mode: str = "vdnn", policy=None, **options):
     finally:
         tracker.detach()
         swapper.end_pass()
+        swapper.close()  # offloads finish; restores in a later backward need no worker
 
 
 def stats(target) -> SwapStats:

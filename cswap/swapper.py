@@ -91,6 +91,15 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def _version_alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor that shares t's version counter but not its memory: in-place
+    changes to t (or any view of it) stay visible after t itself is gone."""
+    alias = t.detach()
+    with torch.autograd._unsafe_preserve_version_counter(alias):
+        alias.set_()
+    return alias
+
+
 def _modified_error(info: SwapInfo, saved: int, now: int) -> RuntimeError:
     return RuntimeError(
         f"one of the variables needed for gradient computation has been modified by an inplace "
@@ -126,9 +135,9 @@ class _Item:
         self.info = info
         self.codec = codec
         self.src: torch.Tensor | None = t          # strong until the copy is done
-        self.weak = weakref.ref(t)
+        self.weak = weakref.ref(t)                 # identity, for dedup
         self.version = t._version
-        self.modified_at: int | None = None
+        self.version_alias = _version_alias(t)
         self.perm = perm                           # None: restored contiguous
         self.pass_ = pass_
         self.index = len(pass_.items)
@@ -143,8 +152,9 @@ class _Item:
         self.last_read = None                      # the latest copy reading `host`
         self.stashed = False                       # counted in the stash limit
         self.prefetched = False
-        self.handles = 0
-        self.unpacked = 0
+        self.handles = 0                           # live saves (handles) of it
+        self.unpacked = 0                          # of those, served in this round
+        self.round = 0                             # one round = one backward's use
         self.freed = False
 
 
@@ -152,20 +162,42 @@ class _Handle:
     """What autograd stores for an offloaded save; frees the item with the last one.
     `view` = (size, stride, offset): the save was a view of the item's tensor."""
 
-    __slots__ = ("item", "swapper", "view")
+    __slots__ = ("item", "swapper", "view", "served_round")
 
     def __init__(self, item: _Item, swapper: "Swapper", view=None):
         self.item = item
         self.swapper = swapper
         self.view = view
+        self.served_round = -1
         with swapper._lock:
             item.handles += 1
 
     def __del__(self):
         try:
-            self.swapper._drop_handle(self.item)
+            self.swapper._drop_handle(self)
         except Exception:  # never raise from a finalizer (interpreter shutdown)
             pass
+
+
+def _work(swapper_ref, jobs: queue.SimpleQueue) -> None:
+    """The offload worker: issue queued items; when idle, release finished copies."""
+    while True:
+        swapper = swapper_ref()
+        busy = swapper is not None and bool(swapper._inflight)
+        del swapper  # no strong reference while blocked on the queue
+        try:
+            item = jobs.get(timeout=0.01 if busy else None)
+        except queue.Empty:
+            item = None
+        swapper = swapper_ref()
+        if item is _STOP or swapper is None:
+            return
+        if item is None:
+            swapper._release_finished(wait_oldest=True)
+        else:
+            swapper._issue(item)
+            swapper._release_finished()
+        del swapper
 
 
 class Swapper:
@@ -177,12 +209,17 @@ class Swapper:
 
     MODES = ("none", "vdnn", "sc", "cswap")
 
-    def __init__(self, mode: str = "vdnn", policy: Callable[[SwapInfo], str | None] | None = None, *,
+    def __init__(self, mode: str | None = None, policy: Callable[[SwapInfo], str | None] | None = None, *,
                  candidates: str = "sparse", min_bytes: int | None = None, stash_bytes: int = 4 << 30,
                  prefetch_bytes: int = 256 * MiB, max_host_bytes: int | None = None, pin_memory: bool = True,
                  codec_configs: dict | None = None, asynchronous: bool | None = None, layer=None):
+        if mode is None:
+            mode = "vdnn" if policy is None else "cswap"
         if mode not in self.MODES:
             raise ValueError(f"cswap: mode must be one of {self.MODES}, got {mode!r}")
+        if policy is not None and mode != "cswap":
+            raise ValueError(f"cswap: a policy decides only in mode='cswap' (got mode={mode!r}); drop the "
+                             f"mode argument or the policy")
         if mode == "cswap" and policy is None:
             raise ValueError("cswap: mode='cswap' needs policy=callable(info) -> codec name or None")
         if policy is not None and not callable(policy):
@@ -323,22 +360,13 @@ class Swapper:
     def _ensure_worker(self) -> queue.SimpleQueue:
         if self._worker is None or not self._worker.is_alive():
             self._queue = queue.SimpleQueue()
-            self._worker = threading.Thread(target=self._work, args=(self._queue,), name="cswap-offload",
-                                            daemon=True)
+            # The worker holds the swapper weakly and stops when it is collected.
+            self._worker = threading.Thread(target=_work, args=(weakref.ref(self), self._queue),
+                                            name="cswap-offload", daemon=True)
+            weakref.finalize(self, self._queue.put, _STOP)
             self._worker.start()
         return self._queue
 
-    def _work(self, jobs: queue.SimpleQueue) -> None:
-        while True:
-            try:
-                item = jobs.get(timeout=0.01 if self._inflight else None)
-            except queue.Empty:
-                self._release_finished(wait_oldest=True)
-                continue
-            if item is _STOP:
-                return
-            self._issue(item)
-            self._release_finished()
 
     def _issue(self, item: _Item) -> None:
         """Compress (maybe) and copy to a host buffer; never raises: on failure the
@@ -356,12 +384,16 @@ class Swapper:
                 self._copy_out(item, t, non_blocking=False)
         except Exception as exc:  # offload failed: keep the tensor, warn once, train on
             item.fallback = t.detach()  # detached: no cycle tensor -> grad_fn -> handle -> item
+            self.stats.add("kept_on_gpu")
             self._warn_once("offload", f"cswap: offloading {item.info.where} failed ({type(exc).__name__}: "
                                        f"{exc}); such tensors stay on the device")
         finally:
             with self._lock:
                 self._inflight.append(item)
-            item.issued.set()
+                if item.freed and item.host is not None:  # every save died meanwhile
+                    self.pool.release(item.host, item.d2h_done)
+                    item.host = None
+                item.issued.set()  # under the lock, so _drop_handle sees host and issued agree
 
     def _copy_out(self, item: _Item, t: torch.Tensor, non_blocking: bool) -> None:
         src = t.permute(item.perm) if item.perm is not None else t.contiguous()
@@ -372,13 +404,16 @@ class Swapper:
             if blob.nbytes < raw:  # compression that does not shrink is not sent
                 data, header = blob.data, blob._header
         with self._lock:
+            if item.freed:  # every save died before the copy: nothing to keep
+                return
             host = self.pool.acquire(data.numel())
+            item.host = host  # under the lock: _drop_handle returns it if the item dies now
         if host is None:  # host memory limit: the tensor stays where it is
             item.fallback = t.detach()
             self.stats.add("kept_on_gpu")
             return
         host[: data.numel()].copy_(data, non_blocking=non_blocking)
-        item.host, item.header, item.moved = host, header, data.numel()
+        item.header, item.moved = header, data.numel()
         self.stats.add("offloaded_tensors")
         self.stats.add("offloaded_bytes", raw)
         self.stats.add("transferred_bytes", item.moved)
@@ -406,10 +441,7 @@ class Swapper:
         self._stash_cv.notify_all()
 
     def _settle(self, item: _Item) -> None:
-        """The copy is done: note an in-place change made meanwhile, drop the tensor."""
-        t = item.src
-        if t is not None and t._version != item.version:
-            item.modified_at = t._version
+        """The copy is done: drop the tensor (its memory is released now)."""
         item.src = None
         if item.stashed:
             item.stashed = False
@@ -428,61 +460,69 @@ class Swapper:
         item = packed.item
         self._check_version(item)
         self._release_finished()  # settle finished offloads early (frees their GPU tensors)
-        out = self._unpack_item(item)
+        out = self._unpack_item(item, packed)
         return out if packed.view is None else out.as_strided(*packed.view)
 
-    def _unpack_item(self, item: _Item) -> torch.Tensor:
+    def _unpack_item(self, item: _Item, handle: _Handle) -> torch.Tensor:
         if item.restored is None:  # not prefetched: backward waits for this copy
             start = time.perf_counter()
-            self._restore(item)
-            self.stats.add("on_demand")
+            if self._restore(item):
+                self.stats.add("on_demand")
             if item.h2d_done is not None:
                 item.h2d_done.synchronize()
             self.stats.add("prefetch_stall_s", time.perf_counter() - start)
         if item.h2d_done is not None:  # compute waits for its own item only
             torch.cuda.current_stream(item.info.device).wait_event(item.h2d_done)
         out = item.restored
-        if item.unpacked == 0:
+        with self._lock:
+            first = item.unpacked == 0
+            if handle.served_round != item.round:
+                handle.served_round = item.round
+                item.unpacked += 1
+            self._end_round_if_served(item)
+        if first:
             self._prefetch_before(item)
-        item.unpacked += 1
-        if item.unpacked >= item.handles:  # every save of it served in this backward
+        return out
+
+    def _end_round_if_served(self, item: _Item) -> None:
+        """Every live save of the item was unpacked: drop the restored tensor (backward
+        owns it now); a later backward (retain_graph) restores it again."""
+        if item.handles > 0 and item.unpacked >= item.handles:
+            item.round += 1
             item.unpacked = 0
             item.restored = None
             item.h2d_done = None
-        return out
 
     def _check_version(self, item: _Item) -> None:
-        now = item.modified_at
-        alive = item.weak()
-        if now is None and alive is not None and alive._version != item.version:
-            now = alive._version
-        if now is not None:
+        now = item.version_alias._version
+        if now != item.version:
             raise _modified_error(item.info, item.version, now)
 
     def _prefetch_before(self, item: _Item) -> None:
-        """Start restoring the items packed just before `item`, up to prefetch_bytes."""
+        """Start restoring the items packed just before `item`, up to prefetch_bytes
+        of them (at least the one just before; prefetch_bytes=0 turns prefetch off)."""
         budget = self.prefetch_bytes
         items = item.pass_.items
         for j in range(item.index - 1, -1, -1):
+            if budget <= 0:
+                break
             other = items[j]
             if other.freed:
                 continue
             if other.restored is None:
                 if budget < other.info.nbytes and j != item.index - 1:
                     break
-                self._restore(other)
-                other.prefetched = True
-                self.stats.add("prefetched")
+                if self._restore(other):
+                    self.stats.add("prefetched")
             budget -= other.info.nbytes
-            if budget <= 0:
-                break
 
-    def _restore(self, item: _Item) -> None:
-        """Bring the item back (asynchronously on CUDA); sets item.restored."""
+    def _restore(self, item: _Item) -> bool:
+        """Bring the item back (asynchronously on CUDA) into item.restored; False
+        when its offload had failed and the tensor itself serves."""
         item.issued.wait()
         if item.fallback is not None:
             item.restored = item.fallback
-            return
+            return False
         device = item.info.device
         if device.type == "cuda":
             with torch.cuda.device(device):
@@ -496,6 +536,7 @@ class Swapper:
             y = self._copy_in(item, device, non_blocking=False)
         item.restored = y
         self.stats.add("restored_tensors")
+        return True
 
     def _copy_in(self, item: _Item, device: torch.device, non_blocking: bool) -> torch.Tensor:
         info = item.info
@@ -513,17 +554,23 @@ class Swapper:
 
     # -- lifetime ---------------------------------------------------------------------------
 
-    def _drop_handle(self, item: _Item) -> None:
+    def _drop_handle(self, handle: _Handle) -> None:
+        item = handle.item
         with self._lock:  # handles die in whichever thread the garbage collector runs
             item.handles -= 1
-            if item.handles > 0 or item.freed:
+            if handle.served_round == item.round:  # it was counted in this round
+                item.unpacked -= 1
+            if item.handles > 0:
+                self._end_round_if_served(item)
+                return
+            if item.freed:
                 return
             item.freed = True
-        item.restored = None
-        item.fallback = None
-        if item.host is not None:
-            host, item.host = item.host, None
-            with self._lock:
+            item.restored = None
+            item.fallback = None
+            # Not yet issued: the worker may be copying into the buffer; it returns it.
+            if item.host is not None and item.issued.is_set():
+                host, item.host = item.host, None
                 self.pool.release(host, item.last_read or item.d2h_done)
 
     def _stream_pair(self, device: torch.device):
@@ -562,6 +609,7 @@ class Swapper:
     # -- stats ------------------------------------------------------------------------------
 
     def on_stats_reset(self) -> None:
+        self.pool.peak_reserved_bytes = self.pool.reserved_bytes
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
 

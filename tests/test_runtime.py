@@ -1,0 +1,1273 @@
+"""Runtime on CPU: patch/unpatch/offload/stats, the swapper's pipeline and the host pool.
+
+Without CUDA the swapper runs its whole pipeline synchronously on CPU (and on a
+worker thread with asynchronous=True): every path but the stream plumbing.
+Gradients are compared bit for bit (torch.equal) with stock autograd.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import warnings
+import weakref
+from contextlib import nullcontext
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import cswap
+import nets
+from cswap.candidates import SPARSE_PRODUCERS, op_name
+from cswap.host_pool import HostPool, size_class
+from cswap.patch import _PATCHED
+from cswap.swapper import Swapper, _Handle
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
+
+CODECS = ("zvc", "rle", "csr", "lz4")
+COUNTERS = ("offloaded_tensors", "offloaded_bytes", "transferred_bytes", "compressed_tensors", "deduplicated",
+            "kept_on_gpu", "restored_tensors", "prefetched", "on_demand", "prefetch_stall_s", "offload_stall_s")
+
+
+def cycling_policy(info):
+    """Every codec in turn, and None (offload uncompressed) every fifth tensor."""
+    return (*CODECS, None)[info.index % 5]
+
+
+MODES = {
+    "none": {"mode": "none"},
+    "vdnn": {"mode": "vdnn"},
+    "sc": {"mode": "sc"},
+    "cswap": {"mode": "cswap", "policy": cycling_policy},
+}
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+def snapshot(model):
+    """Parameters, their grads and the buffers (BatchNorm running stats), cloned."""
+    out = {}
+    for name, p in model.named_parameters():
+        out["param:" + name] = p.detach().clone()
+        out["grad:" + name] = None if p.grad is None else p.grad.clone()
+    for name, b in model.named_buffers():
+        out["buffer:" + name] = b.clone()
+    return out
+
+
+def assert_same(got, expected):
+    assert got.keys() == expected.keys()
+    for key in expected:
+        a, b = got[key], expected[key]
+        if b is None:
+            assert a is None, key
+            continue
+        assert a is not None, key
+        assert a.dtype == b.dtype and a.shape == b.shape, key
+        assert torch.equal(a, b), f"{key} differs (max abs diff {(a.double() - b.double()).abs().max().item()})"
+
+
+def train(model, shape, steps=3, lr=0.1, channels_last=False, train_mode=True):
+    """`steps` SGD steps (momentum, so every step's grads matter) on fixed data."""
+    model.train(train_mode)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for x, y in nets.batches(shape, steps, channels_last=channels_last):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return snapshot(model)
+
+
+_REFERENCE = {}
+
+
+def reference(name, **kw):
+    """Stock autograd's result for nets.MODELS[name] (cached: the models are deterministic)."""
+    key = (name, tuple(sorted(kw.items())))
+    if key not in _REFERENCE:
+        make, shape = nets.MODELS[name]
+        model = make()
+        if kw.get("channels_last"):
+            model = model.to(memory_format=torch.channels_last)
+        _REFERENCE[key] = train(model, shape, **kw)
+    return _REFERENCE[key]
+
+
+def swapper_of(model) -> Swapper:
+    return _PATCHED[model].swapper
+
+
+def counters(stats):
+    return {k: stats[k] for k in COUNTERS}
+
+
+def hook_counts(model):
+    return {name: (len(m._forward_hooks), len(m._forward_pre_hooks), len(m._forward_hooks_always_called),
+                   len(m._backward_hooks), len(m._backward_pre_hooks))
+            for name, m in model.named_modules()}
+
+
+def saved_tensor_hooks_installed() -> bool:
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+def offload_threads():
+    return [t for t in threading.enumerate() if t.name == "cswap-offload" and t.is_alive()]
+
+
+def record_offloaded(swapper):
+    """Wrap swapper.pack: the list gets every tensor that was handed to the offload path."""
+    seen = []
+    pack = swapper.pack
+
+    def recording_pack(t):
+        packed = pack(t)
+        if isinstance(packed, _Handle) and packed.view is None and packed.item.weak() is t \
+                and all(s is not t for s in seen):
+            seen.append(t)
+        return packed
+
+    swapper.pack = recording_pack
+    return seen
+
+
+class Recorder:
+    """A policy that records every SwapInfo and answers with `choose(info)`."""
+
+    def __init__(self, choose=lambda info: None):
+        self.infos = []
+        self.choose = choose
+
+    def __call__(self, info):
+        self.infos.append(info)
+        return self.choose(info)
+
+
+# -- 1. gradients equal stock autograd, bit for bit -------------------------------------------------
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("name", ["vgg", "vgg_inplace", "resnet", "functional", "transformer"])
+def test_gradients_equal_unpatched(name, mode):
+    make, shape = nets.MODELS[name]
+    model = cswap.patch(make(), min_bytes=0, **MODES[mode])
+    got = train(model, shape)
+    assert_same(got, reference(name))
+    s = cswap.stats(model)
+    if mode == "none":
+        assert counters(s) == counters(cswap.SwapStats())
+        assert swapper_of(model).pool.allocations == 0
+    else:
+        assert s["offloaded_tensors"] > 0 and s["offloaded_bytes"] > 0
+        assert s["restored_tensors"] > 0
+    if mode in ("sc", "cswap"):
+        assert s["compressed_tensors"] > 0
+        assert s["transferred_bytes"] < s["offloaded_bytes"]
+    if mode == "vdnn":
+        assert s["compressed_tensors"] == 0 and s["transferred_bytes"] == s["offloaded_bytes"]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("name", ["vgg", "resnet"])
+def test_gradients_equal_unpatched_with_worker_thread(name, mode):
+    make, shape = nets.MODELS[name]
+    model = cswap.patch(make(), min_bytes=0, asynchronous=True, **MODES[mode])
+    try:
+        got = train(model, shape)
+        assert_same(got, reference(name))
+        if mode != "none":
+            assert cswap.stats(model)["offloaded_tensors"] > 0
+            assert swapper_of(model)._worker is not None  # the worker thread really ran
+    finally:
+        cswap.unpatch(model)  # stops the worker
+
+
+@pytest.mark.parametrize("name", ["functional", "transformer"])
+def test_worker_thread_with_a_one_byte_stash(name):
+    """stash_bytes=1: forward waits for the worker after every tensor; still exact."""
+    make, shape = nets.MODELS[name]
+    model = cswap.patch(make(), mode="cswap", policy=cycling_policy, min_bytes=0, asynchronous=True,
+                        stash_bytes=1, prefetch_bytes=0)
+    try:
+        assert_same(train(model, shape), reference(name))
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+    finally:
+        cswap.unpatch(model)
+
+
+class SparseNet(nn.Module):
+    """ReLU outputs with ~90% zeros: every codec shrinks them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x) - 1.0)
+        x = F.max_pool2d(F.relu(self.conv2(x) - 0.5), 2)
+        return self.fc(x.flatten(1))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_codec_compresses_and_round_trips_in_training(codec):
+    expected = train(SparseNet(), nets.IMAGE)
+    model = cswap.patch(SparseNet(), policy=lambda info: codec, min_bytes=0)
+    assert swapper_of(model).mode == "cswap"  # passing a policy selects mode="cswap"
+    assert_same(train(model, nets.IMAGE), expected)
+    s = cswap.stats(model)
+    assert s["compressed_tensors"] == s["offloaded_tensors"] > 0
+    assert s["transferred_bytes"] < s["offloaded_bytes"]
+    assert {item.codec for item in swapper_of(model)._pass.items} == {codec}
+
+
+# -- 2. stats -----------------------------------------------------------------------------------------
+
+def one_step(model, shape=nets.IMAGE, **backward):
+    x, y = nets.batches(shape, 1)[0]
+    loss = F.cross_entropy(model(x), y)
+    loss.backward(**backward)
+    return loss
+
+
+def test_stats_count_offload_and_restore_vdnn():
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0)
+    one_step(model)
+    s = cswap.stats(model)
+    assert s["offloaded_tensors"] > 0 and s["offloaded_bytes"] > 0
+    assert s["transferred_bytes"] == s["offloaded_bytes"] and s["compressed_tensors"] == 0
+    assert s["kept_on_gpu"] == 0
+    assert s["restored_tensors"] == s["offloaded_tensors"]        # each item once per backward
+    assert s["prefetched"] > 0                                     # backward restores ahead of need
+    assert s["restored_tensors"] == s["prefetched"] + s["on_demand"]
+    assert s["on_demand"] >= 1                                     # the first unpack cannot be prefetched
+    assert s["peak_host_pool_bytes"] >= s["host_pool_bytes"] > 0
+    assert s["peak_gpu_bytes"] == 0                                # no CUDA here
+    assert isinstance(s, cswap.SwapStats) and set(s) == set(cswap.SwapStats.fields) and len(s) == len(s.fields)
+    assert "offloaded_tensors=" in repr(s)
+    with pytest.raises(KeyError, match="no field"):
+        s["no_such_field"]
+
+
+def test_stats_sc_compresses_relu_sparse_activations():
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    one_step(model)
+    s = cswap.stats(model)
+    assert s["compressed_tensors"] > 0
+    assert s["transferred_bytes"] < s["offloaded_bytes"]
+    assert all(item.codec == "zvc" for item in swapper_of(model)._pass.items)
+
+
+def test_stats_none_mode_offloads_nothing():
+    model = cswap.patch(nets.resnet_like(), mode="none", min_bytes=0)
+    one_step(model)
+    s = cswap.stats(model)
+    assert all(s[k] == 0 for k in COUNTERS)
+    assert s["host_pool_bytes"] == s["peak_host_pool_bytes"] == 0
+
+
+def test_dedup_counts_exactly():
+    """Tiny: conv, relu r1, maxpool p, conv, relu r2, flatten, linear. Saves of activations:
+    ReLU saves r1 (offload 1), maxpool saves r1 (dedup 1), conv saves p (offload 2), ReLU saves
+    r2 (offload 3), linear saves flatten(r2), a view of r2 (dedup 2). Input, weights, the
+    maxpool indices and linear's weight.t() are not candidates."""
+    model = cswap.patch(nets.tiny(), mode="vdnn", min_bytes=0)
+    one_step(model, shape=(2, 3, 8, 8))
+    s = cswap.stats(model)
+    r1, p, r2 = 2 * 4 * 8 * 8 * 4, 2 * 4 * 4 * 4 * 4, 2 * 4 * 4 * 4 * 4
+    assert s["offloaded_tensors"] == 3
+    assert s["deduplicated"] == 2
+    assert s["offloaded_bytes"] == s["transferred_bytes"] == r1 + p + r2
+    assert s["restored_tensors"] == 3
+    assert s["prefetched"] + s["on_demand"] == 3
+    items = swapper_of(model)._pass.items
+    assert [(i.info.op, i.info.layer) for i in items] == [
+        ("relu", "body.1"), ("max_pool2d", "body.3"), ("relu", "body.4")]
+    # a second forward counts again: dedup is per pass, not across passes
+    one_step(model, shape=(2, 3, 8, 8))
+    assert s["offloaded_tensors"] == 6 and s["deduplicated"] == 4
+
+
+def test_stats_reset_zeroes_counters():
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    one_step(model)
+    s = cswap.stats(model)
+    first = counters(s)
+    assert first["offloaded_tensors"] > 0 and first["restored_tensors"] > 0
+    s.reset()
+    assert all(s[k] == 0 for k in COUNTERS)
+    assert isinstance(s["prefetch_stall_s"], float)
+    one_step(model)  # same data and weights (no optimizer step): the same counts again
+    again = counters(s)
+    for k in COUNTERS:
+        if not k.endswith("_s"):
+            assert again[k] == first[k], k
+
+
+def test_stats_of_unpatched_model_raises():
+    model = nets.tiny()
+    with pytest.raises(ValueError, match="not patched"):
+        cswap.stats(model)
+    with pytest.raises(ValueError, match="not patched"):
+        cswap.stats(object())
+    cswap.patch(model)
+    cswap.stats(model)
+    cswap.unpatch(model)
+    with pytest.raises(ValueError, match="not patched"):
+        cswap.stats(model)
+
+
+def test_each_offloaded_tensor_restored_once_when_saved_twice():
+    """Saved twice (ReLU + maxpool): one restore serves both."""
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0)
+    one_step(model)
+    s = cswap.stats(model)
+    assert s["deduplicated"] > 0
+    assert s["restored_tensors"] == s["offloaded_tensors"]
+
+
+def test_tensor_saved_three_times_is_restored_once():
+    w = torch.randn(16, 16, requires_grad=True)
+    w1 = torch.randn(16, requires_grad=True)
+    w2 = torch.randn(16, requires_grad=True)
+    x = torch.randn(8, 16)
+    with cswap.offload(mode="vdnn", min_bytes=0) as sw:
+        r = F.relu(x @ w)              # saved by ReluBackward
+        loss = (r * w1 + r * w2).sum()  # and by both muls: one item, three handles
+    assert sw.stats["offloaded_tensors"] == 1 and sw.stats["deduplicated"] == 2
+    loss.backward()
+    assert sw.stats["restored_tensors"] == 1
+    assert sw.stats["on_demand"] == 1
+
+
+def test_resnet_restores_each_offloaded_tensor_once():
+    model = cswap.patch(nets.resnet_like(), mode="vdnn", min_bytes=0)
+    one_step(model)
+    s = cswap.stats(model)
+    assert s["restored_tensors"] == s["offloaded_tensors"]
+
+
+# -- 3. candidates ------------------------------------------------------------------------------------
+
+CANDIDATES = {
+    "F.relu": (lambda a: F.relu(a), (2, 4, 8, 8), "relu"),
+    "nn.ReLU": (nn.ReLU(), (2, 4, 8, 8), "relu"),
+    "nn.ReLU(inplace)": (nn.ReLU(inplace=True), (2, 4, 8, 8), "relu"),
+    "relu_": (lambda a: a.relu_(), (2, 4, 8, 8), "relu"),
+    "threshold": (lambda a: F.threshold(a, 0.1, 0.0), (2, 4, 8, 8), "threshold"),
+    "relu6": (lambda a: F.relu6(a * 4), (2, 4, 8, 8), "hardtanh"),
+    "nn.ReLU6": (nn.ReLU6(), (2, 4, 8, 8), "hardtanh"),
+    "leaky_relu": (lambda a: F.leaky_relu(a, 0.1), (2, 4, 8, 8), "leaky_relu"),
+    "nn.LeakyReLU(inplace)": (nn.LeakyReLU(0.1, inplace=True), (2, 4, 8, 8), "leaky_relu"),
+    "hardtanh": (lambda a: F.hardtanh(a), (2, 4, 8, 8), "hardtanh"),
+    "max_pool2d": (lambda a: F.max_pool2d(a, 2), (2, 4, 8, 8), "max_pool2d"),
+    "nn.MaxPool2d": (nn.MaxPool2d(2), (2, 4, 8, 8), "max_pool2d"),
+    "avg_pool2d": (lambda a: F.avg_pool2d(a, 2), (2, 4, 8, 8), "avg_pool2d"),
+    "nn.AvgPool2d": (nn.AvgPool2d(2), (2, 4, 8, 8), "avg_pool2d"),
+    "adaptive_max_pool2d": (lambda a: F.adaptive_max_pool2d(a, 3), (2, 4, 8, 8), "adaptive_max_pool2d"),
+    "adaptive_avg_pool2d": (lambda a: F.adaptive_avg_pool2d(a, 3), (2, 4, 8, 8), "adaptive_avg_pool2d"),
+    "max_pool1d": (lambda a: F.max_pool1d(a, 2), (2, 4, 8), "max_pool2d"),
+    "avg_pool1d": (lambda a: F.avg_pool1d(a, 2), (2, 4, 8), "avg_pool2d"),
+    "max_pool3d": (lambda a: F.max_pool3d(a, 2), (2, 2, 4, 4, 4), "max_pool3d"),
+    "avg_pool3d": (lambda a: F.avg_pool3d(a, 2), (2, 2, 4, 4, 4), "avg_pool3d"),
+}
+
+
+def run_op(op, shape, swap=None):
+    """a = x * s (non-leaf), y = op(a), loss = sum(y * v): y is saved by the mul (and
+    by op itself for ReLU). Returns (grads of s and v, y's shape)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, generator=gen)
+    s = torch.randn(shape[1], *([1] * (len(shape) - 2)), generator=gen).requires_grad_()
+    with swap if swap is not None else nullcontext():
+        y = op(x * s)
+        v = torch.randn(y.shape, generator=gen).requires_grad_()
+        loss = (y * v).sum()
+    loss.backward()
+    return [s.grad, v.grad], tuple(y.shape)
+
+
+@pytest.mark.parametrize("name", list(CANDIDATES))
+def test_candidates(name):
+    op, shape, producer = CANDIDATES[name]
+    expected, _ = run_op(op, shape)
+    policy = Recorder()
+    region = cswap.offload(policy=policy, min_bytes=0)
+    got, yshape = run_op(op, shape, region)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+    assert [(i.op, i.shape) for i in policy.infos] == [(producer, yshape)]
+    assert producer in {op_name(n) for n in SPARSE_PRODUCERS}
+
+
+@pytest.mark.parametrize("name", ["conv", "tanh", "sigmoid", "gelu", "add"])
+@pytest.mark.parametrize("candidates", ["sparse", "all"])
+def test_non_sparse_outputs_are_candidates_only_with_all(name, candidates):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    op = {"conv": conv, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "gelu": F.gelu,
+          "add": lambda a: a + 1}[name]
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)  # a leaf: never offloaded
+    with cswap.offload(mode="vdnn", min_bytes=0, candidates=candidates) as sw:
+        y = op(x)
+        v = torch.randn(y.shape, requires_grad=True)
+        loss = (y * v).sum()
+    loss.backward()
+    assert sw.stats["offloaded_tensors"] == (1 if candidates == "all" else 0)
+    assert not saved_tensor_hooks_installed()
+
+
+def leaf_storages(model):
+    return {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+
+
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_parameters_and_buffers_never_offloaded(train_mode):
+    """Every activation is a candidate, BatchNorm saves weight and (eval) running stats."""
+    model = cswap.patch(nets.resnet_like_conv_head(), mode="vdnn", candidates="all", min_bytes=0)
+    offloaded = record_offloaded(swapper_of(model))
+    model.train(train_mode)
+    one_step(model)
+    assert offloaded and cswap.stats(model)["offloaded_tensors"] == len(offloaded)
+    leaves = leaf_storages(model)
+    assert not [tuple(t.shape) for t in offloaded if t.untyped_storage().data_ptr() in leaves]
+    assert all(t.grad_fn is not None or t._base is not None for t in offloaded)
+
+
+def test_linear_weight_view_never_offloaded_with_all():
+    model = cswap.patch(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), mode="vdnn",
+                        candidates="all", min_bytes=0)
+    offloaded = record_offloaded(swapper_of(model))
+    model(torch.randn(4, 8)).sum().backward()
+    leaves = leaf_storages(model)
+    assert offloaded
+    assert not [tuple(t.shape) for t in offloaded if t.untyped_storage().data_ptr() in leaves]
+
+
+def test_min_bytes_floor():
+    """Tiny's saved activations: r1 2048 bytes, p and r2 512 bytes each."""
+    counts = {}
+    for floor in (0, 513, 2048, 2049):
+        model = cswap.patch(nets.tiny(), mode="vdnn", min_bytes=floor)
+        one_step(model, shape=(2, 3, 8, 8))
+        counts[floor] = (cswap.stats(model)["offloaded_tensors"], cswap.stats(model)["offloaded_bytes"])
+    assert counts == {0: (3, 3072), 513: (1, 2048), 2048: (1, 2048), 2049: (0, 0)}
+
+
+def test_default_min_bytes_on_cpu_offloads_small_tensors():
+    model = cswap.patch(nets.tiny(), mode="vdnn")  # the 1 MiB floor applies to CUDA tensors only
+    one_step(model, shape=(2, 3, 8, 8))
+    assert cswap.stats(model)["offloaded_tensors"] == 3
+
+
+def test_non_float_and_empty_tensors_are_not_offloaded():
+    with cswap.offload(mode="vdnn", min_bytes=0, candidates="all") as sw:
+        x = torch.randn(2, 4, 8, 8, requires_grad=True)
+        y, idx = F.max_pool2d(x * 1, 2, return_indices=True)  # int64 indices: no grad_fn
+        e = F.relu(torch.zeros(0, 3, requires_grad=True) * 1)    # empty
+        loss = y.sum() + e.sum()
+    loss.backward()
+    assert sw.stats["offloaded_tensors"] == 1  # x * 1 only (saved by max_pool2d)
+
+
+# -- 4. SwapInfo -----------------------------------------------------------------------------------
+
+def test_swap_info_fields():
+    policy = Recorder()
+    model = cswap.patch(nets.vgg_like(), policy=policy, min_bytes=0)
+    one_step(model)
+    got = [(i.index, i.layer, i.layer_type, i.op, i.shape) for i in policy.infos]
+    assert got == [
+        (0, "features.1", "ReLU", "relu", (2, 8, 16, 16)),
+        (1, "features.3", "ReLU", "relu", (2, 8, 16, 16)),
+        (2, "features.5", "Conv2d", "max_pool2d", (2, 8, 8, 8)),  # first saved by the conv
+        (3, "features.6", "ReLU", "relu", (2, 16, 8, 8)),
+        (4, "classifier.0", "Linear", "max_pool2d", (2, 256)),    # the flattened view
+        (5, "classifier.1", "ReLU", "relu", (2, 32)),
+    ]
+    for info in policy.infos:
+        assert info.dtype == torch.float32
+        assert info.device == torch.device("cpu")
+        assert info.nbytes == torch.Size(info.shape).numel() * 4
+        assert info.where == f"{info.layer} ({info.layer_type})"
+    with pytest.raises(AttributeError):
+        policy.infos[0].layer = "x"  # frozen
+
+
+def test_swap_info_layer_of_sequential_and_root():
+    policy = Recorder()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 4, 3))
+    cswap.patch(model, policy=policy, min_bytes=0)
+    model(torch.randn(1, 3, 10, 10)).sum().backward()
+    assert [(i.layer, i.layer_type) for i in policy.infos] == [("1", "ReLU"), ("3", "Conv2d")]
+
+    policy = Recorder()
+    model = cswap.patch(nets.functional_net(), policy=policy, min_bytes=0)
+    one_step(model)
+    root = [(i.op, i.where) for i in policy.infos if i.layer == ""]
+    assert root and all(where == "<root> (FunctionalNet)" for _, where in root)
+    assert {i.op for i in policy.infos} == {"relu", "max_pool2d", "leaky_relu",
+                                             "avg_pool2d", "hardtanh"}
+
+
+def test_swap_info_in_offload_region_names_layers_by_class():
+    policy = Recorder()
+    model = nets.tiny()
+    with cswap.offload(policy=policy, min_bytes=0):
+        loss = model(torch.randn(2, 3, 8, 8)).sum()
+    loss.backward()
+    assert [(i.layer, i.layer_type) for i in policy.infos] == [("ReLU", "ReLU"), ("Conv2d", "Conv2d"),
+                                                               ("ReLU", "ReLU")]
+
+
+# -- 5. works with ... ----------------------------------------------------------------------------
+
+class CheckpointNet(nn.Module):
+    def __init__(self, mode):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mode = mode
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.block = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                   nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(inplace=True))
+        self.head = nn.Sequential(nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+
+    def forward(self, x):
+        x = self.stem(x)
+        if self.mode is None:
+            x = self.block(x)
+        else:
+            x = checkpoint(self.block, x, use_reentrant=self.mode == "reentrant")
+        return self.head(x)
+
+
+@pytest.mark.parametrize("ckpt", ["non_reentrant", "reentrant"])
+def test_checkpoint_inside_patched_model(ckpt):
+    expected = train(CheckpointNet(ckpt), nets.IMAGE)
+    assert_same(expected, train(CheckpointNet(None), nets.IMAGE))  # sanity: checkpoint itself is exact
+    plain = cswap.patch(CheckpointNet(None), mode="sc", min_bytes=0)
+    train(plain, nets.IMAGE)
+    model = cswap.patch(CheckpointNet(ckpt), mode="sc", min_bytes=0)
+    assert_same(train(model, nets.IMAGE), expected)
+    s = cswap.stats(model)
+    # the checkpointed block's saves belong to checkpoint (recomputed), not to cswap
+    assert 0 < s["offloaded_tensors"] < cswap.stats(plain)["offloaded_tensors"]
+    assert s["restored_tensors"] == s["offloaded_tensors"]
+
+
+def test_no_grad_offloads_nothing():
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    x, _ = nets.batches(nets.IMAGE, 1)[0]
+    with torch.no_grad():
+        out = model(x)
+    with torch.inference_mode():
+        out2 = model(x)
+    assert torch.equal(out, nets.vgg_like()(x).detach()) and torch.equal(out2, out)
+    assert all(cswap.stats(model)[k] == 0 for k in COUNTERS)
+    assert swapper_of(model).pool.allocations == 0
+    one_step(model)  # grad mode again: offloads
+    assert cswap.stats(model)["offloaded_tensors"] > 0
+
+
+@pytest.mark.parametrize("name", ["resnet", "vgg", "transformer"])
+def test_eval_mode_training_steps(name):
+    make, shape = nets.MODELS[name]
+    model = cswap.patch(make(), mode="cswap", policy=cycling_policy, min_bytes=0)
+    assert_same(train(model, shape, train_mode=False), reference(name, train_mode=False))
+    assert cswap.stats(model)["offloaded_tensors"] > 0
+
+
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+@pytest.mark.parametrize("name", ["vgg", "resnet"])
+def test_channels_last(name, mode):
+    make, shape = nets.MODELS[name]
+    model = cswap.patch(make().to(memory_format=torch.channels_last), min_bytes=0, **MODES[mode])
+    perms = []
+    sw = swapper_of(model)
+    pack = sw.pack
+
+    def spy(t):
+        packed = pack(t)
+        if isinstance(packed, _Handle):
+            perms.append(packed.item.perm)
+        return packed
+
+    sw.pack = spy
+    got = train(model, shape, channels_last=True)
+    assert_same(got, reference(name, channels_last=True))
+    assert any(p is not None and p != sorted(p) for p in perms)  # channels_last really went through
+
+
+class ViewNet(nn.Module):
+    """Saved tensors that are views: transposed (dense), strided slices (not dense), of offloaded
+    bases (ReLU) and of bases that are not offloaded themselves (leaky_relu saves its input)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin1 = nn.Linear(16, 16)
+        self.lin2 = nn.Linear(16, 16)
+        self.w = nn.Parameter(torch.randn(5, 7))
+        self.scale = nn.Parameter(torch.randn(16))
+        self.head = nn.Linear(16 * 7 + 3 * 16 + 16 * 5 + 2 * 8, 10)
+
+    def forward(self, x):                                  # x: (B, 5, 16)
+        h = F.relu(self.lin1(x))                           # offloaded (saved by ReLU)
+        a = torch.bmm(h.transpose(1, 2), self.w.expand(len(x), 5, 7))  # saves a transposed view of h
+        b = h[:, ::2] * self.scale                         # saves a strided view of h
+        lk = F.leaky_relu(self.lin2(x), 0.2)               # saved only through views below
+        c = lk.transpose(1, 2) * self.w[:, :1].t()         # a transposed view: its own item (dense)
+        d = lk[:, 1::2, ::2] * self.scale[::2]             # a non-dense view: copied contiguous
+        return self.head(torch.cat([a.flatten(1), b.flatten(1), c.flatten(1), d.flatten(1)], 1))
+
+
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+def test_views_and_non_contiguous_saved_tensors(mode):
+    expected = train(ViewNet(), nets.SEQUENCE)
+    model = cswap.patch(ViewNet(), min_bytes=0, **MODES[mode])
+    assert_same(train(model, nets.SEQUENCE), expected)
+    s = cswap.stats(model)
+    assert s["offloaded_tensors"] > 0 and s["deduplicated"] > 0
+
+
+def grad_penalty_step(model, x, y, region=None):
+    """loss + |d loss / d x|^2: backward through the backward (create_graph=True)."""
+    x = x.clone().requires_grad_()
+    with region if region is not None else nullcontext():
+        loss = F.cross_entropy(model(x), y)
+        (gx,) = torch.autograd.grad(loss, x, create_graph=True)
+        total = loss + gx.pow(2).sum() * 10
+        total.backward()
+    return gx.detach(), snapshot(model)
+
+
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+def test_double_backward(mode):
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    exp_gx, expected = grad_penalty_step(nets.functional_net(), x, y)
+    model = cswap.patch(nets.functional_net(), min_bytes=0, **MODES[mode])
+    gx, got = grad_penalty_step(model, x, y)
+    assert torch.equal(gx, exp_gx)
+    assert_same(got, expected)
+    assert cswap.stats(model)["offloaded_tensors"] > 0
+
+
+def test_double_backward_inside_offload_region():
+    """The backward graph (built in the region by create_graph) is offloaded too."""
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    exp_gx, expected = grad_penalty_step(nets.functional_net(), x, y)
+    region = cswap.offload(mode="sc", min_bytes=0)
+    gx, got = grad_penalty_step(nets.functional_net(), x, y, region)
+    assert torch.equal(gx, exp_gx)
+    assert_same(got, expected)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("name", ["vgg", "resnet"])
+def test_retain_graph_two_backwards(name, asynchronous):
+    make, shape = nets.MODELS[name]
+    stock = make()
+    one_step(stock, shape, retain_graph=True).backward()
+    model = cswap.patch(make(), mode="sc", min_bytes=0, asynchronous=asynchronous)
+    try:
+        loss = one_step(model, shape, retain_graph=True)
+        sw = swapper_of(model)
+        assert sw.pool.idle_bytes < sw.pool.reserved_bytes  # host copies kept for the second backward
+        loss.backward()
+        assert_same(snapshot(model), snapshot(stock))
+        s = cswap.stats(model)
+        assert s["restored_tensors"] >= 2 * s["offloaded_tensors"] > 0
+        del loss
+        gc.collect()
+        assert sw.pool.idle_bytes == sw.pool.reserved_bytes
+    finally:
+        cswap.unpatch(model)
+
+
+def autocast_steps(model, steps=2):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in nets.batches(nets.IMAGE, steps):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    return snapshot(model)
+
+
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+def test_bfloat16_autocast(mode):
+    expected = autocast_steps(nets.vgg_like())
+    model = cswap.patch(nets.vgg_like(), min_bytes=0, **MODES[mode])
+    assert_same(autocast_steps(model), expected)
+    assert {item.info.dtype for item in swapper_of(model)._pass.items} == {torch.bfloat16}
+    if mode != "vdnn":
+        assert cswap.stats(model)["compressed_tensors"] > 0
+
+
+def two_forwards_one_backward(model, accumulate):
+    (x1, y1), (x2, y2) = nets.batches(nets.IMAGE, 2)
+    if accumulate:  # gradient accumulation: backward per micro-batch
+        F.cross_entropy(model(x1), y1).backward()
+        F.cross_entropy(model(x2), y2).backward()
+    else:           # both graphs alive at once (siamese style)
+        (F.cross_entropy(model(x1), y1) + F.cross_entropy(model(x2), y2)).backward()
+    return snapshot(model)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_two_forward_passes(accumulate):
+    expected = two_forwards_one_backward(nets.resnet_like(), accumulate)
+    model = cswap.patch(nets.resnet_like(), mode="cswap", policy=cycling_policy, min_bytes=0)
+    assert_same(two_forwards_one_backward(model, accumulate), expected)
+    sw = swapper_of(model)
+    assert sw.pool.idle_bytes == sw.pool.reserved_bytes
+
+
+def test_patched_model_inside_offload_region():
+    """The model's own hooks take its saves; the region gets the rest (the loss head)."""
+    def run(model, region):
+        x, y = nets.batches(nets.IMAGE, 1)[0]
+        with region as sw:
+            out = model(x)
+            loss = F.cross_entropy(F.relu(out) * 2, y)
+        loss.backward()
+        return snapshot(model), sw
+
+    expected, _ = run(nets.vgg_like(), nullcontext())
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    got, sw = run(model, cswap.offload(mode="vdnn", min_bytes=0))
+    assert_same(got, expected)
+    assert sw.stats["offloaded_tensors"] == 1  # relu(out), saved by the region's ReLU
+    assert cswap.stats(model)["offloaded_tensors"] == 6
+
+
+# -- 6. in-place changes after a save still raise ----------------------------------------------------
+
+def inplace_case(kind, region):
+    """y = relu(x @ w) (a candidate) or exp(x @ w) (not one: passed through); loss saves y."""
+    w = torch.randn(16, 16, requires_grad=True)
+    v = torch.randn(16, requires_grad=True)
+    x = torch.randn(4, 16)
+    with region as sw:
+        h = x @ w
+        y = F.relu(h) if kind == "candidate" else torch.exp(h)
+        loss = (y * v).sum()
+    return y, loss, sw
+
+
+def make_region(swap):
+    if swap == "stock":
+        return nullcontext()
+    mode, _, asy = swap.partition("_")
+    return cswap.offload(mode=mode, min_bytes=0, asynchronous=bool(asy))
+
+
+@pytest.mark.parametrize("swap", ["stock", "none", "vdnn", "sc", "vdnn_async", "sc_async"])
+@pytest.mark.parametrize("kind", ["candidate", "kept"])
+@pytest.mark.parametrize("how", ["direct", "view", "view_after_del"])
+def test_inplace_change_after_save_raises(kind, swap, how):
+    y, loss, sw = inplace_case(kind, make_region(swap))
+    if sw is not None:
+        sw.synchronize()
+        offloaded = sw.stats["offloaded_tensors"]
+        assert offloaded == (1 if kind == "candidate" and swap.startswith(("vdnn", "sc")) else 0)
+    if how == "direct":
+        y.add_(1)
+    elif how == "view":
+        y.view(-1)[3].mul_(2)
+    else:
+        alias = y[1:]
+        del y
+        alias.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    if sw is not None:
+        sw.close()
+
+
+def test_inplace_change_through_detached_alias_raises():
+    for swap in ("stock", "kept", "vdnn"):
+        kind = "kept" if swap == "kept" else "candidate"
+        y, loss, _ = inplace_case(kind, make_region("stock" if swap == "stock" else "vdnn"))
+        alias = y.detach()  # shares y's version counter: stock autograd sees the change
+        del y
+        alias.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+
+class InplaceAfterSave(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = F.relu(self.conv1(x))
+        out = self.conv2(h)  # saves h
+        h.mul_(2)            # illegal: h is needed by ReLU's and conv2's backward
+        return out
+
+
+@pytest.mark.parametrize("mode", ["none", "vdnn", "sc"])
+def test_inplace_change_inside_forward_raises(mode):
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        InplaceAfterSave()(x).sum().backward()
+    model = cswap.patch(InplaceAfterSave(), mode=mode, min_bytes=0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        model(x).sum().backward()
+
+
+def test_inplace_relu_of_a_pooled_tensor_is_fine():
+    """In-place ops on tensors not saved before them are legal and stay exact."""
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(inplace=True),
+                             nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Flatten(),
+                             nn.Linear(4 * 8 * 8, 10))
+    expected = train(make(), nets.IMAGE)
+    model = cswap.patch(make(), mode="sc", min_bytes=0)
+    assert_same(train(model, nets.IMAGE), expected)
+
+
+# -- 7. unpatch, patch twice -----------------------------------------------------------------------------
+
+def test_unpatch_restores_stock_behaviour():
+    model = nets.resnet_like()
+    before = hook_counts(model)
+    cswap.patch(model, mode="sc", min_bytes=0)
+    assert model in _PATCHED
+    patched = hook_counts(model)
+    assert patched != before
+    s = cswap.stats(model)
+    one_step(model)
+    counted = counters(s)
+    assert counted["offloaded_tensors"] > 0
+    assert cswap.unpatch(model) is model
+    assert hook_counts(model) == before
+    assert model not in _PATCHED
+    cswap.unpatch(model)  # idempotent
+    # training after unpatch: stock results, the old stats never move again
+    stock = nets.resnet_like()
+    one_step(stock)
+    assert_same(train(model, nets.IMAGE), train(stock, nets.IMAGE))
+    assert counters(s) == counted
+
+
+def test_graph_built_while_patched_survives_unpatch():
+    for asynchronous in (False, True):
+        stock = nets.vgg_like()
+        one_step(stock)
+        model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0, asynchronous=asynchronous)
+        x, y = nets.batches(nets.IMAGE, 1)[0]
+        loss = F.cross_entropy(model(x), y)
+        sw = swapper_of(model)
+        cswap.unpatch(model)
+        assert sw._worker is None  # unpatch stopped the worker
+        loss.backward()
+        assert_same(snapshot(model), snapshot(stock))
+
+
+def test_patch_twice_is_harmless():
+    model = nets.vgg_like()
+    cswap.patch(model, mode="sc", min_bytes=0)
+    once = hook_counts(model)
+    first = swapper_of(model)
+    cswap.patch(model, mode="cswap", policy=cycling_policy, min_bytes=0)
+    assert hook_counts(model) == once  # one set of hooks
+    assert swapper_of(model) is not first and swapper_of(model).mode == "cswap"  # the new settings
+    assert_same(train(model, nets.IMAGE), reference("vgg"))
+    single = cswap.patch(nets.vgg_like(), mode="cswap", policy=cycling_policy, min_bytes=0)
+    train(single, nets.IMAGE)
+    assert counters(cswap.stats(model))["offloaded_tensors"] == cswap.stats(single)["offloaded_tensors"]
+    assert first.stats["offloaded_tensors"] == 0
+
+
+def test_patch_argument_checks():
+    with pytest.raises(TypeError, match="nn.Module"):
+        cswap.patch(lambda x: x)
+    with pytest.raises(ValueError, match="mode"):
+        cswap.patch(nets.tiny(), mode="zip")
+    with pytest.raises(ValueError, match="policy"):
+        cswap.patch(nets.tiny(), mode="cswap")
+    with pytest.raises(TypeError, match="callable"):
+        cswap.patch(nets.tiny(), mode="cswap", policy="zvc")
+    with pytest.raises(ValueError, match="candidates"):
+        cswap.patch(nets.tiny(), candidates="relu")
+    with pytest.raises(ValueError, match="min_bytes"):
+        cswap.patch(nets.tiny(), min_bytes=-1)
+    with pytest.raises(ValueError, match="max_host_bytes"):
+        cswap.patch(nets.tiny(), max_host_bytes=1.5)
+    model = nets.tiny()
+    try:
+        cswap.patch(model, mode="zip")
+    except ValueError:
+        pass
+    assert model not in _PATCHED and hook_counts(model) == hook_counts(nets.tiny())
+
+
+# -- 8. the offload() region ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["sc", "cswap"])
+def test_offload_region_exact_and_counted(mode):
+    model = nets.vgg_like()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    offloaded = compressed = 0
+    for x, y in nets.batches(nets.IMAGE, 3):
+        opt.zero_grad()
+        with cswap.offload(min_bytes=0, **MODES[mode]) as s:
+            loss = F.cross_entropy(model(x), y)
+        assert isinstance(s, Swapper) and cswap.stats(s) is s.stats
+        assert s.stats["offloaded_tensors"] > 0 and s.stats["restored_tensors"] == 0
+        loss.backward()  # after the region
+        assert s.stats["restored_tensors"] > 0
+        offloaded += s.stats["offloaded_tensors"]
+        compressed += s.stats["compressed_tensors"]
+        opt.step()
+    assert_same(snapshot(model), reference("vgg"))
+    assert offloaded > 0 and compressed > 0
+
+
+def test_offload_region_ends_cleanly():
+    with cswap.offload(mode="vdnn", min_bytes=0) as s:
+        pass
+    # after the region: no saved-tensor hooks and no global module hooks of cswap's left
+    assert not saved_tensor_hooks_installed()
+    model = nets.tiny()
+    one_step(model, shape=(2, 3, 8, 8))
+    assert s.stats["offloaded_tensors"] == 0
+    from torch.nn.modules import module as module_mod
+    assert not module_mod._global_forward_hooks and not module_mod._global_forward_pre_hooks
+
+
+def test_offload_region_closed_by_an_exception():
+    with pytest.raises(ZeroDivisionError):
+        with cswap.offload(mode="vdnn", min_bytes=0) as s:
+            keep = F.relu(torch.randn(3, requires_grad=True) * 1)  # noqa: F841 (offloaded once)
+            1 / 0
+    assert not saved_tensor_hooks_installed()
+    assert s.stats["offloaded_tensors"] == 1
+
+
+def test_async_offload_region_leaves_no_worker_behind():
+    before = len(offload_threads())
+    refs = []
+    w = torch.randn(16, 16, requires_grad=True)
+    for _ in range(2):
+        with cswap.offload(mode="vdnn", min_bytes=0, asynchronous=True) as s:
+            loss = (F.relu(torch.randn(4, 16) @ w) * 2).sum()
+        loss.backward()
+        refs.append(weakref.ref(s))
+        del s, loss
+    gc.collect()
+    time.sleep(0.05)
+    assert len(offload_threads()) == before
+    assert all(r() is None for r in refs)
+
+
+def test_patched_model_dropped_without_unpatch_frees_its_swapper():
+    model = cswap.patch(nets.tiny(), mode="vdnn", min_bytes=0)
+    one_step(model, shape=(2, 3, 8, 8))
+    ref = weakref.ref(swapper_of(model))
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+def test_async_patched_model_dropped_without_unpatch_frees_its_swapper():
+    model = cswap.patch(nets.tiny(), mode="vdnn", min_bytes=0, asynchronous=True)
+    one_step(model, shape=(2, 3, 8, 8))
+    ref = weakref.ref(swapper_of(model))
+    del model
+    gc.collect()
+    time.sleep(0.05)
+    assert ref() is None
+
+
+# -- 9. memory lifetime ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("mode", ["vdnn", "sc"])
+def test_host_pool_buffers_reused_across_iterations(mode, asynchronous):
+    model = cswap.patch(nets.resnet_like(), mode=mode, min_bytes=0, asynchronous=asynchronous)
+    try:
+        sw = swapper_of(model)
+        # sc: fixed weights (no step) and data, so compressed sizes repeat exactly
+        lr = 0.1 if mode == "vdnn" else 0.0
+        train(model, nets.IMAGE, steps=1, lr=lr)
+        sw.synchronize()
+        allocations, peak = sw.pool.allocations, cswap.stats(model)["peak_host_pool_bytes"]
+        reserved = sw.pool.reserved_bytes
+        assert allocations > 0 and peak > 0
+        for _ in range(4):
+            train(model, nets.IMAGE, steps=1, lr=lr)
+            sw.synchronize()
+            assert sw.pool.allocations == allocations
+            assert cswap.stats(model)["peak_host_pool_bytes"] == peak
+            assert cswap.stats(model)["host_pool_bytes"] == reserved
+            assert sw.pool.idle_bytes == sw.pool.reserved_bytes  # everything came back
+    finally:
+        cswap.unpatch(model)
+
+
+def test_everything_freed_after_backward():
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    sw = swapper_of(model)
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    out = model(x)
+    items = list(sw._pass.items)
+    assert items and not any(i.freed for i in items)
+    assert sw.pool.idle_bytes < sw.pool.reserved_bytes  # lent to the items
+    assert all(i.src is None for i in items)             # synchronous: the source tensors are dropped
+    loss = F.cross_entropy(out, y)
+    loss.backward()
+    # backward released every node's saved tensors: items freed even while `loss` is alive
+    assert all(i.freed and i.host is None and i.restored is None for i in items)
+    assert sw.pool.idle_bytes == sw.pool.reserved_bytes
+    assert not sw._inflight and sw._stash_bytes == 0
+
+
+def test_graph_dropped_without_backward_frees_items():
+    model = cswap.patch(nets.resnet_like(), mode="vdnn", min_bytes=0)
+    sw = swapper_of(model)
+    out = model(nets.batches(nets.IMAGE, 1)[0][0])
+    items = list(sw._pass.items)
+    del out
+    gc.collect()
+    assert items and all(i.freed for i in items)
+    assert sw.pool.idle_bytes == sw.pool.reserved_bytes
+
+
+def test_async_graph_dropped_before_the_worker_copies_returns_its_buffer(monkeypatch):
+    torch.manual_seed(0)
+    # leaky_relu's output is saved only by the next Linear, so the item's one handle lives in that
+    # Linear's node (not in the output's own grad_fn, which the swapper holds until the copy)
+    model = cswap.patch(nn.Sequential(nn.Linear(16, 16), nn.LeakyReLU(), nn.Linear(16, 4)),
+                        mode="cswap", policy=lambda info: "zvc", min_bytes=0, asynchronous=True)
+    sw = swapper_of(model)
+    zvc = cswap.codecs.get("zvc")
+    compress, gate = zvc.compress, threading.Event()
+
+    def slow_compress(*args, **kwargs):
+        gate.wait(5)
+        return compress(*args, **kwargs)
+
+    monkeypatch.setattr(zvc, "compress", slow_compress)
+    try:
+        for _ in range(3):
+            gate.clear()
+            out = model(torch.randn(4, 16))
+            del out  # e.g. a forward whose loss is skipped
+            gate.set()
+            sw.synchronize()
+        assert sw.pool.idle_bytes == sw.pool.reserved_bytes
+        assert sw.pool.allocations <= 1  # skipped (item already dead) or one buffer reused, never leaked
+    finally:
+        gate.set()
+        cswap.unpatch(model)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_host_limit_keeps_tensors_in_place(asynchronous):
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=0, asynchronous=asynchronous)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = train(model, nets.IMAGE)
+            swapper_of(model).synchronize()
+        limit = [w for w in caught if "host memory limit" in str(w.message)]
+        assert len(limit) == 1 and limit[0].category is RuntimeWarning
+        assert_same(got, reference("vgg"))
+        s = cswap.stats(model)
+        assert s["kept_on_gpu"] > 0 and s["offloaded_tensors"] == 0
+        assert swapper_of(model).pool.reserved_bytes == 0
+    finally:
+        cswap.unpatch(model)
+
+
+def test_host_limit_partly_reached():
+    """Room for a few buffers: some tensors offloaded, the rest kept, all exact."""
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=20_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = train(model, nets.IMAGE)
+    assert_same(got, reference("vgg"))
+    s = cswap.stats(model)
+    assert s["kept_on_gpu"] > 0 and s["offloaded_tensors"] > 0
+    assert s["peak_host_pool_bytes"] <= 20_000
+
+
+def test_stats_count_no_restores_for_tensors_kept_in_place():
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=0, asynchronous=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            one_step(model)
+        s = cswap.stats(model)
+        assert s["kept_on_gpu"] > 0 and s["offloaded_tensors"] == 0 and s["restored_tensors"] == 0
+        assert s["prefetched"] == s["on_demand"] == 0
+    finally:
+        cswap.unpatch(model)
+
+
+# -- 10. failures --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_failing_compression_falls_back_exactly(monkeypatch, asynchronous):
+    def broken(*args, **kwargs):
+        raise RuntimeError("codec exploded")
+
+    monkeypatch.setattr(cswap.codecs.get("zvc"), "compress", broken)
+    model = cswap.patch(nets.resnet_like(), mode="sc", min_bytes=0, asynchronous=asynchronous)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = train(model, nets.IMAGE)
+            swapper_of(model).synchronize()
+        failed = [w for w in caught if "failed" in str(w.message)]
+        assert len(failed) == 1 and "codec exploded" in str(failed[0].message)
+        assert_same(got, reference("resnet"))
+        assert cswap.stats(model)["offloaded_tensors"] == 0
+    finally:
+        cswap.unpatch(model)
+
+
+def test_failing_compression_of_some_tensors_only(monkeypatch):
+    """The policy mixes a broken codec with working ones: the rest still offload."""
+    monkeypatch.setattr(cswap.codecs.get("rle"), "compress",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("rle down")))
+    model = cswap.patch(nets.vgg_like(), policy=cycling_policy, min_bytes=0)
+    with pytest.warns(RuntimeWarning, match="rle down"):
+        got = train(model, nets.IMAGE)
+    assert_same(got, reference("vgg"))
+    assert cswap.stats(model)["offloaded_tensors"] > 0
+
+
+def test_unknown_codec_raises_value_error_naming_it():
+    model = cswap.patch(nets.vgg_like(), policy=lambda info: "gzip", min_bytes=0)
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    with pytest.raises(ValueError, match="'gzip'"):
+        model(x)
+    entry = _PATCHED[model]
+    assert entry.depth == 0 and entry.hooks_ctx is None and entry.tracker.current == ("", "")
+    assert not saved_tensor_hooks_installed()  # the failed forward left no hooks behind
+    # and the model works once patched with a good policy
+    cswap.patch(model, policy=cycling_policy, min_bytes=0)
+    assert_same(train(model, nets.IMAGE), reference("vgg"))
+
+
+def test_forward_exception_leaves_no_hooks():
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise KeyError("boom")
+
+    torch.manual_seed(0)
+    model = cswap.patch(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), Boom()), mode="vdnn", min_bytes=0)
+    with pytest.raises(KeyError):
+        model(torch.randn(2, 4))
+    assert _PATCHED[model].hooks_ctx is None and _PATCHED[model].depth == 0
+    assert not saved_tensor_hooks_installed()
+    assert _PATCHED[model].tracker.current == ("", "")
+
+
+# -- 11. HostPool ----------------------------------------------------------------------------------------
+
+def test_size_class_rounding():
+    sizes = list(range(0, 5000)) + [2 ** k + d for k in range(12, 34) for d in (-1, 0, 1, 2 ** (k - 3))]
+    sizes.sort()
+    last = 0
+    for n in sizes:
+        c = size_class(n)
+        assert c >= max(n, 512)
+        assert c >= last, n  # monotonic
+        last = c
+        if n >= 512:
+            assert c - n <= n // 4, n  # at most 25% slack
+        assert size_class(c) == c  # a buffer's size is its class
+    assert size_class(0) == size_class(1) == size_class(512) == 512
+    assert size_class(513) == 640 and size_class(1024) == 1024 and size_class(1025) == 1280
+    assert len({size_class(n) for n in range(512, 1 << 16)}) == 4 * 7 + 1  # 4 classes per octave
+
+
+def test_host_pool_acquire_release_reuse():
+    pool = HostPool(1 << 20, pin_memory=True)
+    assert not pool.pinned  # no CUDA: pageable memory
+    a = pool.acquire(1000)
+    assert a.dtype == torch.uint8 and a.dim() == 1 and a.numel() == size_class(1000) == 1024
+    assert pool.allocations == 1 and pool.reserved_bytes == 1024 and pool.idle_bytes == 0
+    pool.release(a)
+    assert pool.idle_bytes == 1024
+    b = pool.acquire(900)  # same class
+    assert b.data_ptr() == a.data_ptr() and pool.allocations == 1
+    c = pool.acquire(1100)  # another class: a new buffer
+    assert c.numel() == 1280 and pool.allocations == 2 and pool.reserved_bytes == 2304
+    assert pool.peak_reserved_bytes == 2304
+    pool.release(b)
+    pool.release(c)
+    assert pool.idle_bytes == pool.reserved_bytes == 2304
+    pool.clear()
+    assert pool.reserved_bytes == pool.idle_bytes == 0 and pool.peak_reserved_bytes == 2304
+
+
+def test_host_pool_waits_for_the_release_event():
+    class Event:
+        def __init__(self):
+            self.done = False
+
+        def query(self):
+            return self.done
+
+    pool = HostPool(1 << 20)
+    a = pool.acquire(600)
+    event = Event()
+    pool.release(a, event)
+    b = pool.acquire(600)  # a is still being copied: not reused
+    assert b.data_ptr() != a.data_ptr() and pool.allocations == 2
+    pool.clear()           # nor trimmed
+    assert pool.reserved_bytes == 2 * 640
+    event.done = True
+    c = pool.acquire(600)
+    assert c.data_ptr() == a.data_ptr() and pool.allocations == 2
+
+
+def test_host_pool_max_bytes_bound():
+    pool = HostPool(4096)
+    a = pool.acquire(4096)
+    assert a is not None and pool.reserved_bytes == 4096
+    with pytest.warns(RuntimeWarning, match="host memory limit"):
+        assert pool.acquire(1) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+        assert pool.acquire(600) is None
+    assert pool.reserved_bytes == 4096 and pool.allocations == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert HostPool(0).acquire(1) is None
+    with pytest.raises(ValueError):
+        HostPool(-1)
+
+
+def test_host_pool_trims_idle_buffers():
+    pool = HostPool(4096)
+    small = [pool.acquire(1024) for _ in range(2)]
+    pool.release(small[0])
+    big = pool.acquire(2048)                 # fits beside the two small ones
+    assert big is not None and pool.reserved_bytes == 4096
+    pool.release(big)
+    huge = pool.acquire(3000)                # 3072: needs the idle 2048 and 1024 dropped
+    assert huge is not None and huge.numel() == 3072
+    assert pool.reserved_bytes == 3072 + 1024 and pool.idle_bytes == 0
+    pool.release(small[1])
+    pool.release(huge)
+    pool.clear()
+    assert pool.reserved_bytes == 0
