@@ -144,6 +144,7 @@ class _Item:
         self.host: torch.Tensor | None = None      # host buffer (from the pool)
         self.header = None                         # Compressed header when compressed
         self.moved = 0                             # bytes in the host buffer
+        self.ready = None                          # CUDA event on the compute stream at pack
         self.d2h_done = None                       # CUDA event: host copy complete
         self.issued = threading.Event()            # the worker has processed it
         self.fallback: torch.Tensor | None = None  # offload failed: the tensor itself
@@ -151,7 +152,6 @@ class _Item:
         self.h2d_done = None                       # CUDA event: restore complete
         self.last_read = None                      # the latest copy reading `host`
         self.stashed = False                       # counted in the stash limit
-        self.prefetched = False
         self.handles = 0                           # live saves (handles) of it
         self.unpacked = 0                          # of those, served in this round
         self.round = 0                             # one round = one backward's use
@@ -192,11 +192,14 @@ def _work(swapper_ref, jobs: queue.SimpleQueue) -> None:
         swapper = swapper_ref()
         if item is _STOP or swapper is None:
             return
-        if item is None:
-            swapper._release_finished(wait_oldest=True)
-        else:
-            swapper._issue(item)
-            swapper._release_finished()
+        try:
+            if item is None:
+                swapper._release_finished(wait_oldest=True)
+            else:
+                swapper._issue(item)  # never raises; sets item.issued
+                swapper._release_finished()
+        except Exception as exc:  # keep serving: unpack waits on items this thread issues
+            swapper._warn_once("worker", f"cswap: offload worker error ({type(exc).__name__}: {exc})")
         del swapper
 
 
@@ -366,7 +369,6 @@ class Swapper:
             weakref.finalize(self, self._queue.put, _STOP)
             self._worker.start()
         return self._queue
-
 
     def _issue(self, item: _Item) -> None:
         """Compress (maybe) and copy to a host buffer; never raises: on failure the
