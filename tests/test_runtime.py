@@ -1271,3 +1271,32 @@ def test_host_pool_trims_idle_buffers():
     pool.release(huge)
     pool.clear()
     assert pool.reserved_bytes == 0
+
+
+def _failing_empty(monkeypatch, pinned_fails=True, pageable_fails=False):
+    """torch.empty as if cudaHostAlloc (and maybe host malloc) failed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real_empty = torch.empty
+
+    def empty(*args, pin_memory=False, **kwargs):
+        if (pin_memory and pinned_fails) or (not pin_memory and pageable_fails):
+            raise RuntimeError("out of memory")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def test_host_pool_falls_back_to_pageable_memory_with_one_warning(monkeypatch):
+    _failing_empty(monkeypatch)
+    pool = HostPool(1 << 20, pin_memory=True)
+    assert pool.pinned
+    with pytest.warns(RuntimeWarning, match="pageable") as record:
+        a, b = pool.acquire(1000), pool.acquire(5000)
+    assert len(record) == 1 and not pool.pinned
+    assert a is not None and b is not None and a.numel() >= 1000 and b.numel() >= 5000
+
+
+def test_host_pool_returns_none_when_host_memory_runs_out(monkeypatch):
+    _failing_empty(monkeypatch, pageable_fails=True)
+    pool = HostPool(1 << 20, pin_memory=False)
+    assert pool.acquire(1000) is None and pool.reserved_bytes == 0
