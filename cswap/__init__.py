@@ -6,8 +6,9 @@ from .codecs.container import Compressed
 from .errors import CorruptDataError
 from .kernels.launch import LaunchConfig
 from .patch import offload, patch, stats, unpatch
+from .profile import Profile, load_profile
 from .stats import SwapStats
 
-__all__ = ["codecs", "Compressed", "CorruptDataError", "LaunchConfig", "SwapInfo", "SwapStats", "offload",
-           "patch", "stats", "unpatch"]
+__all__ = ["codecs", "Compressed", "CorruptDataError", "LaunchConfig", "Profile", "SwapInfo", "SwapStats",
+           "load_profile", "offload", "patch", "stats", "unpatch"]
 __version__ = "0.1.0"
