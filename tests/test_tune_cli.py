@@ -1,0 +1,54 @@
+"""cswap-tune end to end on CPU (quick mode), as CI runs it."""
+
+import subprocess
+import sys
+
+import pytest
+
+from cswap.profile import read_profile
+from cswap.tune_cli import main
+
+
+def test_quick_run_writes_a_valid_profile(tmp_path):
+    out = tmp_path / "tmp.json"
+    proc = subprocess.run([sys.executable, "-m", "cswap.tune_cli", "--quick", "--codecs", "zvc", "--out", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "describes the CPU, not a GPU" in proc.stderr
+    assert f"profile written to {out}" in proc.stdout
+    profile = read_profile(out)
+    assert profile.codecs == ("zvc",) and profile.doc["quick"] and profile.doc["device"]["type"] == "cpu"
+    tuning = profile.doc["tuning"]["per_codec"]["zvc"]
+    assert tuning["evaluations"] <= 35 and tuning["best_seconds"] > 0
+    rae = profile.doc["codecs"]["zvc"]["rae"]
+    assert set(rae["compress"]) == {"linear", "bayesian_ridge", "svr", "tree"}
+    assert profile.seconds("zvc", "compress", 2**20, 0.5) > 0
+
+
+def test_compare_prints_search_and_regressor_tables(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    code = main(["--quick", "--compare", "--codecs", "rle", "--out", str(out), "--no-progress",
+                 "--init-probes", "3", "--guided-probes", "3", "--samples", "16", "--tune-mib", "0.0625"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "search comparison" in text and "regressor RAE" in text
+    comparison = read_profile(out).doc["tuning"]["comparison"]["rle"]
+    assert set(comparison) == {"bayes", "random", "expert"}
+    assert comparison["random"]["evaluations"] <= comparison["bayes"]["evaluations"] == 6
+    assert comparison["expert"]["evaluations"] == 1
+
+
+def test_failure_exits_non_zero_with_a_clear_message(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = main(["--quick", "--codecs", "zvc", "--out", str(blocker / "p.json"), "--no-progress",
+                 "--init-probes", "1", "--guided-probes", "0", "--samples", "16", "--tune-mib", "0.0625"])
+    assert code == 1
+    assert "cswap-tune: error:" in capsys.readouterr().err
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(SystemExit):
+        main(["--codecs", "gzip"])
+    with pytest.raises(SystemExit):
+        main(["--submodels", "0"])
