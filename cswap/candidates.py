@@ -72,6 +72,11 @@ class SwapInfo:
     index: int               # position among this forward pass's offloaded tensors
 
     @property
+    def key(self) -> str:
+        """'3:features.3': the same tensor's id in every iteration of a static network."""
+        return f"{self.index}:{self.layer}"
+
+    @property
     def where(self) -> str:
         """'features.3 (ReLU)', as reports print it."""
         return f"{self.layer or '<root>'} ({self.layer_type})"

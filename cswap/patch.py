@@ -8,11 +8,12 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from .controller import Controller
 from .layers import LayerTracker
 from .stats import SwapStats
 from .swapper import Swapper
 
-__all__ = ["patch", "unpatch", "offload", "stats"]
+__all__ = ["patch", "unpatch", "offload", "stats", "epoch_end", "check_decisions"]
 
 _PATCHED: "weakref.WeakKeyDictionary[nn.Module, _Patch]" = weakref.WeakKeyDictionary()
 
@@ -20,8 +21,9 @@ _PATCHED: "weakref.WeakKeyDictionary[nn.Module, _Patch]" = weakref.WeakKeyDictio
 class _Patch:
     """The hooks cswap put on one model, and its swapper."""
 
-    def __init__(self, model: nn.Module, swapper: Swapper, tracker: LayerTracker):
+    def __init__(self, model: nn.Module, swapper: Swapper, tracker: LayerTracker, controller: Controller):
         self.swapper = swapper
+        self.controller = controller
         self.tracker = tracker
         self.depth = 0
         self.hooks_ctx = None
@@ -57,24 +59,44 @@ class _Patch:
         self.swapper.close()
 
 
-def patch(model: nn.Module, mode: str | None = None, policy=None, **options) -> nn.Module:
+def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=None, advisor: str = "independent",
+          report_dir=None, verbose: bool = True, **options) -> nn.Module:
     """Offload the activations `model` saves for backward to host memory.
 
     Returns the same module, patched in place (patching again replaces the
-    settings). Modes: "none" (hooks only, the overhead baseline), "vdnn"
-    (offload every candidate uncompressed), "sc" (ZVC on every candidate),
-    "cswap" (policy(info) -> codec name or None per tensor). The default is
-    "vdnn", or "cswap" when a policy is given. Options (see cswap.swapper.Swapper): candidates="sparse" |
-    "all", min_bytes (default 1 MiB on CUDA), stash_bytes, prefetch_bytes,
-    max_host_bytes, pin_memory, codec_configs={codec: LaunchConfig}.
+    settings). Modes: "cswap" (the default: the advisor decides per tensor,
+    each epoch, whether and how to compress it; or `policy(info) -> codec
+    name or None` decides), "vdnn" (offload every candidate uncompressed),
+    "sc" (ZVC on every candidate), "none" (hooks only, the overhead baseline).
+
+    profile: a cswap.Profile or a path (default: cswap.load_profile()).
+    advisor: "independent" (paper eq. 1-4 per tensor) or "timeline" (a
+    simulated iteration with shared PCIe links). report_dir: where
+    cswap.epoch_end(model) writes its reports (JSON lines, CSV, PNG plots);
+    verbose: print each epoch's table. Swapper options (cswap.swapper.Swapper):
+    candidates="sparse" | "all", min_bytes (default 1 MiB on CUDA),
+    stash_bytes, prefetch_bytes, max_host_bytes, pin_memory,
+    codec_configs={codec: LaunchConfig} (default: the profile's tuned ones).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.patch: expected a torch.nn.Module, got {type(model).__name__}")
+    mode = mode or "cswap"
+    if policy is not None and not callable(policy):
+        raise TypeError(f"cswap.patch: policy must be callable(info) -> codec name or None, got "
+                        f"{type(policy).__name__}")
+    if policy is not None and mode != "cswap":
+        raise ValueError(f"cswap.patch: a policy decides only in mode='cswap' (got mode={mode!r}); drop the "
+                         f"mode argument or the policy")
+    controller = Controller(mode, profile, user_policy=policy, advisor_mode=advisor, report_dir=report_dir,
+                            verbose=verbose)
+    if mode == "cswap" and "codec_configs" not in options and policy is None:
+        options["codec_configs"] = controller.codec_configs()
     tracker = LayerTracker()
-    swapper = Swapper(mode, policy, layer=lambda: tracker.current, **options)  # validates first
+    swapper = Swapper(mode, controller.policy if mode == "cswap" else None, layer=lambda: tracker.current,
+                      observer=controller.profiler, **options)  # validates the options first
     unpatch(model)
     tracker.attach(model)
-    _PATCHED[model] = _Patch(model, swapper, tracker)
+    _PATCHED[model] = _Patch(model, swapper, tracker, controller)
     return model
 
 
@@ -107,6 +129,38 @@ def offload(mode: str | None = None, policy=None, **options):
         tracker.detach()
         swapper.end_pass()
         swapper.close()  # offloads finish; restores in a later backward need no worker
+
+
+def epoch_end(model: nn.Module, metrics: dict | None = None) -> "EpochReport":
+    """End an epoch: read the sparsity sampled during it, re-decide which tensors
+    to compress (cswap mode), print the report (verbose) and write it (report_dir).
+
+    Call it once per epoch, e.g. after the last batch; `metrics` (loss,
+    accuracy, ...) are printed and stored with the report."""
+    entry = _PATCHED.get(model) if isinstance(model, nn.Module) else None
+    if entry is None:
+        raise ValueError(f"cswap.epoch_end: {type(model).__name__} is not patched; call cswap.patch(model) first")
+    return entry.controller.epoch_end(metrics)
+
+
+def check_decisions(model: nn.Module, sample: int = 16, repeats: int = 5):
+    """Measure, for up to `sample` profiled tensors, the real swap cost with and
+    without compression and whether the advisor's decision was right
+    (cswap.accuracy.DecisionCheck list; paper Fig. 11)."""
+    entry = _PATCHED.get(model) if isinstance(model, nn.Module) else None
+    if entry is None:
+        raise ValueError(f"cswap.check_decisions: {type(model).__name__} is not patched")
+    ctl = entry.controller
+    iteration = ctl.profiler.latest()
+    if iteration is None:
+        raise ValueError("cswap.check_decisions: no profiled iteration yet; train at least one step first")
+    from .accuracy import check_decisions as measure_checks
+
+    decisions = ctl.decide()
+    infos = ctl.profiler.infos
+    device = infos[iteration.tensors[0].key].device if iteration.tensors else None  # where the tensors live
+    return measure_checks(iteration, decisions, device=device, sample=sample, repeats=repeats,
+                          configs=ctl.codec_configs())
 
 
 def stats(target) -> SwapStats:

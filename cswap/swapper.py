@@ -133,6 +133,7 @@ class _Item:
 
     def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, pass_: _Pass):
         self.info = info
+        self.key = info.key
         self.codec = codec
         self.src: torch.Tensor | None = t          # strong until the copy is done
         self.weak = weakref.ref(t)                 # identity, for dedup
@@ -215,7 +216,8 @@ class Swapper:
     def __init__(self, mode: str | None = None, policy: Callable[[SwapInfo], str | None] | None = None, *,
                  candidates: str = "sparse", min_bytes: int | None = None, stash_bytes: int = 4 << 30,
                  prefetch_bytes: int = 256 * MiB, max_host_bytes: int | None = None, pin_memory: bool = True,
-                 codec_configs: dict | None = None, asynchronous: bool | None = None, layer=None):
+                 codec_configs: dict | None = None, asynchronous: bool | None = None, layer=None,
+                 observer=None):
         if mode is None:
             mode = "vdnn" if policy is None else "cswap"
         if mode not in self.MODES:
@@ -244,6 +246,7 @@ class Swapper:
         self.codec_configs = dict(codec_configs or {})
         self.asynchronous = asynchronous
         self.layer = layer or (lambda: ("", ""))
+        self.observer = observer  # a TensorProfiler (begin_pass, on_pack, end_forward, on_unpack), or None
         self.pool = HostPool(default_max_host_bytes() if max_host_bytes is None else max_host_bytes, pin_memory)
         self.stats = SwapStats(self)
         self._lock = threading.RLock()
@@ -264,9 +267,13 @@ class Swapper:
         self._pass = _Pass()
         self._seen.clear()
         self._release_finished()
+        if self.observer is not None:
+            self.observer.begin_pass()
 
     def end_pass(self) -> None:
         self._seen.clear()
+        if self.observer is not None:
+            self.observer.end_forward()
 
     # -- pack -------------------------------------------------------------------------
 
@@ -290,6 +297,8 @@ class Swapper:
             return _Kept(t)
         self._pass.items.append(item)
         self._seen[id(t)] = (item.weak, item.version, item)
+        if self.observer is not None:
+            self.observer.on_pack(item.key, t, info)
         return _Handle(item, self)
 
     def _already_offloaded(self, t: torch.Tensor) -> _Handle | None:
@@ -461,6 +470,8 @@ class Swapper:
             return packed.tensor
         item = packed.item
         self._check_version(item)
+        if self.observer is not None:
+            self.observer.on_unpack(item.key)
         self._release_finished()  # settle finished offloads early (frees their GPU tensors)
         out = self._unpack_item(item, packed)
         return out if packed.view is None else out.as_strided(*packed.view)

@@ -1,6 +1,6 @@
 """The paper's networks, written here (no torchvision).
 
-So far: VGG16. AlexNet, ResNet, MobileNet, SqueezeNet and Plain20 arrive with
+So far: VGG16, and a small CNN (cswap-train's default). AlexNet, ResNet, MobileNet, SqueezeNet and Plain20 arrive with
 the end-to-end benchmark issue.
 """
 
@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from .small import SmallCNN, small_cnn
 from .vgg import VGG16, vgg16
 
-__all__ = ["VGG16", "build", "names", "vgg16"]
+__all__ = ["SmallCNN", "VGG16", "build", "names", "small_cnn", "vgg16"]
 
-_BUILDERS = {"vgg16": vgg16}
+_BUILDERS = {"small_cnn": small_cnn, "vgg16": vgg16}
 
 
 def names() -> tuple[str, ...]:

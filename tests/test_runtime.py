@@ -899,7 +899,7 @@ def test_patch_argument_checks():
     with pytest.raises(ValueError, match="mode"):
         cswap.patch(nets.tiny(), mode="zip")
     with pytest.raises(ValueError, match="policy"):
-        cswap.patch(nets.tiny(), mode="cswap")
+        cswap.patch(nets.tiny(), mode="sc", policy=lambda info: "zvc")
     with pytest.raises(TypeError, match="callable"):
         cswap.patch(nets.tiny(), mode="cswap", policy="zvc")
     with pytest.raises(ValueError, match="candidates"):

@@ -1,0 +1,572 @@
+"""The execution advisor: should a saved activation be compressed, and with which codec?
+
+Inputs are what the tensor profiler measured for one iteration (`IterationProfile`,
+one `TensorProfile` per offloaded tensor, in save order) and a device profile
+(`cswap.profile.Profile`, or any object with `bw_d2h`, `bw_h2d` in bytes/s,
+`codecs` and `seconds(codec, direction, size, sparsity)`). The output is one
+`Decision` per tensor: a codec, or None for "offload uncompressed".
+
+Compressed sizes
+----------------
+`compressed_size` predicts the bytes of cswap's buffer for a codec (container
+header + payload) from the formats' own layout functions (cswap.kernels.*.layout,
+cswap.codecs.container.header_size), not from Size * (1 - sparsity). With
+nnz = round(numel * (1 - sparsity)):
+
+- zvc, csr: exact (the formats depend only on numel / the 2-D view and nnz).
+- rle: exact given the number of runs R the encoder sees. The profiler counts
+  maximal runs of non-zeros over the whole tensor; the encoder cuts runs at its
+  tile boundaries, so R lies in [runs, runs + tiles - 1]. The estimate adds the
+  expected number of cuts, (tiles - 1) * (nnz - runs) / numel (the chance that an
+  element and its successor are both non-zero, taken as uniform along the
+  tensor); the real size lies between the sizes at those two ends.
+- lz4: an estimate. cswap's encoder works on 32-byte aligned segments (SEG in
+  cswap.kernels.lz4): an all-zero segment becomes (part of) a match, everything
+  else is literals. The non-zero bytes are assumed not to repeat (activation
+  values seldom do). Zero-run lengths are modelled as geometric with the
+  measured mean (numel - nnz) / zero runs (zero runs ~ `runs`), which gives in
+  closed form the expected number of fully zero aligned segments, of zero runs
+  with at least one (one sequence: literals + a 32-byte match to an earlier zero
+  segment) and with at least two (a second sequence: a match at offset 32). Per
+  64 KiB chunk, the first zero segment and the last two segments stay literals
+  and one final literal-only sequence ends the block. Each sequence costs its
+  token, its length extension bytes (one per 255 of length past 15 / 19) and a
+  2-byte offset; the result is clamped to [one byte, LZ4's bound] per block and
+  is never less than the block offsets section. Measured against the encoder
+  (1 MiB and 256 KiB tensors, float16/32/64 and int8): blocky data (ReLU of a
+  smooth field) within 7% (worst: int8, runs of 16, sparsity 0.8), iid zeros
+  within 4%, incompressible data exact, all-zero tensors about 8% high (the
+  chunk-aligned run is counted as randomly aligned); tensors of a few KiB can be
+  off by tens of per cent, i.e. tens of bytes.
+
+Independent mode (the paper's equations 1-4, with the real sizes S_c)
+----------------------------------------------------------------------
+Per tensor, with S = its bytes and s its sparsity:
+
+    T'  = max(S / BW_d2h - Hidden_f, 0) + max(S / BW_h2d - Hidden_b, 0)
+    T_c = Time_c(S, s) + Time_dc(S, s) + max(S_c / BW_d2h - Hidden_f, 0)
+                                       + max(S_c / BW_h2d - Hidden_b, 0)
+
+Compress with argmin_c T_c only if it is strictly below T' (ties between codecs
+go to the first in `codecs` order). Each tensor is judged alone, as if it had
+both PCIe links to itself.
+
+Timeline mode (a model of one iteration with shared links)
+----------------------------------------------------------
+`simulate` replays one iteration against one serial D2H link and one serial H2D
+link (in the spirit of SwapAdvisor's simulator). It is a model built from the
+profiled timings, not a measurement:
+
+- Forward: offloads go in save order. Tensor i's offload starts at
+  max(save_s_i + Time_c_i, D2H link free) (compression runs on the offload side
+  stream before its copy; Time_c = 0 uncompressed) and holds the link for
+  S_c / BW_d2h. Forward stall = max(0, end of the last offload - forward_s):
+  backward cannot restore what has not left, so it starts only then.
+- Backward: tensors are used in reverse save order at use_s (measured from the
+  start of backward, shifted by the stalls so far). vDNN-style prefetch: the
+  restore of tensor i is issued when the tensor used just before it (i + 1 in
+  save order) is used; the first-used tensor's restore is issued when backward
+  starts. It starts at max(issue, H2D stream free, its offload's end) and holds
+  the H2D stream for S_c / BW_h2d + Time_dc_i (decompression runs on the H2D
+  stream after the copy). If it ends after the tensor's use time, the difference
+  is a stall, which delays every later backward event.
+- exposed_s = forward stall + the sum of backward stalls. Per tensor, the
+  forward stall is charged to the last offload (the one that ends late), each
+  backward stall to the tensor waited for. Compression and decompression are
+  assumed not to slow the compute stream; `Advisor` in timeline mode charges
+  their time separately (below).
+
+Timeline decisions are greedy, one pass: start from all uncompressed; visit the
+tensors by decreasing size (ties in save order); for each, keep earlier choices
+and pick the option among {None, codecs...} minimising the simulated exposed_s
+plus the compute cost of compression (the sum of Time_c + Time_dc over chosen
+codecs, since the kernels compete with training compute on the GPU); an option
+must be strictly cheaper to replace the current one (None, then `codecs` order,
+wins ties). Finally the independent decisions are scored the same way and kept
+if strictly cheaper, so timeline mode never scores worse in its own model than
+all-uncompressed or the independent choices. Decisions in timeline mode still
+report T' and T_c from equations 1-4; only `codec` (and `t_best`) follow the
+greedy choice.
+
+All input errors are ValueErrors prefixed ``cswap.advisor:``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from math import prod
+from typing import Callable, Iterable, Mapping
+
+from .codecs.container import header_size
+from .kernels import csr as _csr
+from .kernels import lz4 as _lz4
+from .kernels import rle as _rle
+from .kernels import zvc as _zvc
+
+__all__ = ["TensorProfile", "IterationProfile", "Decision", "SimResult", "Advisor", "compressed_size",
+           "simulate"]
+
+_WHERE = "cswap.advisor"
+MODES = ("independent", "timeline")
+# Codec meta fields in the container header (see each codec's module docstring).
+_N_META = {"zvc": 2, "rle": 3, "csr": 4, "lz4": 3}
+_ITEMSIZES = (1, 2, 4, 8)
+
+
+def _fail(msg: str):
+    raise ValueError(f"{_WHERE}: {msg}")
+
+
+def _time(value, what: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        _fail(f"{what} must be a number of seconds, got {value!r}")
+    if not math.isfinite(v) or v < 0:
+        _fail(f"{what} must be a finite, non-negative number of seconds, got {value!r}")
+    return v
+
+
+def _sparsity(value, what: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        _fail(f"{what} must be a number in [0, 1], got {value!r}")
+    if not 0.0 <= v <= 1.0:  # also rejects NaN
+        _fail(f"{what} must be in [0, 1], got {value!r}")
+    return v
+
+
+def _count(value, what: str) -> int:
+    if isinstance(value, bool):
+        _fail(f"{what} must be a non-negative integer, got {value!r}")
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        _fail(f"{what} must be a non-negative integer, got {value!r}")
+    if v != value or v < 0:
+        _fail(f"{what} must be a non-negative integer, got {value!r}")
+    return v
+
+
+def _shape(shape, what: str = "shape") -> tuple[int, ...]:
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        _fail(f"{what} must be a sequence of non-negative integers, got {shape!r}")
+    return tuple(_count(d, f"{what} {dims}: dimension") for d in dims)
+
+
+def _itemsize(value) -> int:
+    v = _count(value, "itemsize")
+    if v not in _ITEMSIZES:
+        _fail(f"itemsize must be one of {_ITEMSIZES} bytes (the codecs' word sizes), got {value!r}")
+    return v
+
+
+# -- profiles ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorProfile:
+    """What the tensor profiler measured for one offloaded tensor in one iteration.
+
+    key: stable id across iterations ("3:features.3"); layer, layer_type, op:
+    where it came from; shape and itemsize (bytes per element); sparsity: the
+    fraction of all-zero elements; runs: maximal runs of non-zero elements (for
+    the RLE and LZ4 sizes); save_s: seconds from the start of forward to its
+    save; use_s: seconds from the start of backward to its first use; hidden_f /
+    hidden_b: compute that can overlap its offload / prefetch (the paper's
+    Hidden_f, Hidden_b). Checked on construction (ValueError).
+    """
+
+    key: str
+    layer: str
+    layer_type: str
+    op: str
+    shape: tuple[int, ...]
+    itemsize: int
+    sparsity: float
+    runs: int
+    save_s: float
+    use_s: float
+    hidden_f: float
+    hidden_b: float
+
+    def __post_init__(self):
+        if not isinstance(self.key, str) or not self.key:
+            _fail(f"a tensor's key must be a non-empty string, got {self.key!r}")
+        where = f"tensor {self.key!r}"
+        for name in ("layer", "layer_type", "op"):
+            if not isinstance(getattr(self, name), str):
+                _fail(f"{where}: {name} must be a string, got {getattr(self, name)!r}")
+        set_ = object.__setattr__
+        set_(self, "shape", _shape(self.shape, f"{where}: shape"))
+        set_(self, "itemsize", _itemsize(self.itemsize))
+        set_(self, "sparsity", _sparsity(self.sparsity, f"{where}: sparsity"))
+        set_(self, "runs", _count(self.runs, f"{where}: runs"))
+        for name in ("save_s", "use_s", "hidden_f", "hidden_b"):
+            set_(self, name, _time(getattr(self, name), f"{where}: {name}"))
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * self.itemsize
+
+
+@dataclass(frozen=True)
+class IterationProfile:
+    """One timed iteration: forward and backward durations and the offloaded tensors in save order."""
+
+    forward_s: float
+    backward_s: float
+    tensors: tuple[TensorProfile, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "forward_s", _time(self.forward_s, "forward_s"))
+        object.__setattr__(self, "backward_s", _time(self.backward_s, "backward_s"))
+        tensors = tuple(self.tensors)
+        seen = set()
+        for t in tensors:
+            if not isinstance(t, TensorProfile):
+                _fail(f"tensors must be TensorProfile objects, got {type(t).__name__}")
+            if t.key in seen:
+                _fail(f"duplicate tensor key {t.key!r} in one iteration; keys must be unique")
+            seen.add(t.key)
+        object.__setattr__(self, "tensors", tensors)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The advisor's verdict for one tensor.
+
+    codec: the codec to use, or None to offload uncompressed. t_prime: eq. 1,
+    the exposed swap time without compression (s). t_best: T of the chosen
+    codec (eq. 2-4), or t_prime when codec is None. t_codec: T per codec
+    considered. sizes: predicted compressed bytes per codec (header included).
+    """
+
+    key: str
+    codec: str | None
+    t_prime: float
+    t_best: float
+    t_codec: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The timeline model's verdict on one iteration (seconds; see the module docstring)."""
+
+    exposed_s: float
+    forward_stall_s: float
+    backward_stall_s: float
+    per_tensor_stall_s: dict[str, float]
+
+
+# -- compressed sizes -------------------------------------------------------------------------------------
+
+
+def _clamp_runs(runs: int, numel: int, nnz: int) -> int:
+    """Runs consistent with nnz: at least one if anything is non-zero, at most nnz
+    and at most one more than the zeros (sparsity and runs may be sampled apart)."""
+    if nnz == 0:
+        return 0
+    return max(1, min(runs, nnz, numel - nnz + 1))
+
+
+def _rle_runs_estimate(numel: int, nnz: int, runs: int) -> int:
+    """Runs the RLE encoder sees: `runs` plus the expected cuts at tile boundaries."""
+    tiles = -(-numel // _rle.TILE)
+    if numel == 0 or tiles <= 1:
+        return runs
+    cuts = round((tiles - 1) * (nnz - runs) / numel)
+    return runs + min(max(cuts, 0), tiles - 1)
+
+
+def _ext(length: float, base: int) -> float:
+    """LZ4 length-extension bytes for a literal (base 15) or match (base 19) length."""
+    return 0.0 if length < base else float((length - base) // 255 + 1)
+
+
+def _lz4_blocks_estimate(numel: int, itemsize: int, nnz: int, runs: int) -> int:
+    """Estimated size of the blocks section of cswap's LZ4 payload (see the module docstring)."""
+    total = numel * itemsize
+    if total == 0:
+        return 0
+    seg, chunk = _lz4.SEG, _lz4.CHUNK
+    chunks = -(-total // chunk)
+    zeros = numel - nnz
+    # zero runs: between non-zero runs (runs - 1 .. runs + 1 of them), plus splits at chunk ends
+    zero_runs = 0.0 if zeros == 0 else (1.0 if nnz == 0 else float(max(runs, 1)))
+    if zeros:
+        zero_runs += (chunks - 1) * zeros / numel
+    segs = seq_a = seq_b = 0.0
+    if zero_runs > 0:
+        mu = zeros / zero_runs                 # mean zero-run length, elements
+        q = 1.0 - 1.0 / mu if mu > 1 else 0.0  # geometric: P(L >= j) = q ** (j - 1)
+        t = seg // itemsize - 1                # a run of L elements holds a(L - t) aligned segments on average
+        a = 1.0 / (t + 1)
+        r = q ** (t + 1)
+        segs = zero_runs * a * mu * q ** t                  # E[fully zero aligned segments]
+        seq_a = zero_runs * a * mu * q ** t * (1.0 - r)     # E[runs with >= 1 segment]
+        seq_b = zero_runs * a * mu * q ** (2 * t + 1) * (1.0 - r)  # E[runs with >= 2 segments]
+        # per chunk the first zero segment has nothing earlier to match: it stays literal
+        first = min(float(chunks), segs)
+        segs -= first
+        seq_a = max(seq_a - first, 0.0)
+        # the last two full segments of a chunk are always literals
+        segs -= min(segs, 2.0 * chunks * segs / max(total / seg, 1.0))
+    matched = seg * segs
+    literals = total - matched
+    lit_seqs = seq_a + chunks                  # sequences carrying literals (seq_b ones carry none)
+    size = (seq_a + seq_b + chunks) + literals + 2.0 * (seq_a + seq_b)  # tokens, literals, offsets
+    size += lit_seqs * _ext(literals / lit_seqs, 15)
+    size += seq_a * _ext(seg, 19)
+    if seq_b > 0:
+        size += seq_b * _ext(max(matched - seg * seq_a, 0.0) / seq_b, 19)
+    full, tail = divmod(total, chunk)
+    bound = full * _lz4.block_bound(chunk) + (_lz4.block_bound(tail) if tail else 0)
+    return int(min(max(round(size), chunks), bound))
+
+
+def compressed_size(codec: str, shape, itemsize: int, sparsity: float, runs: int) -> int:
+    """Predicted total bytes (container header + payload) of cswap's buffer for `codec`.
+
+    nnz = round(numel * (1 - sparsity)). zvc and csr are exact; rle is exact
+    given the runs the encoder sees and estimates the cuts at its tile
+    boundaries (the real size lies between the sizes for `runs` and
+    `runs + tiles - 1` runs); lz4 is an estimate (module docstring). `runs` is
+    clamped to what nnz allows. Unknown codec: ValueError.
+    """
+    if codec not in _N_META:
+        _fail(f"unknown codec {codec!r}; compressed_size knows {', '.join(_N_META)}")
+    shape = _shape(shape)
+    itemsize = _itemsize(itemsize)
+    sparsity = _sparsity(sparsity, "sparsity")
+    runs = _count(runs, "runs")
+    numel = prod(shape)
+    nnz = min(max(round(numel * (1.0 - sparsity)), 0), numel)
+    runs = _clamp_runs(runs, numel, nnz)
+    header = header_size(len(shape), _N_META[codec])
+    if codec == "zvc":
+        payload = _zvc.layout(numel, _zvc.TILE, nnz, itemsize)[-1]
+    elif codec == "csr":
+        rows, cols = _csr.view_2d(shape)
+        payload = _csr.layout(rows, nnz, _csr.index_bytes_for(cols), itemsize)[-1]
+    elif codec == "rle":
+        payload = _rle.layout(numel, _rle.TILE, _rle_runs_estimate(numel, nnz, runs), nnz, itemsize)[-1]
+    else:
+        num_chunks = -(-numel * itemsize // _lz4.CHUNK)
+        payload = _lz4.layout(num_chunks, _lz4_blocks_estimate(numel, itemsize, nnz, runs))[-1]
+    return header + payload
+
+
+# -- per-tensor costs -------------------------------------------------------------------------------------
+
+
+def _check_profile(profile) -> tuple[float, float, tuple[str, ...]]:
+    for name in ("bw_d2h", "bw_h2d", "codecs", "seconds"):
+        if not hasattr(profile, name):
+            _fail(f"the profile has no {name!r}; pass a cswap.profile.Profile (cswap.load_profile())")
+    bws = []
+    for name in ("bw_d2h", "bw_h2d"):
+        bw = getattr(profile, name)
+        if not isinstance(bw, (int, float)) or not math.isfinite(bw) or bw <= 0:
+            _fail(f"the profile's {name} must be a positive number of bytes/s, got {bw!r}")
+        bws.append(float(bw))
+    return bws[0], bws[1], tuple(profile.codecs)
+
+
+def _seconds(profile, codec: str, direction: str, size: int, sparsity: float) -> float:
+    v = float(profile.seconds(codec, direction, size, sparsity))
+    if not math.isfinite(v):
+        _fail(f"the profile predicts {v} s to {direction} {size} bytes with {codec}; check its time model")
+    return max(v, 0.0)
+
+
+@dataclass
+class _Costs:
+    """Everything about one tensor the two modes need: sizes and kernel times per option."""
+
+    size: dict[str | None, int]
+    t_c: dict[str | None, float]
+    t_dc: dict[str | None, float]
+
+
+def _costs(t: TensorProfile, profile, codecs: Iterable[str], sizes: Mapping[str, int] | None = None) -> _Costs:
+    c = _Costs({None: t.nbytes}, {None: 0.0}, {None: 0.0})
+    for codec in codecs:
+        if sizes is not None and codec in sizes:
+            c.size[codec] = _count(sizes[codec], f"tensor {t.key!r}: size for {codec}")
+        else:
+            c.size[codec] = compressed_size(codec, t.shape, t.itemsize, t.sparsity, t.runs)
+        c.t_c[codec] = _seconds(profile, codec, "compress", t.nbytes, t.sparsity)
+        c.t_dc[codec] = _seconds(profile, codec, "decompress", t.nbytes, t.sparsity)
+    return c
+
+
+def _exposed(size: float, t: TensorProfile, bw_d2h: float, bw_h2d: float) -> float:
+    return max(size / bw_d2h - t.hidden_f, 0.0) + max(size / bw_h2d - t.hidden_b, 0.0)
+
+
+# -- the timeline model -----------------------------------------------------------------------------------
+
+
+def _timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
+              bw_h2d: float) -> SimResult:
+    tensors = iteration.tensors
+    n = len(tensors)
+    per = {t.key: 0.0 for t in tensors}
+    # forward: one serial D2H link, offloads in save order
+    link = 0.0
+    offload_end = [0.0] * n
+    for i, t in enumerate(tensors):
+        c, k = costs[i], options[i]
+        start = max(t.save_s + c.t_c[k], link)
+        link = offload_end[i] = start + c.size[k] / bw_d2h
+    forward_stall = max(0.0, link - iteration.forward_s)
+    if n and forward_stall > 0:
+        per[tensors[-1].key] += forward_stall
+    # backward, in absolute time: starts once forward and every offload are done
+    b0 = iteration.forward_s + forward_stall
+    shift = 0.0
+    h2d = b0
+    issue = b0
+    for i in range(n - 1, -1, -1):
+        t, c, k = tensors[i], costs[i], options[i]
+        start = max(issue, h2d, offload_end[i])
+        h2d = end = start + c.size[k] / bw_h2d + c.t_dc[k]
+        use = b0 + t.use_s + shift
+        stall = max(0.0, end - use)
+        if stall > 0:
+            per[t.key] += stall
+            shift += stall
+            use += stall
+        issue = use  # the next restore (tensor i - 1) is issued when tensor i is used
+    return SimResult(exposed_s=forward_stall + shift, forward_stall_s=forward_stall, backward_stall_s=shift,
+                     per_tensor_stall_s=per)
+
+
+def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], profile,
+             codecs_sizes: Mapping[str, Mapping[str, int]] | None = None) -> SimResult:
+    """Replay one iteration in the timeline model (module docstring) with each tensor's
+    codec from `choices` (key -> codec or None; keys left out are offloaded
+    uncompressed). codecs_sizes: optional key -> {codec: bytes} (e.g. Decision.sizes)
+    overriding `compressed_size`. A model, not a measurement."""
+    if not isinstance(iteration, IterationProfile):
+        _fail(f"simulate needs an IterationProfile, got {type(iteration).__name__}")
+    bw_d2h, bw_h2d, available = _check_profile(profile)
+    keys = {t.key for t in iteration.tensors}
+    for key, codec in choices.items():
+        if key not in keys:
+            _fail(f"choices name tensor {key!r}, which is not in the iteration")
+        if codec is not None and (codec not in available or codec not in _N_META):
+            _fail(f"tensor {key!r}: codec {codec!r} is not in the profile (it has {', '.join(available)})")
+    options = [choices.get(t.key) for t in iteration.tensors]
+    sizes = codecs_sizes or {}
+    costs = [_costs(t, profile, [k] if k else [], sizes.get(t.key)) for t, k in zip(iteration.tensors, options)]
+    return _timeline(iteration, options, costs, bw_d2h, bw_h2d)
+
+
+def _compute_cost(options: list[str | None], costs: list[_Costs]) -> float:
+    return sum(c.t_c[k] + c.t_dc[k] for k, c in zip(options, costs) if k is not None)
+
+
+# -- the advisor ------------------------------------------------------------------------------------------
+
+
+class Advisor:
+    """Decides per tensor whether to compress before offloading, and with which codec.
+
+        advisor = Advisor(cswap.load_profile())               # paper eq. 1-4, per tensor
+        advisor = Advisor(profile, mode="timeline")           # shared links, greedy
+        decisions = advisor.decide(iteration)                 # {key: Decision}
+        codec_of = advisor.policy(decisions)                  # key -> codec or None
+
+    codecs: the codecs to consider, in tie-break order (default: the profile's).
+    """
+
+    def __init__(self, profile, codecs=None, mode: str = "independent"):
+        if mode not in MODES:
+            _fail(f"mode must be one of {MODES}, got {mode!r}")
+        self.bw_d2h, self.bw_h2d, available = _check_profile(profile)
+        if codecs is None:
+            codecs = available
+        elif isinstance(codecs, str):
+            codecs = (codecs,)
+        codecs = tuple(codecs)
+        for c in codecs:
+            if c not in available:
+                _fail(f"codec {c!r} is not in the profile (it has {', '.join(available) or 'none'})")
+            if c not in _N_META:
+                _fail(f"codec {c!r} has no size model; the advisor knows {', '.join(_N_META)}")
+        if len(set(codecs)) != len(codecs):
+            _fail(f"codecs {codecs} name a codec twice")
+        self.profile = profile
+        self.codecs = codecs
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"Advisor(mode={self.mode!r}, codecs={self.codecs})"
+
+    def decide(self, iteration: IterationProfile) -> dict[str, Decision]:
+        """One Decision per tensor of `iteration`, keyed by TensorProfile.key."""
+        if not isinstance(iteration, IterationProfile):
+            _fail(f"decide needs an IterationProfile, got {type(iteration).__name__}")
+        tensors = iteration.tensors
+        costs = [_costs(t, self.profile, self.codecs) for t in tensors]
+        t_primes, t_codecs, independent = [], [], []
+        for t, c in zip(tensors, costs):
+            t_prime = _exposed(t.nbytes, t, self.bw_d2h, self.bw_h2d)
+            t_codec = {k: c.t_c[k] + c.t_dc[k] + _exposed(c.size[k], t, self.bw_d2h, self.bw_h2d)
+                       for k in self.codecs}
+            best = None
+            for k in self.codecs:  # strict <: ties go to the earlier codec
+                if best is None or t_codec[k] < t_codec[best]:
+                    best = k
+            t_primes.append(t_prime)
+            t_codecs.append(t_codec)
+            independent.append(best if best is not None and t_codec[best] < t_prime else None)
+        chosen = independent
+        if self.mode == "timeline":
+            chosen = self._greedy(iteration, costs, independent)
+        return {t.key: Decision(key=t.key, codec=k, t_prime=tp, t_best=tc[k] if k is not None else tp,
+                                t_codec=tc, sizes={name: c.size[name] for name in self.codecs})
+                for t, c, k, tp, tc in zip(tensors, costs, chosen, t_primes, t_codecs)}
+
+    def _score(self, iteration, options, costs) -> float:
+        sim = _timeline(iteration, options, costs, self.bw_d2h, self.bw_h2d)
+        return sim.exposed_s + _compute_cost(options, costs)
+
+    def _greedy(self, iteration: IterationProfile, costs: list[_Costs],
+                independent: list[str | None]) -> list[str | None]:
+        n = len(iteration.tensors)
+        options: list[str | None] = [None] * n
+        best_score = self._score(iteration, options, costs)
+        order = sorted(range(n), key=lambda i: (-iteration.tensors[i].nbytes, i))
+        for i in order:
+            for k in self.codecs:
+                trial = options.copy()
+                trial[i] = k
+                score = self._score(iteration, trial, costs)
+                if score < best_score:
+                    options, best_score = trial, score
+        if self._score(iteration, independent, costs) < best_score:
+            options = list(independent)
+        return options
+
+    def policy(self, decisions: Mapping[str, Decision]) -> Callable:
+        """f(key) -> codec or None (None for keys without a decision). f also
+        accepts an object with a `.key` (a cswap.SwapInfo), so it can be passed
+        as `cswap.patch(model, policy=...)`."""
+        table = {key: d.codec for key, d in decisions.items()}
+
+        def codec_for(key):
+            return table.get(getattr(key, "key", key))
+
+        return codec_for

@@ -1,0 +1,135 @@
+"""The CSWAP loop for one patched model: profile, decide, report, each epoch.
+
+The first iteration after `patch` is timed (and its tensors' sparsity
+sampled) while everything is offloaded uncompressed. From then on, in
+"cswap" mode, the advisor's decisions say which tensors to compress and
+with which codec; `epoch_end` re-decides from the sparsity sampled during
+the epoch, writes the epoch's report and arms sampling for the next epoch.
+In the other modes the same report shows what the mode did and what the
+advisor would have predicted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from .advisor import Advisor, Decision
+from .candidates import SwapInfo
+from .profile import Profile, load_profile
+from .profiler import TensorProfiler
+from .report import EpochReport, ReportWriter, TensorRow
+
+__all__ = ["Controller"]
+
+
+class Controller:
+    def __init__(self, mode: str, profile=None, user_policy=None, advisor_mode: str = "independent",
+                 report_dir=None, verbose: bool = True):
+        self.mode = mode
+        self._profile_source = profile
+        self._profile = None
+        self._advisor_mode = advisor_mode
+        self._advisor = None
+        self.user_policy = user_policy
+        self.chosen: dict[str, str | None] = {}   # what a user policy chose, per tensor key
+        self.profiler = TensorProfiler()
+        self.decisions: dict[str, Decision] = {}
+        self.epoch = 0
+        self.writer = ReportWriter(report_dir) if report_dir is not None else None
+        self.verbose = verbose
+        self._decided_from = None
+
+    @property
+    def profile(self):
+        """The device profile, loaded on first use (the shipped default warns once)."""
+        if self._profile is None:
+            source = self._profile_source
+            self._profile = source if isinstance(source, Profile) else load_profile(source)
+        return self._profile
+
+    @property
+    def advisor(self) -> Advisor:
+        if self._advisor is None:
+            self._advisor = Advisor(self.profile, mode=self._advisor_mode)
+        return self._advisor
+
+    def codec_configs(self) -> dict:
+        """The profile's tuned launch settings per codec (the shipped default has none for this GPU)."""
+        if self.profile.is_default:
+            return {}
+        return {name: self.profile.config(name) for name in self.profile.codecs}
+
+    # -- the policy the swapper asks in "cswap" mode -------------------------------------------
+
+    def policy(self, info: SwapInfo) -> str | None:
+        """The user's policy, else the advisor's codec for this tensor (None, i.e.
+        uncompressed, until the first iteration has been profiled)."""
+        if self.user_policy is not None:
+            codec = self.chosen[info.key] = self.user_policy(info)
+            return codec
+        if self.profiler.iteration is not self._decided_from:
+            self.decide()  # the first timed iteration just completed
+        decision = self.decisions.get(info.key)
+        return decision.codec if decision is not None else None
+
+    def decide(self) -> dict[str, Decision]:
+        iteration = self.profiler.latest()
+        if iteration is not None and self.mode != "none":
+            self.decisions = self.advisor.decide(iteration)
+            self._decided_from = self.profiler.iteration
+        return self.decisions
+
+    # -- epochs ---------------------------------------------------------------------------------
+
+    def epoch_end(self, metrics: dict | None = None, stream=None) -> EpochReport:
+        start = time.perf_counter()
+        self.profiler.finish()
+        decisions = self.decide()
+        rows = self._rows(decisions)
+        self.profiler.overhead_s += time.perf_counter() - start
+        all_metrics = dict(metrics or {})
+        all_metrics["profiling_overhead_s"] = self.profiler.overhead_s
+        report = EpochReport(epoch=self.epoch, rows=rows, metrics=all_metrics)
+        if self.writer is not None:
+            self.writer.write(report)
+        if self.verbose:
+            print(report.table(), file=stream or sys.stdout, flush=True)
+        self.epoch += 1
+        self.profiler.overhead_s = 0.0
+        self.profiler.arm_sampling()
+        return report
+
+    def _decision(self, key: str) -> str | None:
+        """The codec this mode uses for the tensor from now on."""
+        if self.mode == "sc":
+            return "zvc"
+        if self.mode != "cswap":
+            return None
+        if self.user_policy is not None:
+            return self.chosen.get(key)
+        d = self.decisions.get(key)
+        return d.codec if d is not None else None
+
+    def _rows(self, decisions: dict[str, Decision]) -> list[TensorRow]:
+        iteration = self.profiler.latest()
+        rows = []
+        if iteration is not None:
+            for t in iteration.tensors:
+                d = decisions.get(t.key)
+                codec = self._decision(t.key)
+                t_best = None
+                if d is not None:
+                    t_best = d.t_codec.get(codec, d.t_prime) if codec else d.t_prime
+                rows.append(TensorRow(
+                    epoch=self.epoch, key=t.key, layer=t.layer, layer_type=t.layer_type, op=t.op,
+                    shape=tuple(t.shape), nbytes=t.nbytes, sparsity=t.sparsity, decision=codec,
+                    t_prime_s=d.t_prime if d is not None else None, t_best_s=t_best,
+                    compressed_bytes=(d.sizes.get(codec) if d is not None and codec else None)))
+            return rows
+        for key, (sparsity, _) in self.profiler.sparsity.items():  # sampled but never timed (no backward)
+            info = self.profiler.infos[key]
+            rows.append(TensorRow(epoch=self.epoch, key=key, layer=info.layer, layer_type=info.layer_type,
+                                  op=info.op, shape=tuple(info.shape), nbytes=info.nbytes, sparsity=sparsity,
+                                  decision=None, t_prime_s=None, t_best_s=None, compressed_bytes=None))
+        return rows

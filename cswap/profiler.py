@@ -1,0 +1,195 @@
+"""The tensor profiler: when each candidate is saved and used, and how sparse it is.
+
+Timing (the paper's "one time" rows of Table II) runs on one iteration: the
+moment each offloaded tensor is saved in forward and first used in backward,
+the end of forward and the last use in backward. On CUDA these are events on
+the compute stream, read once after the iteration (one sync); on CPU, a
+monotonic clock. From them: Hidden_f of tensor i is the forward compute until
+the next tensor is saved (the link is free for it that long), Hidden_b the
+backward compute between the use of the tensor saved after it and its own use.
+
+Sparsity (the "epoch" rows) is sampled on one iteration per epoch with an
+on-device reduction per tensor (non-zero count and number of non-zero runs
+of its integer view: "zero" means all bits zero, as for the codecs), read
+back in one sync when the epoch ends. The host time spent in all of this is
+the reported profiling overhead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from math import prod
+
+import torch
+
+from .advisor import IterationProfile, TensorProfile
+from .candidates import SwapInfo
+
+__all__ = ["TensorProfiler", "sparsity_and_runs"]
+
+_WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def sparsity_and_runs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(number of non-zero elements, number of maximal runs of non-zeros), as
+    0-d device tensors (no sync), in the order of t's memory when t is dense."""
+    words = t.detach()
+    if not words.is_contiguous():
+        words = words.contiguous()
+    nz = words.view(_WORDS[t.element_size()]).reshape(-1) != 0
+    starts = nz[1:] & ~nz[:-1]
+    return nz.sum(), starts.sum() + nz[:1].sum()
+
+
+@dataclass
+class _Record:
+    info: SwapInfo
+    saved: object = None          # event or seconds
+    used: object = None
+    nnz: torch.Tensor | None = None
+    runs: torch.Tensor | None = None
+
+
+@dataclass
+class _Pass:
+    timing: bool
+    sampling: bool
+    cuda: bool = False
+    start: object = None
+    forward_end: object = None
+    backward_start: object = None
+    last_use: object = None
+    records: dict[str, _Record] = field(default_factory=dict)
+
+
+class TensorProfiler:
+    """Armed for timing and/or sparsity sampling; observes one forward/backward pass."""
+
+    def __init__(self):
+        self.timing_armed = True
+        self.sampling_armed = True
+        self.current: _Pass | None = None
+        self.iteration: IterationProfile | None = None      # latest complete timing
+        self.sparsity: dict[str, tuple[float, int]] = {}    # key -> (sparsity, runs), latest sample
+        self.infos: dict[str, SwapInfo] = {}                # key -> latest info
+        self.overhead_s = 0.0                               # host seconds spent profiling, since reset
+
+    @property
+    def active(self) -> bool:
+        return self.current is not None
+
+    def arm_sampling(self) -> None:
+        self.sampling_armed = True
+
+    def arm_timing(self) -> None:
+        self.timing_armed = True
+
+    def _stamp(self, cuda: bool):
+        if cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    # -- called by the swapper -----------------------------------------------------------
+
+    def begin_pass(self) -> None:
+        """A forward pass starts: finish the previous one, start observing if armed."""
+        start = time.perf_counter()
+        self.finish()
+        if self.timing_armed or self.sampling_armed:
+            self.current = _Pass(self.timing_armed, self.sampling_armed)
+            self.timing_armed = self.sampling_armed = False
+        self.overhead_s += time.perf_counter() - start
+
+    def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo) -> None:
+        p = self.current
+        self.infos[key] = info
+        if p is None:
+            return
+        start = time.perf_counter()
+        if p.start is None:
+            p.cuda = t.is_cuda
+            p.start = self._stamp(p.cuda)
+        record = p.records.setdefault(key, _Record(info))
+        if p.timing:
+            record.saved = self._stamp(p.cuda)
+        if p.sampling:
+            record.nnz, record.runs = sparsity_and_runs(t)
+        self.overhead_s += time.perf_counter() - start
+
+    def end_forward(self) -> None:
+        p = self.current
+        if p is not None and p.timing and p.start is not None:
+            p.forward_end = self._stamp(p.cuda)
+
+    def on_unpack(self, key: str) -> None:
+        p = self.current
+        if p is None or not p.timing or key not in p.records:
+            return
+        start = time.perf_counter()
+        stamp = self._stamp(p.cuda)
+        if p.backward_start is None:
+            p.backward_start = stamp
+        if p.records[key].used is None:
+            p.records[key].used = stamp
+        p.last_use = stamp
+        self.overhead_s += time.perf_counter() - start
+
+    # -- results --------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Read back the observed pass (one sync on CUDA): sparsity samples, and the
+        iteration's timing if backward used every recorded tensor."""
+        p, self.current = self.current, None
+        if p is None or not p.records:
+            if p is not None:  # nothing was offloaded in it: observe the next pass instead
+                self.timing_armed |= p.timing
+                self.sampling_armed |= p.sampling
+            return
+        start = time.perf_counter()
+        if p.cuda:
+            torch.cuda.synchronize()
+        if p.sampling:
+            for key, r in p.records.items():
+                self.sparsity[key] = (1.0 - int(r.nnz) / max(prod(r.info.shape), 1), int(r.runs))
+        complete = p.timing and p.forward_end is not None and all(r.used is not None for r in p.records.values())
+        if complete:
+            self.iteration = self._iteration(p)
+        elif p.timing:
+            self.timing_armed = True  # no (complete) backward: time the next pass
+        self.overhead_s += time.perf_counter() - start
+
+    def _seconds(self, p: _Pass, a, b) -> float:
+        if p.cuda:
+            return max(a.elapsed_time(b) / 1e3, 0.0)
+        return max(b - a, 0.0)
+
+    def _iteration(self, p: _Pass) -> IterationProfile:
+        keys = list(p.records)
+        forward_s = self._seconds(p, p.start, p.forward_end)
+        backward_s = self._seconds(p, p.backward_start, p.last_use)
+        saves = [self._seconds(p, p.start, p.records[k].saved) for k in keys]
+        uses = [self._seconds(p, p.backward_start, p.records[k].used) for k in keys]
+        tensors = []
+        for i, key in enumerate(keys):
+            info = p.records[key].info
+            sparsity, runs = self.sparsity.get(key, (0.0, 1))
+            hidden_f = (saves[i + 1] if i + 1 < len(keys) else forward_s) - saves[i]
+            hidden_b = uses[i] - (uses[i + 1] if i + 1 < len(keys) else 0.0)
+            tensors.append(TensorProfile(
+                key=key, layer=info.layer, layer_type=info.layer_type, op=info.op, shape=tuple(info.shape),
+                itemsize=info.dtype.itemsize, sparsity=sparsity, runs=runs, save_s=saves[i], use_s=uses[i],
+                hidden_f=max(hidden_f, 0.0), hidden_b=max(hidden_b, 0.0)))
+        return IterationProfile(forward_s=forward_s, backward_s=backward_s, tensors=tuple(tensors))
+
+    def latest(self) -> IterationProfile | None:
+        """The timed iteration with the latest sparsity samples filled in."""
+        if self.iteration is None:
+            return None
+        tensors = []
+        for t in self.iteration.tensors:
+            sparsity, runs = self.sparsity.get(t.key, (t.sparsity, t.runs))
+            tensors.append(replace(t, sparsity=sparsity, runs=runs))
+        return IterationProfile(self.iteration.forward_s, self.iteration.backward_s, tuple(tensors))

@@ -1,0 +1,228 @@
+"""cswap-train: train a model from cswap.models with cswap and watch its decisions.
+
+    cswap-train                                  # small CNN on scikit-learn's digits, 3 epochs, any machine
+    cswap-train --model vgg16 --data synthetic --epochs 2 --batch-size 32 --device cuda
+    cswap-train --data my_images.npz --mode sc --report-dir reports/
+
+Each epoch shows a progress bar, then loss and accuracy on held-out data and
+cswap's report: every offloaded activation with its sparsity, the decision
+(codec or none) and the predicted swap times; reports also go to
+--report-dir as JSON lines, CSV and PNG plots. Data: "digits" (the 8x8
+handwritten digits shipped with scikit-learn, resized to 3x32x32: no
+download), "synthetic" (random images whose class sets a pattern), an .npz
+file with arrays x (N, C, H, W or N, H, W) and y (N,), or a folder with one
+sub-folder of images per class (needs Pillow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import cswap
+from cswap import models
+
+__all__ = ["main", "load_data"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cswap-train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="small_cnn", choices=models.names())
+    p.add_argument("--data", default="digits", help="digits, synthetic, an .npz file, or a folder of images")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--mode", default="cswap", choices=["none", "vdnn", "sc", "cswap"])
+    p.add_argument("--advisor", default="independent", choices=["independent", "timeline"])
+    p.add_argument("--profile", type=Path, help="device profile from cswap-tune (default: this device's, "
+                                                "or the generic default)")
+    p.add_argument("--report-dir", type=Path, default=Path("cswap-reports"))
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=None, help="synthetic data: number of images (default 2048)")
+    p.add_argument("--check-decisions", type=int, default=0, metavar="N",
+                   help="after training, measure N tensors' real swap costs and report the advisor's accuracy")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
+    if args.profile is not None and not args.profile.exists():
+        p.error(f"--profile {args.profile} does not exist (run cswap-tune to create one)")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as exc:
+        p.error(f"--device {args.device!r}: {exc}")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available; use --device cpu")
+    return args
+
+
+# -- data ----------------------------------------------------------------------------------
+
+
+def _to_images(x: np.ndarray, size: int) -> torch.Tensor:
+    """(N, C, H, W) or (N, H, W) numbers -> float (N, 3, size, size), standardised."""
+    t = torch.as_tensor(x, dtype=torch.float32)
+    if t.dim() == 3:
+        t = t[:, None]
+    if t.dim() != 4:
+        raise ValueError(f"images must be (N, H, W) or (N, C, H, W), got shape {tuple(t.shape)}")
+    if t.shape[1] not in (1, 3):
+        raise ValueError(f"images must have 1 or 3 channels, got {t.shape[1]}")
+    t = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
+    t = t.expand(-1, 3, -1, -1) if t.shape[1] == 1 else t
+    return ((t - t.mean()) / (t.std() + 1e-6)).contiguous()
+
+
+def load_data(spec: str, size: int, seed: int, samples: int | None = None):
+    """(x_train, y_train, x_test, y_test, num_classes) on the CPU."""
+    rng = np.random.default_rng(seed)
+    if spec == "digits":
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x, y = digits.images, digits.target
+    elif spec == "synthetic":
+        n, classes = samples or 2048, 10
+        y = rng.integers(0, classes, n)
+        grid = np.linspace(0, 1, 16)
+        base = np.stack([np.sin(2 * np.pi * (k + 1) * grid[:, None] * grid[None, :]) for k in range(classes)])
+        x = base[y] + 0.5 * rng.standard_normal((n, 16, 16))
+    else:
+        path = Path(spec)
+        if path.suffix == ".npz" and path.is_file():
+            with np.load(path) as f:
+                if "x" not in f or "y" not in f:
+                    raise ValueError(f"{path}: an .npz dataset needs arrays 'x' and 'y', found {sorted(f.files)}")
+                x, y = f["x"], f["y"]
+        elif path.is_dir():
+            x, y = _load_folder(path, size)
+        else:
+            raise ValueError(f"--data {spec!r}: not 'digits', 'synthetic', an existing .npz file or a folder")
+    y = np.asarray(y).astype(np.int64)
+    if len(x) != len(y) or len(y) < 10:
+        raise ValueError(f"--data {spec}: need as many labels as images and at least 10 of them "
+                         f"(got {len(x)} images, {len(y)} labels)")
+    order = rng.permutation(len(y))
+    split = int(0.8 * len(y))
+    images = _to_images(np.asarray(x)[order], size)
+    labels = torch.as_tensor(y[order])
+    classes = int(labels.max()) + 1
+    return images[:split], labels[:split], images[split:], labels[split:], classes
+
+
+def _load_folder(path: Path, size: int):
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ValueError("reading a folder of images needs Pillow (pip install pillow); or pass an .npz file") \
+            from None
+    classes = sorted(d for d in path.iterdir() if d.is_dir())
+    if not classes:
+        raise ValueError(f"{path}: expected one sub-folder of images per class")
+    xs, ys = [], []
+    for label, folder in enumerate(classes):
+        for file in sorted(folder.iterdir()):
+            try:
+                with Image.open(file) as img:
+                    xs.append(np.asarray(img.convert("RGB").resize((size, size)), dtype=np.float32)
+                              .transpose(2, 0, 1))
+                    ys.append(label)
+            except OSError:
+                continue  # not an image
+    return np.stack(xs), np.asarray(ys)
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+def evaluate(model, x, y, device, batch_size) -> tuple[float, float]:
+    model.eval()
+    loss, correct = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(y), batch_size):
+            xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
+            out = model(xb)
+            loss += float(F.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(1) == yb).sum())
+    model.train()
+    return loss / len(y), correct / len(y)
+
+
+def run(args) -> list:
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(args.seed)
+    x_train, y_train, x_test, y_test, classes = load_data(args.data, 32, args.seed, args.samples)
+    model = models.build(args.model, dataset="cifar10", num_classes=classes).to(args.device)
+    print(f"cswap-train: {args.model} on {args.data} ({len(y_train)} train / {len(y_test)} test images, "
+          f"{classes} classes), mode {args.mode}, device {args.device}", flush=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="cswap: offloading CPU tensors")
+        cswap.patch(model, mode=args.mode, profile=args.profile, advisor=args.advisor, report_dir=args.report_dir)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        gen = torch.Generator().manual_seed(args.seed)
+        reports = []
+        for epoch in range(args.epochs):
+            order = torch.randperm(len(y_train), generator=gen)
+            batches = range(0, len(y_train), args.batch_size)
+            bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, file=sys.stderr, disable=args.no_progress)
+            start, seen, total = time.perf_counter(), 0, 0.0
+            for i in bar:
+                idx = order[i:i + args.batch_size]
+                xb, yb = x_train[idx].to(args.device), y_train[idx].to(args.device)
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                optimizer.step()
+                total += float(loss) * len(idx)
+                seen += len(idx)
+                bar.set_postfix(loss=f"{total / seen:.3f}")
+            bar.close()
+            test_loss, accuracy = evaluate(model, x_test, y_test, args.device, args.batch_size)
+            metrics = {"train_loss": total / seen, "test_loss": test_loss, "accuracy": accuracy,
+                       "epoch_s": time.perf_counter() - start}
+            print(f"epoch {epoch}: train loss {metrics['train_loss']:.4f}, test loss {test_loss:.4f}, "
+                  f"accuracy {100 * accuracy:.1f}%", flush=True)
+            reports.append(cswap.epoch_end(model, metrics))
+        if args.check_decisions and args.mode == "cswap":
+            checks = cswap.check_decisions(model, sample=args.check_decisions)
+            right = sum(c.right for c in checks)
+            print(f"decision accuracy: {right}/{len(checks)} right "
+                  f"({100 * right / max(len(checks), 1):.1f}%; paper Fig. 11: 94.2%)", flush=True)
+        s = cswap.stats(model)
+        print(f"cswap: {s['offloaded_tensors']} tensors offloaded ({s['offloaded_bytes'] / 2**20:.1f} MiB), "
+              f"{s['transferred_bytes'] / 2**20:.1f} MiB moved, {s['compressed_tensors']} compressed; "
+              f"reports in {args.report_dir}", flush=True)
+        cswap.unpatch(model)
+    return reports
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except KeyboardInterrupt:
+        print(f"cswap-train: interrupted; reports of finished epochs are in {args.report_dir}", file=sys.stderr)
+        return 130
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"cswap-train: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The CSWAP loop on CPU: profiler, advisor decisions per epoch, reports, cswap-train."""
+
+import json
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cswap
+from cswap.patch import _PATCHED
+from cswap.profile import DEFAULT_PROFILE, save_profile
+from cswap.train_cli import main as train_main
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
+
+
+def profile_with_link(tmp_path, gbps: float):
+    """The shipped default profile with another PCIe bandwidth (slow: compression pays)."""
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    doc["bandwidth"].update(d2h_gbps=gbps, h2d_gbps=gbps)
+    return save_profile(doc, tmp_path / f"link-{gbps}.json")
+
+
+class Shifted(nn.Module):
+    """conv -> (+ shift) -> ReLU -> pool: `shift` sets how sparse the ReLU output is."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.shift = 0.0
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.relu(self.conv(x) + self.shift)).flatten(1))
+
+
+def step(model, x, y):
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+
+
+def data(n=16):
+    gen = torch.Generator().manual_seed(3)
+    return torch.randn(n, 3, 16, 16, generator=gen), torch.randint(0, 4, (n,), generator=gen)
+
+
+def test_profiler_times_and_samples_the_first_iteration(tmp_path):
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 1.0), verbose=False)
+    x, y = data()
+    step(model, x, y)
+    step(model, x, y)  # the second forward finishes the profiled pass
+    ctl = _PATCHED[model].controller
+    it = ctl.profiler.latest()
+    assert it is not None and it.forward_s > 0 and it.backward_s >= 0
+    keys = [t.key for t in it.tensors]
+    assert keys == ["0:relu", "1:fc"]  # the pool output is first saved (flattened) by fc
+    saves = [t.save_s for t in it.tensors]
+    assert saves == sorted(saves) and all(t.hidden_f >= 0 and t.hidden_b >= 0 for t in it.tensors)
+    # sampled sparsity is the ReLU output's real zero fraction
+    relu_out = F.relu(model.conv(x))
+    assert it.tensors[0].sparsity == pytest.approx(float((relu_out == 0).float().mean()), abs=1e-6)
+
+
+def test_decisions_follow_sparsity_across_epochs(tmp_path):
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 0.001), verbose=False,
+                        report_dir=tmp_path / "reports")
+    x, y = data()
+    model.shift = 10.0  # ReLU output almost dense: compressing cannot pay
+    step(model, x, y)
+    first = cswap.epoch_end(model)
+    row = next(r for r in first.rows if r.key == "0:relu")
+    assert row.sparsity < 0.05 and row.decision is None
+    model.shift = -0.8  # now mostly zeros: worth compressing on a slow link
+    step(model, x, y)
+    second = cswap.epoch_end(model)
+    row = next(r for r in second.rows if r.key == "0:relu")
+    assert row.sparsity > 0.6 and row.decision is not None
+    assert row.t_best_s < row.t_prime_s
+    # the new decision is applied: the next step compresses
+    before = cswap.stats(model)["compressed_tensors"]
+    step(model, x, y)
+    assert cswap.stats(model)["compressed_tensors"] > before
+    reports = (tmp_path / "reports" / "epochs.jsonl").read_text().splitlines()
+    assert len(reports) == 2
+
+
+def test_fast_link_never_compresses(tmp_path):
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 1e6), verbose=False)
+    model.shift = -0.8
+    x, y = data()
+    for _ in range(3):
+        step(model, x, y)
+    report = cswap.epoch_end(model)
+    assert report.rows and all(r.decision is None for r in report.rows)
+    assert cswap.stats(model)["compressed_tensors"] == 0
+
+
+@pytest.mark.parametrize("advisor", ["independent", "timeline"])
+def test_cswap_mode_gradients_equal_unpatched(tmp_path, advisor):
+    x, y = data()
+    reference = Shifted()
+    reference.shift = -0.5
+    grads_ref = []
+    for _ in range(3):
+        step(reference, x, y)
+        grads_ref.append([p.grad.clone() for p in reference.parameters()])
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 0.001), advisor=advisor, verbose=False)
+    model.shift = -0.5
+    for i in range(3):
+        step(model, x, y)
+        for a, b in zip(model.parameters(), grads_ref[i]):
+            assert torch.equal(a.grad, b)
+    assert cswap.stats(model)["compressed_tensors"] > 0  # the advisor did compress
+
+
+def test_epoch_end_prints_the_table(tmp_path, capsys):
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 1.0))
+    x, y = data()
+    step(model, x, y)
+    report = cswap.epoch_end(model, {"loss": 1.25})
+    out = capsys.readouterr().out
+    assert "relu" in out and report.metrics["loss"] == 1.25 and "profiling_overhead_s" in report.metrics
+    with pytest.raises(ValueError, match="not patched"):
+        cswap.epoch_end(nn.Linear(2, 2))
+
+
+def test_check_decisions_measures_each_sampled_tensor(tmp_path):
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 0.001), verbose=False)
+    model.shift = -0.8
+    x, y = data()
+    step(model, x, y)
+    step(model, x, y)
+    checks = cswap.check_decisions(model, sample=2, repeats=1)
+    assert [c.key for c in checks] == ["0:relu", "1:fc"]
+    assert all(c.t_prime_s >= 0 and c.t_s > 0 for c in checks)
+
+
+# -- cswap-train ------------------------------------------------------------------------------
+
+
+def test_cswap_train_defaults_learn_and_report(tmp_path, capsys):
+    reports = tmp_path / "reports"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = train_main(["--epochs", "2", "--report-dir", str(reports), "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    accuracies = [float(line.split("accuracy ")[1].rstrip("%")) for line in out.splitlines()
+                  if line.startswith("epoch ") and "accuracy" in line]
+    assert len(accuracies) == 2 and accuracies[-1] > 50  # 10 classes: chance is 10%
+    assert "features.1 (ReLU)" in out  # the per-epoch report names layers
+    assert len((reports / "epochs.jsonl").read_text().splitlines()) == 2
+    assert (reports / "tensors.csv").exists()
+    pytest.importorskip("matplotlib")
+    for name in ("sparsity.png", "decisions.png", "compressed_layers.png"):
+        assert (reports / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cswap_train_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        train_main(["--epochs", "0"])
+    assert info.value.code == 2
+    code = train_main(["--data", str(tmp_path / "nothing.npz"), "--report-dir", str(tmp_path), "--no-progress"])
+    assert code == 1 and "cswap-train: error" in capsys.readouterr().err
+
+
+def test_cswap_train_reads_npz_and_survives_interruption(tmp_path, monkeypatch, capsys):
+    gen = torch.Generator().manual_seed(0)
+    path = tmp_path / "data.npz"
+    import numpy as np
+
+    np.savez(path, x=torch.rand(64, 12, 12, generator=gen).numpy(), y=np.arange(64) % 4)
+    calls = {"n": 0}
+    real_epoch_end = cswap.epoch_end
+
+    def epoch_end(model, metrics=None):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_epoch_end(model, metrics)
+
+    monkeypatch.setattr(cswap, "epoch_end", epoch_end)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = train_main(["--data", str(path), "--epochs", "3", "--batch-size", "16", "--mode", "sc",
+                           "--report-dir", str(tmp_path / "r"), "--no-progress"])
+    assert code == 130 and "interrupted" in capsys.readouterr().err
+    lines = (tmp_path / "r" / "epochs.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["epoch"] == 0
