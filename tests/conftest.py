@@ -13,6 +13,15 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cswap_home(tmp_path_factory):
+    """Profiles a developer made with cswap-tune must not change what tests see."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CSWAP_HOME", str(tmp_path_factory.mktemp("cswap_home")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
