@@ -6,6 +6,8 @@ Trains VGG16 (from cswap.models) with SGD for a few iterations per provider:
     none          cswap.patch(mode="none"): hooks only, the overhead baseline
     vdnn          offload every ReLU/pool activation, uncompressed
     sc            ZVC-compress every one first (static compression, as cDMA)
+    cswap         the advisor decides per tensor (paper eq. 1-4), from the device profile
+    cswap_timeline  the advisor's timeline mode (shared PCIe links simulated)
     save_on_cpu   torch.autograd.graph.save_on_cpu(pin_memory=True): every saved tensor
 
 and reports the median step time, peak GPU memory (torch.cuda.max_memory_allocated),
@@ -38,7 +40,8 @@ from cswap.models import build
 
 from common import environment, format_row, write_results
 
-PROVIDERS = ("unpatched", "none", "vdnn", "sc", "save_on_cpu")
+PROVIDERS = ("unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu")
+PATCHED = ("none", "vdnn", "sc", "cswap", "cswap_timeline")
 
 
 def _sync(device: torch.device) -> None:
@@ -50,7 +53,10 @@ def run_provider(name: str, args, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = build(args.model, dataset=args.dataset).to(device)
     if name in ("none", "vdnn", "sc"):
-        cswap.patch(model, mode=name)
+        cswap.patch(model, mode=name, verbose=False)
+    elif name.startswith("cswap"):
+        cswap.patch(model, mode="cswap", advisor="timeline" if name == "cswap_timeline" else "independent",
+                    profile=args.profile, verbose=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     size = 224 if args.dataset == "imagenet" else 32
     classes = 1000 if args.dataset == "imagenet" else 10
@@ -73,7 +79,7 @@ def run_provider(name: str, args, device: torch.device) -> dict:
         if i == args.warmup:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            if name in ("none", "vdnn", "sc"):
+            if name in PATCHED:
                 cswap.stats(model).reset()
         _sync(device)
         t0 = time.perf_counter()
@@ -87,7 +93,16 @@ def run_provider(name: str, args, device: torch.device) -> dict:
            "step_ms": 1e3 * statistics.median(times), "first_loss": float(first_loss)}
     if device.type == "cuda":
         row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    if name in ("none", "vdnn", "sc"):
+    if name.startswith("cswap"):
+        report = cswap.epoch_end(model)
+        row["compressed_layers"] = report.totals["compressed_layers"]
+        row["candidate_tensors"] = len(report.rows)
+        # host time the profiler spent over the run, per timed step
+        row["profiling_overhead_ms_per_step"] = 1e3 * report.metrics["profiling_overhead_s"] / args.iters
+        if args.check_decisions:
+            checks = cswap.check_decisions(model, sample=args.check_decisions)
+            row["decision_accuracy"] = sum(c.right for c in checks) / max(len(checks), 1)
+    if name in PATCHED:
         s = cswap.stats(model)
         row.update(moved_mib_per_step=s["transferred_bytes"] / args.iters / 2**20,
                    offloaded_mib_per_step=s["offloaded_bytes"] / args.iters / 2**20,
@@ -105,9 +120,10 @@ COLUMNS = [
     ("provider", "provider", "{}"), ("step_ms", "step ms", "{:.1f}"), ("vs_unpatched", "x unpatch", "{:.2f}"),
     ("vs_save_on_cpu", "x s_o_cpu", "{:.2f}"), ("peak_gpu_mib", "peak MiB", "{:.0f}"),
     ("peak_vs_unpatched", "peak x", "{:.2f}"), ("moved_mib_per_step", "moved MiB", "{:.1f}"),
-    ("prefetch_stall_ms_per_step", "stall ms", "{:.2f}"), ("loss_matches", "loss ==", "{}"),
+    ("prefetch_stall_ms_per_step", "stall ms", "{:.2f}"), ("compressed_layers", "compr.", "{}"),
+    ("decision_accuracy", "dec. acc", "{:.2f}"), ("loss_matches", "loss ==", "{}"),
 ]
-WIDTHS = [12] + [10] * (len(COLUMNS) - 1)
+WIDTHS = [14] + [10] * (len(COLUMNS) - 1)
 
 
 def parse_args(argv=None):
@@ -119,6 +135,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int)
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
+    p.add_argument("--profile", type=Path, help="device profile for the cswap modes (default: this device's)")
+    p.add_argument("--check-decisions", type=int, default=0, metavar="N",
+                   help="cswap modes: measure N tensors' real swaps and report decision accuracy")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     args = p.parse_args(argv)
     args.dataset = args.dataset or ("cifar10" if args.quick else "imagenet")

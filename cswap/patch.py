@@ -13,7 +13,7 @@ from .layers import LayerTracker
 from .stats import SwapStats
 from .swapper import Swapper
 
-__all__ = ["patch", "unpatch", "offload", "stats", "epoch_end", "check_decisions"]
+__all__ = ["patch", "unpatch", "offload", "stats", "epoch_end", "epoch_end_hook", "check_decisions"]
 
 _PATCHED: "weakref.WeakKeyDictionary[nn.Module, _Patch]" = weakref.WeakKeyDictionary()
 
@@ -141,6 +141,22 @@ def epoch_end(model: nn.Module, metrics: dict | None = None) -> "EpochReport":
     if entry is None:
         raise ValueError(f"cswap.epoch_end: {type(model).__name__} is not patched; call cswap.patch(model) first")
     return entry.controller.epoch_end(metrics)
+
+
+def epoch_end_hook(model: nn.Module, metrics=None):
+    """`cswap.epoch_end(model)` as a callable for training loops' epoch-end events;
+    it ignores the loop's arguments (e.g. ignite's engine, a Lightning callback's
+    trainer). `metrics`: a dict, or a callable returning one, stored with each report.
+
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, cswap.epoch_end_hook(model))
+    """
+    if not is_patched(model):
+        raise ValueError(f"cswap.epoch_end_hook: {type(model).__name__} is not patched; call cswap.patch first")
+
+    def hook(*args, **kwargs):
+        return epoch_end(model, metrics() if callable(metrics) else metrics)
+
+    return hook
 
 
 def check_decisions(model: nn.Module, sample: int = 16, repeats: int = 5):

@@ -37,13 +37,16 @@ def test_codec_benchmark_quick_run_writes_results(tmp_path, capsys):
 
 def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
     bench = _load(BENCHMARKS / "runtime.py")
-    rows = bench.main(["--quick", "--batch", "2", "--warmup", "1", "--iters", "1", "--out", str(tmp_path)])
+    rows = bench.main(["--quick", "--batch", "2", "--warmup", "2", "--iters", "1", "--check-decisions", "1",
+                       "--out", str(tmp_path)])
     by = {r["provider"]: r for r in rows}
-    assert set(by) == {"unpatched", "none", "vdnn", "sc", "save_on_cpu"}
+    assert set(by) == {"unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu"}
     assert all(r["loss_matches"] for r in rows), rows  # same first step, bit for bit
     assert by["none"]["moved_mib_per_step"] == 0
     assert by["vdnn"]["moved_mib_per_step"] > 0 and by["vdnn"]["compressed_per_step"] == 0
     # ZVC shrinks ReLU outputs: sc moves less than vdnn
     assert 0 < by["sc"]["moved_mib_per_step"] < by["vdnn"]["moved_mib_per_step"]
     assert by["sc"]["compressed_per_step"] > 0
+    for name in ("cswap", "cswap_timeline"):
+        assert by[name]["candidate_tensors"] > 0 and by[name]["profiling_overhead_ms_per_step"] >= 0
     assert json.loads((tmp_path / "runtime-quick.json").read_text())["rows"] == rows

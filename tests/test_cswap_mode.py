@@ -129,6 +129,18 @@ def test_epoch_end_prints_the_table(tmp_path, capsys):
         cswap.epoch_end(nn.Linear(2, 2))
 
 
+def test_epoch_end_hook_ignores_the_loops_arguments(tmp_path):
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 1.0), verbose=False)
+    hook = cswap.epoch_end_hook(model, metrics=lambda: {"lr": 0.1})
+    x, y = data()
+    step(model, x, y)
+    first = hook("engine", state=None)
+    second = hook()
+    assert (first.epoch, second.epoch) == (0, 1) and second.metrics["lr"] == 0.1
+    with pytest.raises(ValueError, match="not patched"):
+        cswap.epoch_end_hook(nn.Linear(2, 2))
+
+
 def test_check_decisions_measures_each_sampled_tensor(tmp_path):
     model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 0.001), verbose=False)
     model.shift = -0.8
