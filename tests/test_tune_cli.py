@@ -34,7 +34,8 @@ def test_compare_prints_search_and_regressor_tables(tmp_path, capsys):
     assert "search comparison" in text and "regressor RAE" in text
     comparison = read_profile(out).doc["tuning"]["comparison"]["rle"]
     assert set(comparison) == {"bayes", "random", "expert"}
-    assert comparison["random"]["evaluations"] <= comparison["bayes"]["evaluations"] == 6
+    # 3 + 3 probes; repeats are not re-measured, and random search gets the budget BO used
+    assert 1 <= comparison["random"]["evaluations"] <= comparison["bayes"]["evaluations"] <= 6
     assert comparison["expert"]["evaluations"] == 1
 
 
