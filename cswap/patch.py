@@ -39,7 +39,7 @@ class _Patch:
             # (nested calls of the root, e.g. recursion, stay in the same pass).
             self.tracker.reset()
             self.swapper.begin_pass()
-            self.hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self.swapper.pack, self.swapper.unpack)
+            self.hooks_ctx = _hooks(self.swapper)
             self.hooks_ctx.__enter__()
 
     def _exit(self, module, args, output):
@@ -59,6 +59,13 @@ class _Patch:
         self.swapper.close()
 
 
+def _hooks(swapper: Swapper):
+    """The saved-tensor hooks of one pass: the swapper's, or PyTorch's save_on_cpu baseline."""
+    if swapper.mode == "save_on_cpu":
+        return torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
+    return torch.autograd.graph.saved_tensors_hooks(swapper.pack, swapper.unpack)
+
+
 def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=None, advisor: str = "independent",
           report_dir=None, verbose: bool = True, **options) -> nn.Module:
     """Offload the activations `model` saves for backward to host memory.
@@ -67,7 +74,10 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     settings). Modes: "cswap" (the default: the advisor decides per tensor,
     each epoch, whether and how to compress it; or `policy(info) -> codec
     name or None` decides), "vdnn" (offload every candidate uncompressed),
-    "sc" (ZVC on every candidate), "none" (hooks only, the overhead baseline).
+    "sc" (ZVC on every candidate), "none" (hooks only, the overhead baseline),
+    "vdnnpp" (offload uncompressed, compress on the host with CPU threads),
+    "save_on_cpu" (PyTorch's torch.autograd.graph.save_on_cpu(pin_memory=True)
+    around each forward: every saved tensor, parameters included; a baseline).
 
     profile: a cswap.Profile or a path (default: cswap.load_profile()).
     advisor: "independent" (paper eq. 1-4 per tensor) or "timeline" (a
@@ -123,7 +133,7 @@ def offload(mode: str | None = None, policy=None, **options):
     tracker.attach_global()
     swapper.begin_pass()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(swapper.pack, swapper.unpack):
+        with _hooks(swapper):
             yield swapper
     finally:
         tracker.detach()

@@ -11,6 +11,7 @@ _FIELDS = {
     "offloaded_bytes": "their size before compression",
     "transferred_bytes": "bytes moved to the host, after compression",
     "compressed_tensors": "offloaded tensors that were compressed first",
+    "host_compressed_tensors": "vdnnpp: host copies compressed on the CPU after the transfer",
     "deduplicated": "saves of an already offloaded tensor (served by its first copy)",
     "kept_on_gpu": "candidates left in place (host memory limit, or no buffer)",
     "restored_tensors": "tensors brought back for backward",

@@ -144,6 +144,8 @@ class _Item:
         self.index = len(pass_.items)
         self.host: torch.Tensor | None = None      # host buffer (from the pool)
         self.header = None                         # Compressed header when compressed
+        self.host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
+        self.busy = False                          # a restore is reading `host` (vdnnpp must wait)
         self.moved = 0                             # bytes in the host buffer
         self.ready = None                          # CUDA event on the compute stream at pack
         self.d2h_done = None                       # CUDA event: host copy complete
@@ -208,10 +210,14 @@ class Swapper:
     """Offloads saved activations; see the module docstring.
 
     mode: "none" (hooks only), "vdnn" (offload, no compression), "sc" (ZVC on
-    every candidate), "cswap" (policy(info) -> codec name or None).
+    every candidate), "cswap" (policy(info) -> codec name or None), "vdnnpp"
+    (offload uncompressed, then ZVC-compress on the host with CPU threads to
+    shrink the pinned footprint, and decompress on the host before the
+    prefetch: vDNN++ as the CSWAP paper emulates it), "save_on_cpu" (the
+    caller installs PyTorch's save_on_cpu instead of these hooks: a baseline).
     """
 
-    MODES = ("none", "vdnn", "sc", "cswap")
+    MODES = ("none", "vdnn", "sc", "cswap", "vdnnpp", "save_on_cpu")
 
     def __init__(self, mode: str | None = None, policy: Callable[[SwapInfo], str | None] | None = None, *,
                  candidates: str = "sparse", min_bytes: int | None = None, stash_bytes: int = 4 << 30,
@@ -259,6 +265,7 @@ class Swapper:
         self._queue: queue.SimpleQueue | None = None
         self._worker: threading.Thread | None = None
         self._warned: set[str] = set()
+        self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
 
     # -- passes -------------------------------------------------------------------------
 
@@ -278,7 +285,7 @@ class Swapper:
     # -- pack -------------------------------------------------------------------------
 
     def pack(self, t: torch.Tensor):
-        if self.mode == "none" or not self._is_candidate(t):
+        if self.mode in ("none", "save_on_cpu") or not self._is_candidate(t):
             return _Kept(t)
         shared = self._already_offloaded(t)
         if shared is not None:
@@ -330,7 +337,7 @@ class Swapper:
         return self.candidates == "all" or producer(t) in SPARSE_PRODUCERS
 
     def _choose_codec(self, info: SwapInfo) -> str | None:
-        if self.mode == "vdnn":
+        if self.mode in ("vdnn", "vdnnpp"):  # vdnnpp compresses on the host, after the transfer
             return None
         if self.mode == "sc":
             return "zvc"
@@ -457,6 +464,28 @@ class Swapper:
         if item.stashed:
             item.stashed = False
             self._stash_bytes -= item.info.nbytes
+        if self.mode == "vdnnpp" and item.host is not None and item.header is None and not item.freed:
+            if self._host_threads is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._host_threads = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2),
+                                                        thread_name_prefix="cswap-host-zvc")
+            self._host_threads.submit(self._host_compress, item, item.host)
+
+    def _host_compress(self, item: _Item, host: torch.Tensor) -> None:
+        """vdnnpp: ZVC the host copy on the CPU and give the pinned buffer back."""
+        try:
+            words = host[: item.moved].view(item.info.dtype)
+            blob = codecs.get("zvc").compress(words, backend="torch")
+        except Exception as exc:  # the pinned copy stays; nothing is lost
+            self._warn_once("host-zvc", f"cswap: host compression failed ({type(exc).__name__}: {exc})")
+            return
+        with self._lock:
+            if item.host is not host or item.freed or item.busy or blob.nbytes >= item.moved:
+                return
+            item.host_blob, item.host = blob, None
+            self.pool.release(host, item.last_read or item.d2h_done)
+        self.stats.add("host_compressed_tensors")
 
     # -- unpack ---------------------------------------------------------------------------
 
@@ -547,14 +576,33 @@ class Swapper:
             y.record_stream(torch.cuda.current_stream(device))  # allocated on h2d, used on compute
         else:
             y = self._copy_in(item, device, non_blocking=False)
+        item.busy = False
         item.restored = y
         self.stats.add("restored_tensors")
         return True
 
     def _copy_in(self, item: _Item, device: torch.device, non_blocking: bool) -> torch.Tensor:
         info = item.info
-        host = item.host[: item.moved]
         shape = [info.shape[p] for p in item.perm] if item.perm is not None else list(info.shape)
+        with self._lock:
+            blob = item.host_blob
+            if blob is None:
+                host = item.host[: item.moved]
+                item.busy = True  # vdnnpp's host compression leaves this buffer alone for now
+        if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer
+            raw = _flat_bytes(codecs.get("zvc").decompress(blob, backend="torch"))
+            if device.type == "cpu":
+                return self._reshape(item, raw.view(info.dtype).reshape(shape))
+            with self._lock:
+                staging = self.pool.acquire(raw.numel())
+            host = raw if staging is None else staging[: raw.numel()].copy_(raw)
+            y = torch.empty(shape, dtype=info.dtype, device=device)
+            _flat_bytes(y).copy_(host, non_blocking=non_blocking)
+            if staging is not None:
+                done = torch.cuda.current_stream(device).record_event()
+                with self._lock:
+                    self.pool.release(staging, done)
+            return self._reshape(item, y)
         if item.header is not None:
             data = host.to(device, non_blocking=non_blocking)
             y = codecs.get(item.codec).decompress(Compressed(data, item.header),
@@ -563,6 +611,11 @@ class Swapper:
         else:
             y = torch.empty(shape, dtype=info.dtype, device=device)
             _flat_bytes(y).copy_(host, non_blocking=non_blocking)
+        return self._reshape(item, y)
+
+    @staticmethod
+    def _reshape(item: _Item, y: torch.Tensor) -> torch.Tensor:
+        """Back to the saved tensor's strides (see _dense_permutation)."""
         return y.permute(_inverse(item.perm)) if item.perm is not None else y
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -581,6 +634,7 @@ class Swapper:
             item.freed = True
             item.restored = None
             item.fallback = None
+            item.host_blob = None
             # Not yet issued: the worker may be copying into the buffer; it returns it.
             if item.host is not None and item.issued.is_set():
                 host, item.host = item.host, None
@@ -616,6 +670,9 @@ class Swapper:
             self._queue.put(_STOP)
             self._worker.join()
         self._worker = None
+        if self._host_threads is not None:
+            self._host_threads.shutdown(wait=True)
+            self._host_threads = None
         with self._lock:
             self.pool.clear()
 

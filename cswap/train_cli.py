@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--mode", default="cswap", choices=["none", "vdnn", "sc", "cswap"])
+    p.add_argument("--mode", default="cswap", choices=["none", "vdnn", "sc", "cswap", "vdnnpp", "save_on_cpu"])
     p.add_argument("--advisor", default="independent", choices=["independent", "timeline"])
     p.add_argument("--profile", type=Path, help="device profile from cswap-tune (default: this device's, "
                                                 "or the generic default)")
