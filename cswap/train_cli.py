@@ -188,7 +188,7 @@ def run(args) -> list:
                 loss = F.cross_entropy(model(xb), yb)
                 loss.backward()
                 optimizer.step()
-                total += float(loss) * len(idx)
+                total += loss.item() * len(idx)
                 seen += len(idx)
                 bar.set_postfix(loss=f"{total / seen:.3f}")
             bar.close()
