@@ -50,3 +50,33 @@ def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
     for name in ("cswap", "cswap_timeline"):
         assert by[name]["candidate_tensors"] > 0 and by[name]["profiling_overhead_ms_per_step"] >= 0
     assert json.loads((tmp_path / "runtime-quick.json").read_text())["rows"] == rows
+
+
+def test_train_benchmark_quick_run_writes_results_and_readme(tmp_path, capsys):
+    bench = _load(BENCHMARKS / "train.py")
+    rows = bench.main(["--quick", "--batch", "2", "--out", str(tmp_path)])
+    models = {r["model"] for r in rows}
+    assert models == {"small_cnn", "resnet18"} and {r["dataset"] for r in rows} == {"cifar10"}
+    for model in models:
+        by = {r["mode"]: r for r in rows if r["model"] == model}
+        assert set(by) == set(bench.MODES) | {bench.ORAC}  # a mode that raises still has its row
+        for name in ("none", "vdnn", "sc", "cswap"):
+            assert "error" not in by[name], by[name]
+        ran = [r for r in by.values() if "error" not in r and not r["computed"]]
+        assert all(r["loss_matches"] for r in ran), ran  # same first step as "none", bit for bit
+        assert by["vdnn"]["norm_vs_vdnn"] == 1 and by["none"]["exposed_swap_ms"] == 0
+        assert by["none"]["moved_mib_per_iter"] == 0 < by["sc"]["moved_mib_per_iter"] < by["vdnn"]["moved_mib_per_iter"]
+        assert by["sc"]["compressed_layers"] > 0 and by["vdnn"]["compressed_layers"] == 0
+        orac = by[bench.ORAC]
+        assert orac["computed"] is True and orac["step_ms"] <= by["cswap"]["step_ms"]
+    saved = json.loads((tmp_path / "train-quick.json").read_text())
+    assert saved["rows"] == rows
+    assert (tmp_path / "train-quick.csv").read_text().count("\n") == len(rows) + 1
+    if importlib.util.find_spec("matplotlib") is not None:
+        for chart in ("throughput", "vs-sc", "memory"):
+            assert (tmp_path / f"train-quick-{chart}.png").stat().st_size > 0
+    capsys.readouterr()
+    text = bench.main(["--readme", "--from-json", str(tmp_path / "train-quick.json")])
+    out = capsys.readouterr().out
+    assert text in out and "| model | data | batch |" in out
+    assert "| small_cnn | cifar10 | 2 |" in out and "| resnet18 | cifar10 | 2 |" in out
