@@ -1,4 +1,4 @@
-"""The user-facing runtime API: patch, unpatch, offload, stats."""
+"""The user-facing runtime API: patch, unpatch, offload, stats, epoch_end, check_decisions."""
 
 from __future__ import annotations
 
