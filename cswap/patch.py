@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from contextlib import contextmanager
 
@@ -27,6 +28,7 @@ class _Patch:
         self.tracker = tracker
         self.depth = 0
         self.hooks_ctx = None
+        self.warned_compiled = False
         self.handles = [
             model.register_forward_pre_hook(self._enter, prepend=True),
             model.register_forward_hook(self._exit, always_call=True),
@@ -34,6 +36,16 @@ class _Patch:
 
     def _enter(self, module, args):
         self.depth += 1
+        if torch.compiler.is_compiling():
+            # PyTorch does not apply saved-tensor hooks inside compiled graphs:
+            # say so once, and leave the traced forward untouched.
+            if not self.warned_compiled:
+                self.warned_compiled = True
+                warnings.warn("cswap: this forward runs under torch.compile; tensors saved inside compiled "
+                              "graphs are not offloaded (PyTorch applies no saved-tensor hooks there) and "
+                              "stay on the GPU. Patch an uncompiled model, or compile only submodules",
+                              RuntimeWarning, stacklevel=2)
+            return
         if self.depth == 1 and torch.is_grad_enabled():
             # One forward pass of the root: saved tensors go through the swapper
             # (nested calls of the root, e.g. recursion, stay in the same pass).
