@@ -691,23 +691,24 @@ def test_retain_graph_two_backwards(name, asynchronous):
         cswap.unpatch(model)
 
 
-def autocast_steps(model, steps=2):
+def autocast_steps(model, steps=2, dtype=torch.bfloat16):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in nets.batches(nets.IMAGE, steps):
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
     return snapshot(model)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
-def test_bfloat16_autocast(mode):
-    expected = autocast_steps(nets.vgg_like())
+def test_half_precision_autocast(mode, dtype):
+    expected = autocast_steps(nets.vgg_like(), dtype=dtype)
     model = cswap.patch(nets.vgg_like(), min_bytes=0, **MODES[mode])
-    assert_same(autocast_steps(model), expected)
-    assert {item.info.dtype for item in swapper_of(model)._pass.items} == {torch.bfloat16}
+    assert_same(autocast_steps(model, dtype=dtype), expected)
+    assert {item.info.dtype for item in swapper_of(model)._pass.items} == {dtype}
     if mode != "vdnn":
         assert cswap.stats(model)["compressed_tensors"] > 0
 
