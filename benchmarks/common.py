@@ -17,6 +17,12 @@ import cswap
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device (a no-op on CPU), so host clocks time finished work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def device_slug(device: torch.device) -> str:
     """'nvidia-h100-80gb-hbm3', 'cpu-x86-64': the results folder name."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}"

@@ -38,15 +38,10 @@ import torch.nn.functional as F
 import cswap
 from cswap.models import build
 
-from common import environment, format_row, write_results
+from common import environment, format_row, synchronize, write_results
 
 PROVIDERS = ("unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu")
 PATCHED = ("none", "vdnn", "sc", "cswap", "cswap_timeline")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_provider(name: str, args, device: torch.device) -> dict:
@@ -81,10 +76,10 @@ def run_provider(name: str, args, device: torch.device) -> dict:
                 torch.cuda.reset_peak_memory_stats(device)
             if name in PATCHED:
                 cswap.stats(model).reset()
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         loss = step()
-        _sync(device)
+        synchronize(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
         if first_loss is None:

@@ -87,7 +87,7 @@ import torch.nn.functional as F
 import cswap
 from cswap.models import build, names
 
-from common import environment, format_row, write_results
+from common import environment, format_row, synchronize, write_results
 
 MODES = ("none", "vdnn", "vdnnpp", "sc", "cswap", "save_on_cpu")
 ORAC = "orac (computed)"
@@ -139,11 +139,6 @@ def batch_for(model: str, dataset: str, args) -> tuple[int | None, str]:
 # -- one mode ---------------------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
@@ -168,13 +163,13 @@ def run_mode(mode: str, base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
                     if device.type == "cuda":
                         torch.cuda.reset_peak_memory_stats(device)
                     cswap.stats(model).reset()
-                _sync(device)
+                synchronize(device)
                 t0 = time.perf_counter()
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(xd), yd)
                 loss.backward()
                 optimizer.step()
-                _sync(device)
+                synchronize(device)
                 if i >= args.warmup:
                     times.append(time.perf_counter() - t0)
                 if first_loss is None:

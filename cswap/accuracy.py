@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import codecs
 from .advisor import Decision, IterationProfile
+from .bandwidth import copy_seconds
 from .synthetic import make_tensor
-from .timing import measure
+from .timing import time_codec
 
 __all__ = ["DecisionCheck", "check_decisions"]
 
@@ -33,16 +33,6 @@ class DecisionCheck:
     t_prime_s: float          # measured exposed swap time, uncompressed
     t_s: float                # measured swap cost with codec_tested
     right: bool
-
-
-def _copy_seconds(nbytes: int, device: torch.device, repeats: int) -> tuple[float, float]:
-    """(D2H, H2D) seconds for nbytes through a pinned buffer (host memcpy on CPU)."""
-    pinned = device.type == "cuda"
-    host = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=pinned)
-    dev = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-    d2h = measure(lambda: host.copy_(dev, non_blocking=pinned), device, "copy", repeats=repeats).seconds
-    h2d = measure(lambda: dev.copy_(host, non_blocking=pinned), device, "copy", repeats=repeats).seconds
-    return d2h, h2d
 
 
 def check_decisions(iteration: IterationProfile, decisions: dict[str, Decision], device=None,
@@ -61,15 +51,9 @@ def check_decisions(iteration: IterationProfile, decisions: dict[str, Decision],
         d = decisions[t.key]
         codec = d.codec or min(d.t_codec, key=d.t_codec.get)
         x = make_tensor(t.nbytes, t.sparsity, _DTYPES[t.itemsize], "blocky", device).reshape(-1)
-        c = codecs.get(codec)
-        config = configs.get(codec)
-        blob = c.compress(x, config=config, backend=backend)
-        compress_s = measure(lambda: c.compress(x, config=config, backend=backend), device, backend,
-                             repeats=repeats).seconds
-        decompress_s = measure(lambda: c.decompress(blob, config=config, backend=backend, check=False), device,
-                               backend, repeats=repeats).seconds
-        raw_d2h, raw_h2d = _copy_seconds(t.nbytes, device, repeats)
-        small_d2h, small_h2d = _copy_seconds(blob.nbytes, device, repeats)
+        compress_s, decompress_s, small = time_codec(codec, x, configs.get(codec), backend, repeats)
+        raw_d2h, raw_h2d = copy_seconds(t.nbytes, device, repeats)
+        small_d2h, small_h2d = copy_seconds(small, device, repeats)
         t_prime = max(raw_d2h - t.hidden_f, 0.0) + max(raw_h2d - t.hidden_b, 0.0)
         t_codec = compress_s + decompress_s + max(small_d2h - t.hidden_f, 0.0) + max(small_h2d - t.hidden_b, 0.0)
         right = (d.codec is not None) == (t_codec < t_prime)

@@ -15,10 +15,22 @@ import torch
 
 from .timing import measure
 
-__all__ = ["DEFAULT_SIZES", "probe"]
+__all__ = ["DEFAULT_SIZES", "copy_seconds", "probe"]
 
 MiB = 1 << 20
 DEFAULT_SIZES = (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB)
+
+
+def copy_seconds(nbytes: int, device, repeats: int = 10) -> tuple[float, float]:
+    """(D2H, H2D) seconds to copy nbytes through a pinned host buffer (host memcpy without CUDA)."""
+    device = torch.device(device)
+    pinned = device.type == "cuda"
+    n = max(int(nbytes), 1)
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    d2h = measure(lambda: host.copy_(dev, non_blocking=pinned), device, "copy", repeats=repeats)
+    h2d = measure(lambda: dev.copy_(host, non_blocking=pinned), device, "copy", repeats=repeats)
+    return d2h.seconds, h2d.seconds
 
 
 def probe(device=None, sizes=DEFAULT_SIZES, repeats: int = 10) -> dict:
@@ -27,15 +39,11 @@ def probe(device=None, sizes=DEFAULT_SIZES, repeats: int = 10) -> dict:
     sizes = sorted(int(s) for s in sizes)
     if not sizes or sizes[0] <= 0:
         raise ValueError(f"cswap.bandwidth: sizes must be positive byte counts, got {sizes}")
-    pinned = device.type == "cuda"
-    host = torch.empty(sizes[-1], dtype=torch.uint8, pin_memory=pinned)
-    dev = torch.empty(sizes[-1], dtype=torch.uint8, device=device)
     samples = []
     for n in sizes:
-        d2h = measure(lambda: host[:n].copy_(dev[:n], non_blocking=pinned), device, "copy", repeats=repeats)
-        h2d = measure(lambda: dev[:n].copy_(host[:n], non_blocking=pinned), device, "copy", repeats=repeats)
-        samples.append({"bytes": n, "d2h_gbps": n / d2h.seconds / 1e9, "h2d_gbps": n / h2d.seconds / 1e9})
+        d2h, h2d = copy_seconds(n, device, repeats)
+        samples.append({"bytes": n, "d2h_gbps": n / d2h / 1e9, "h2d_gbps": n / h2d / 1e9})
     large = [s for s in samples if s["bytes"] >= 16 * MiB] or samples[-1:]
     return {"d2h_gbps": statistics.median(s["d2h_gbps"] for s in large),
             "h2d_gbps": statistics.median(s["h2d_gbps"] for s in large),
-            "pinned": pinned, "samples": samples}
+            "pinned": device.type == "cuda", "samples": samples}

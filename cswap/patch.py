@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -13,6 +14,9 @@ from .controller import Controller
 from .layers import LayerTracker
 from .stats import SwapStats
 from .swapper import Swapper
+
+if TYPE_CHECKING:
+    from .report import EpochReport
 
 __all__ = ["patch", "unpatch", "offload", "stats", "epoch_end", "epoch_end_hook", "check_decisions"]
 

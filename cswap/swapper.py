@@ -100,12 +100,11 @@ def _version_alias(t: torch.Tensor) -> torch.Tensor:
     return alias
 
 
-def _modified_error(info: SwapInfo, saved: int, now: int) -> RuntimeError:
+def _modified_error(what: str, saved: int, now: int) -> RuntimeError:
     return RuntimeError(
         f"one of the variables needed for gradient computation has been modified by an inplace "
-        f"operation: [{info.dtype} {list(info.shape)}], saved by {info.where} as output of {info.op}, is "
-        f"at version {now}; expected version {saved} instead. (cswap keeps autograd's check: do not "
-        f"modify a tensor in place after autograd saved it.)")
+        f"operation: {what} is at version {now}; expected version {saved} instead. (cswap keeps "
+        f"autograd's check: do not modify a tensor in place after autograd saved it.)")
 
 
 class _Kept:
@@ -491,12 +490,10 @@ class Swapper:
 
     def unpack(self, packed):
         if isinstance(packed, _Kept):
-            if packed.tensor._version != packed.version:
-                raise RuntimeError(
-                    f"one of the variables needed for gradient computation has been modified by an inplace "
-                    f"operation: [{packed.tensor.dtype} {list(packed.tensor.shape)}] is at version "
-                    f"{packed.tensor._version}; expected version {packed.version} instead.")
-            return packed.tensor
+            t = packed.tensor
+            if t._version != packed.version:
+                raise _modified_error(f"[{t.dtype} {list(t.shape)}]", packed.version, t._version)
+            return t
         item = packed.item
         self._check_version(item)
         if self.observer is not None:
@@ -538,7 +535,8 @@ class Swapper:
     def _check_version(self, item: _Item) -> None:
         now = item.version_alias._version
         if now != item.version:
-            raise _modified_error(item.info, item.version, now)
+            raise _modified_error(f"[{item.info.dtype} {list(item.info.shape)}], saved by {item.info.where} as "
+                                  f"output of {item.info.op},", item.version, now)
 
     def _prefetch_before(self, item: _Item) -> None:
         """Start restoring the items packed just before `item`, up to prefetch_bytes

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["Timing", "measure"]
+__all__ = ["Timing", "measure", "time_codec"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,15 @@ def measure(fn: Callable[[], object], device, backend: str, *, repeats: int = 10
         fn()
         times.append(time.perf_counter() - start)
     return Timing(statistics.median(times), backend, str(device), "perf_counter", repeats)
+
+
+def time_codec(name: str, x: torch.Tensor, config, backend: str, repeats: int) -> tuple[float, float, int]:
+    """(compress seconds, decompress seconds, compressed bytes) of codec `name` on x."""
+    from . import codecs
+
+    codec = codecs.get(name)
+    blob = codec.compress(x, config=config, backend=backend)
+    c = measure(lambda: codec.compress(x, config=config, backend=backend), x.device, backend, repeats=repeats)
+    d = measure(lambda: codec.decompress(blob, config=config, backend=backend, check=False), x.device, backend,
+                repeats=repeats)
+    return c.seconds, d.seconds, blob.nbytes

@@ -29,7 +29,7 @@ from .kernels.launch import LaunchConfig
 from .profile import SCHEMA_VERSION, profile_path, save_profile
 from .synthetic import make_tensor
 from .timemodel import SPARSITY_RANGE, TimeModel, compare_regressors
-from .timing import measure
+from .timing import time_codec
 from .tuner import bayes_tune, expert, grid_search, random_search
 
 __all__ = ["main", "run"]
@@ -105,20 +105,6 @@ def _device_info(device: torch.device) -> dict:
             "compute_capability": None, "sm_count": None}
 
 
-def _codec_timer(name: str, backend: str, device: torch.device, repeats: int):
-    """time(x, config) -> (compress seconds, decompress seconds) of codec `name` on x."""
-    codec = codecs.get(name)
-
-    def time_both(x: torch.Tensor, config: LaunchConfig | None):
-        blob = codec.compress(x, config=config, backend=backend)
-        c = measure(lambda: codec.compress(x, config=config, backend=backend), device, backend, repeats=repeats)
-        d = measure(lambda: codec.decompress(blob, config=config, backend=backend, check=False), device,
-                    backend, repeats=repeats)
-        return c.seconds, d.seconds
-
-    return time_both
-
-
 def run(args) -> tuple[dict, Path, list[str]]:
     """The whole pipeline; returns (profile document, path written, summary lines)."""
     start = time.perf_counter()
@@ -148,7 +134,9 @@ def run(args) -> tuple[dict, Path, list[str]]:
 
     doc_codecs, per_codec, comparison = {}, {}, {}
     for name in args.codecs:
-        timer = _codec_timer(name, backend, device, plan["repeats"])
+        def timer(tensor, config):  # (compress s, decompress s) of this codec
+            return time_codec(name, tensor, config, backend, plan["repeats"])[:2]
+
         x = make_tensor(plan["tune_bytes"], 0.5, torch.float32, "blocky", device, seed=args.seed)
         bar = _bar(f"tune {name}", args.init_probes + args.guided_probes, show)
 

@@ -5,8 +5,6 @@ Header meta: (tile, nnz).
 
 from __future__ import annotations
 
-import torch
-
 from ..errors import CorruptDataError
 from ..kernels import zvc as kernels
 from .base import Codec
