@@ -13,7 +13,7 @@ from torch import nn
 from .controller import Controller
 from .layers import LayerTracker
 from .stats import SwapStats
-from .swapper import Swapper
+from .swapper import Swapper, check_policy
 
 if TYPE_CHECKING:
     from .report import EpochReport
@@ -107,12 +107,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.patch: expected a torch.nn.Module, got {type(model).__name__}")
     mode = mode or "cswap"
-    if policy is not None and not callable(policy):
-        raise TypeError(f"cswap.patch: policy must be callable(info) -> codec name or None, got "
-                        f"{type(policy).__name__}")
-    if policy is not None and mode != "cswap":
-        raise ValueError(f"cswap.patch: a policy decides only in mode='cswap' (got mode={mode!r}); drop the "
-                         f"mode argument or the policy")
+    check_policy(mode, policy)  # the swapper only ever sees the controller's policy
     controller = Controller(mode, profile, user_policy=policy, advisor_mode=advisor, report_dir=report_dir,
                             verbose=verbose)
     if mode == "cswap" and "codec_configs" not in options and policy is None:

@@ -55,7 +55,7 @@ from .codecs.container import Compressed
 from .host_pool import HostPool
 from .stats import SwapStats
 
-__all__ = ["Swapper", "default_max_host_bytes"]
+__all__ = ["Swapper", "check_policy", "default_max_host_bytes"]
 
 MiB = 1 << 20
 _STOP = object()
@@ -205,6 +205,17 @@ def _work(swapper_ref, jobs: queue.SimpleQueue) -> None:
         del swapper
 
 
+def check_policy(mode: str, policy) -> None:
+    """A user's policy must be callable and only goes with mode 'cswap'."""
+    if policy is None:
+        return
+    if not callable(policy):
+        raise TypeError(f"cswap: policy must be callable(info) -> codec name or None, got {type(policy).__name__}")
+    if mode != "cswap":
+        raise ValueError(f"cswap: a policy decides only in mode='cswap' (got mode={mode!r}); drop the "
+                         f"mode argument or the policy")
+
+
 class Swapper:
     """Offloads saved activations; see the module docstring.
 
@@ -227,14 +238,9 @@ class Swapper:
             mode = "vdnn" if policy is None else "cswap"
         if mode not in self.MODES:
             raise ValueError(f"cswap: mode must be one of {self.MODES}, got {mode!r}")
-        if policy is not None and mode != "cswap":
-            raise ValueError(f"cswap: a policy decides only in mode='cswap' (got mode={mode!r}); drop the "
-                             f"mode argument or the policy")
+        check_policy(mode, policy)
         if mode == "cswap" and policy is None:
             raise ValueError("cswap: mode='cswap' needs policy=callable(info) -> codec name or None")
-        if policy is not None and not callable(policy):
-            raise TypeError(f"cswap: policy must be callable(info) -> codec name or None, got "
-                            f"{type(policy).__name__}")
         if candidates not in ("sparse", "all"):
             raise ValueError(f"cswap: candidates must be 'sparse' (ReLU and pooling outputs) or 'all' "
                              f"(every saved activation), got {candidates!r}")
