@@ -10,10 +10,13 @@ A codec subclass implements three things on 1-D integer "word" tensors
     _check_meta(header)
         raise CorruptDataError unless the meta fields agree with numel, the
         element size and the payload size. Runs before any kernel.
-    _decode(payload, header, word_dtype, config, backend, check) -> words
+    _decode(payload, header, word_dtype, config, backend) -> (words, status)
         decompress. Kernels never read or write out of bounds, whatever the
-        payload holds; with check=True, payload inconsistencies found on the
-        device are raised as CorruptDataError (this costs one host sync).
+        payload holds; they report payload inconsistencies in `status`, a
+        device tensor that is all zeros for a consistent payload.
+    _raise_on_status(status, payload, header)
+        raise CorruptDataError describing the first problem in `status`
+        (reads it on the host: one sync).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..errors import CorruptDataError
 from ..kernels.launch import LaunchConfig, check_triton_device
 from .container import SUPPORTED_DTYPES, Compressed, Header, header_size, pack_header
 
-__all__ = ["Codec", "WORD_DTYPES"]
+__all__ = ["Codec", "DecodeCheck", "WORD_DTYPES"]
 
 WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 BACKENDS = ("auto", "triton", "torch")
@@ -61,6 +64,27 @@ def as_words(x: torch.Tensor) -> torch.Tensor:
     """The bits of `x` as a flat integer tensor (copies only if not contiguous)."""
     x = x.detach().resolve_conj().resolve_neg().contiguous()
     return x.view(WORD_DTYPES[x.element_size()]).reshape(-1)
+
+
+class DecodeCheck:
+    """The decoder's consistency verdict on one buffer, read later.
+
+    `bad` is a 0-d bool tensor on the buffer's device, computed on the stream
+    that decoded (no host sync); `raise_if_bad()` reads it (one sync) and
+    raises CorruptDataError with the decoder's own description of the problem.
+    """
+
+    __slots__ = ("bad", "_codec", "_status", "_payload", "_header")
+
+    def __init__(self, codec: "Codec", status: torch.Tensor, payload: torch.Tensor, header: Header):
+        self._codec, self._status, self._payload, self._header = codec, status, payload, header
+        self.bad = codec._bad(status)
+
+    def raise_if_bad(self) -> None:
+        if bool(self.bad):
+            self._codec._raise_on_status(self._status, self._payload, self._header)
+            raise CorruptDataError(f"cswap.codecs.{self._codec.name}: the payload is inconsistent; it was "
+                                   f"altered or corrupted after compression")
 
 
 class Codec:
@@ -105,6 +129,16 @@ class Codec:
         check=False skips reading back the decoder's on-device consistency
         flags (saves a host sync); bounds safety does not depend on it.
         """
+        out, verdict = self.decompress_deferred(blob, config, backend)
+        if check:
+            verdict.raise_if_bad()
+        return out
+
+    def decompress_deferred(self, blob: Compressed, config: LaunchConfig | None = None,
+                            backend: str = "auto") -> tuple[torch.Tensor, DecodeCheck]:
+        """`decompress` without the host sync: returns the tensor and the
+        decoder's DecodeCheck, to be read once the decode has run (the runtime
+        reads it when backward needs the tensor)."""
         where = f"cswap.codecs.{self.name}.decompress"
         if not isinstance(blob, Compressed):
             raise TypeError(f"{where}: expected a cswap.Compressed, got {type(blob).__name__}; "
@@ -122,8 +156,8 @@ class Codec:
             # an arbitrary address (from_bytes on a slice, to(out=) into an offset
             # view) is copied once to fresh, aligned memory.
             payload = payload.clone()
-        words = self._decode(payload, header, word_dtype, config, backend, check)
-        return words.view(header.dtype).reshape(header.shape)
+        words, status = self._decode(payload, header, word_dtype, config, backend)
+        return words.view(header.dtype).reshape(header.shape), DecodeCheck(self, status, payload, header)
 
     def check_meta(self, header: Header) -> None:
         if len(header.meta) != self.n_meta:
@@ -140,8 +174,15 @@ class Codec:
         raise NotImplementedError
 
     def _decode(self, payload: torch.Tensor, header: Header, word_dtype: torch.dtype, config,
-                backend: str, check: bool) -> torch.Tensor:
+                backend: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def _raise_on_status(self, status: torch.Tensor, payload: torch.Tensor, header: Header) -> None:
+        raise NotImplementedError
+
+    def _bad(self, status: torch.Tensor) -> torch.Tensor:
+        """0-d bool on status's device: did any tile report a problem (no host sync)."""
+        return status.ne(0).any() if status.numel() else torch.zeros((), dtype=torch.bool, device=status.device)
 
     def __repr__(self) -> str:
         return f"<cswap codec {self.name!r}>"

@@ -47,15 +47,16 @@ class CSR(Codec):
             raise CorruptDataError(f"{_WHERE}: payload is {header.payload_nbytes} bytes but {rows} rows with "
                                    f"{nnz} non-zeros of {header.dtype.itemsize} bytes take {expected}")
 
-    def _decode(self, payload, header, word_dtype, config, backend, check):
+    def _decode(self, payload, header, word_dtype, config, backend):
         rows, cols, nnz, index_bytes = header.meta
         if backend == "triton":
             words, status = kernels.csr_decompress(payload, rows, cols, nnz, index_bytes, word_dtype, config)
         else:
             words, status = kernels.csr_decompress_ref(payload, rows, cols, nnz, index_bytes, word_dtype)
-        if check:
-            _raise_on_status(status)
-        return words
+        return words, status
+
+    def _raise_on_status(self, status, payload, header):
+        _raise_on_status(status)
 
 
 def _raise_on_status(status: torch.Tensor) -> None:

@@ -97,17 +97,23 @@ class LZ4(Codec):
             raise CorruptDataError(f"{_WHERE}: payload is {header.payload_nbytes} bytes but {num_chunks + 1} "
                                    f"block offsets and {blocks_nbytes} block bytes take {payload}")
 
-    def _decode(self, payload, header, word_dtype, config, backend, check):
+    def _decode(self, payload, header, word_dtype, config, backend):
         chunk, num_chunks, blocks_nbytes = header.meta
         nbytes = header.shape.numel() * header.dtype.itemsize
         if backend == "triton":
             out, status = kernels.lz4_decompress(payload, nbytes, chunk, num_chunks, blocks_nbytes, config)
         else:
             out, status = kernels.lz4_decompress_ref(payload, nbytes, chunk, num_chunks, blocks_nbytes)
-        if check:
-            offsets = kernels.sections(payload, num_chunks, blocks_nbytes)[0]
-            _raise_status(status, offsets, nbytes, chunk, blocks_nbytes)
-        return out.view(word_dtype)
+        return out.view(word_dtype), status
+
+    def _raise_on_status(self, status, payload, header):
+        chunk, num_chunks, blocks_nbytes = header.meta
+        nbytes = header.shape.numel() * header.dtype.itemsize
+        offsets = kernels.sections(payload, num_chunks, blocks_nbytes)[0]
+        _raise_status(status, offsets, nbytes, chunk, blocks_nbytes)
+
+    def _bad(self, status):
+        return super()._bad(status[:, 0])  # column 1 is the byte position
 
 
 CODEC = LZ4()

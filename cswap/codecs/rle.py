@@ -43,19 +43,21 @@ class RLE(Codec):
             raise CorruptDataError(f"{where}: payload is {header.payload_nbytes} bytes but {n} elements "
                                    f"with {num_runs} runs and {nnz} non-zeros take {expected}")
 
-    def _decode(self, payload, header, word_dtype, config, backend, check):
+    def _decode(self, payload, header, word_dtype, config, backend):
         tile, num_runs, nnz = header.meta
         n = header.shape.numel()
         if backend == "triton":
             words, status = kernels.rle_decompress(payload, n, tile, num_runs, nnz, word_dtype, config)
         else:
             words, status = kernels.rle_decompress_ref(payload, n, tile, num_runs, nnz, word_dtype)
-        if check and status.numel() and bool(status.any()):
+        return words, status
+
+    def _raise_on_status(self, status, payload, header):
+        if status.numel() and bool(status.any()):
             tile_index = int(status.nonzero()[0, 0])
             raise CorruptDataError(f"cswap.codecs.rle: tile {tile_index} of {status.numel()} is inconsistent: "
                                    f"its run records disagree with each other or with the recorded offsets "
                                    f"(the payload was altered)")
-        return words
 
 
 CODEC = RLE()

@@ -36,18 +36,20 @@ class ZVC(Codec):
             raise CorruptDataError(f"{where}: payload is {header.payload_nbytes} bytes but {n} elements "
                                    f"with {nnz} non-zeros take {expected}")
 
-    def _decode(self, payload, header, word_dtype, config, backend, check):
+    def _decode(self, payload, header, word_dtype, config, backend):
         tile, nnz = header.meta
         n = header.shape.numel()
         if backend == "triton":
             words, status = kernels.zvc_decompress(payload, n, tile, nnz, word_dtype, config)
         else:
             words, status = kernels.zvc_decompress_ref(payload, n, tile, nnz, word_dtype)
-        if check and status.numel() and bool(status.any()):
+        return words, status
+
+    def _raise_on_status(self, status, payload, header):
+        if status.numel() and bool(status.any()):
             tile_index = int(status.nonzero()[0, 0])
             raise CorruptDataError(f"cswap.codecs.zvc: tile {tile_index} of {status.numel()} is inconsistent: "
                                    f"its mask bits disagree with its recorded offsets (the payload was altered)")
-        return words
 
 
 CODEC = ZVC()
