@@ -11,9 +11,11 @@ advisor would have predicted.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
+from .advisor import MODES as ADVISOR_MODES
 from .advisor import Advisor, Decision
 from .candidates import SwapInfo
 from .profile import Profile, load_profile
@@ -23,9 +25,23 @@ from .report import EpochReport, ReportWriter, TensorRow
 __all__ = ["Controller"]
 
 
+def _check_options(profile, advisor_mode, report_dir, verbose) -> None:
+    """Bad values fail at patch time, naming the option, not epochs later."""
+    if profile is not None and not isinstance(profile, (Profile, str, os.PathLike)):
+        raise TypeError(f"cswap.patch: profile must be a cswap.Profile, a path to a profile JSON file, or None "
+                        f"(this device's tuned profile), got {type(profile).__name__}")
+    if advisor_mode not in ADVISOR_MODES:
+        raise ValueError(f"cswap.patch: advisor must be one of {ADVISOR_MODES}, got {advisor_mode!r}")
+    if report_dir is not None and not isinstance(report_dir, (str, os.PathLike)):
+        raise TypeError(f"cswap.patch: report_dir must be a folder path or None, got {type(report_dir).__name__}")
+    if not isinstance(verbose, bool):
+        raise TypeError(f"cswap.patch: verbose must be True or False, got {verbose!r}")
+
+
 class Controller:
     def __init__(self, mode: str, profile=None, user_policy=None, advisor_mode: str = "independent",
                  report_dir=None, verbose: bool = True):
+        _check_options(profile, advisor_mode, report_dir, verbose)
         self.mode = mode
         self._profile_source = profile
         self._profile = None

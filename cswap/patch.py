@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 __all__ = ["patch", "unpatch", "offload", "stats", "epoch_end", "epoch_end_hook", "check_decisions"]
 
+# The Swapper options patch() passes through (layer and observer are its own).
+SWAPPER_OPTIONS = ("candidates", "min_bytes", "stash_bytes", "prefetch_bytes", "max_host_bytes", "pin_memory",
+                   "codec_configs", "asynchronous", "checksum")
+
 _PATCHED: "weakref.WeakKeyDictionary[nn.Module, _Patch]" = weakref.WeakKeyDictionary()
 
 
@@ -102,11 +106,18 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     verbose: print each epoch's table. Swapper options (cswap.swapper.Swapper):
     candidates="sparse" | "all", min_bytes (default 1 MiB on CUDA),
     stash_bytes, prefetch_bytes, max_host_bytes, pin_memory,
-    codec_configs={codec: LaunchConfig} (default: the profile's tuned ones).
+    codec_configs={codec: LaunchConfig} (default: the profile's tuned ones),
+    checksum=True (an end-to-end checksum of every offloaded buffer, see
+    cswap.integrity; off by default: compressed copies are always checked by
+    their header and decoder, and raise CorruptDataError when altered).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.patch: expected a torch.nn.Module, got {type(model).__name__}")
     mode = mode or "cswap"
+    unknown = sorted(set(options) - set(SWAPPER_OPTIONS))
+    if unknown:
+        raise TypeError(f"cswap.patch: unknown option {unknown[0]!r}; options are mode, policy, profile, advisor, "
+                        f"report_dir, verbose, {', '.join(SWAPPER_OPTIONS)}")
     check_policy(mode, policy)  # the swapper only ever sees the controller's policy
     controller = Controller(mode, profile, user_policy=policy, advisor_mode=advisor, report_dir=report_dir,
                             verbose=verbose)

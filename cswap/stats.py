@@ -17,6 +17,8 @@ _FIELDS = {
     "restored_tensors": "tensors brought back for backward",
     "prefetched": "restores started ahead of need",
     "on_demand": "restores started only when backward asked",
+    "prefetch_oom": "prefetches stopped by GPU out of memory (fetched on demand instead)",
+    "oom_retries": "on-demand restores retried after GPU out of memory",
     "prefetch_stall_s": "seconds unpack waited for a restore (host clock)",
     "offload_stall_s": "seconds forward waited because the stash limit was reached",
     "host_pool_bytes": "host memory held by the buffer pool now",

@@ -35,6 +35,21 @@ never mistaken for an old one.
 
 In-place checks: with hooks installed autograd no longer checks saved
 tensors' versions, so the swapper does, as stock autograd would.
+
+Integrity. A compressed host copy is checked when it comes back: its header
+bytes must equal what was written and the decoder's consistency flags must
+be clear. checksum=True adds an end-to-end checksum (cswap.integrity) of the
+bytes sent, compressed or not, taken on the GPU before the copy out and
+compared after the copy in. On CUDA the verdicts travel to the host with the
+restore, and unpack reads them after waiting for its own item's restore
+only. A corrupt copy raises CorruptDataError naming the layer, never
+gradients from wrong values.
+
+GPU out of memory while restoring. A prefetch that runs out of memory stops
+prefetching (the item is fetched on demand later); an on-demand restore that
+runs out waits for the device's pending frees and retries, then gives back
+the prefetched tensors backward has not used yet (their host copies stay)
+and retries again, and only then raises. No tensor is ever dropped.
 """
 
 from __future__ import annotations
@@ -49,9 +64,10 @@ from typing import Callable
 
 import torch
 
-from . import codecs
+from . import codecs, integrity
 from .candidates import SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer
-from .codecs.container import Compressed
+from .codecs.container import Compressed, unpack_header
+from .errors import CorruptDataError
 from .host_pool import HostPool
 from .stats import SwapStats
 
@@ -152,6 +168,9 @@ class _Item:
         self.fallback: torch.Tensor | None = None  # offload failed: the tensor itself
         self.restored: torch.Tensor | None = None
         self.h2d_done = None                       # CUDA event: restore complete
+        self.expected_sum = None                   # checksum of the bytes sent (host int64), checksum=True
+        self.pending = None                        # host int64 [decoder bad, checksum] of the restore, unread
+        self.error: CorruptDataError | None = None  # a prefetch found the host copy corrupt
         self.last_read = None                      # the latest copy reading `host`
         self.stashed = False                       # counted in the stash limit
         self.handles = 0                           # live saves (handles) of it
@@ -205,6 +224,29 @@ def _work(swapper_ref, jobs: queue.SimpleQueue) -> None:
         del swapper
 
 
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A small tensor's value on the host: asynchronously (into pinned memory) from CUDA;
+    read it only after the current stream's next recorded event has completed."""
+    return t.to("cpu", non_blocking=True) if t.is_cuda else t
+
+
+def _check_codec_configs(configs) -> None:
+    from .kernels.launch import LaunchConfig
+
+    if configs is None:
+        return
+    if not isinstance(configs, dict):
+        raise TypeError(f"cswap: codec_configs must be a dict {{codec name: LaunchConfig}}, got "
+                        f"{type(configs).__name__}")
+    for name, config in configs.items():
+        if name not in codecs.names():
+            raise ValueError(f"cswap: codec_configs has an unknown codec {name!r}; codecs are "
+                             f"{', '.join(codecs.names())}")
+        if config is not None and not isinstance(config, LaunchConfig):
+            raise TypeError(f"cswap: codec_configs[{name!r}] must be a cswap.LaunchConfig(grid, block) or None, "
+                            f"got {config!r}")
+
+
 def check_policy(mode: str, policy) -> None:
     """A user's policy must be callable and only goes with mode 'cswap'."""
     if policy is None:
@@ -232,8 +274,8 @@ class Swapper:
     def __init__(self, mode: str | None = None, policy: Callable[[SwapInfo], str | None] | None = None, *,
                  candidates: str = "sparse", min_bytes: int | None = None, stash_bytes: int = 4 << 30,
                  prefetch_bytes: int = 256 * MiB, max_host_bytes: int | None = None, pin_memory: bool = True,
-                 codec_configs: dict | None = None, asynchronous: bool | None = None, layer=None,
-                 observer=None):
+                 codec_configs: dict | None = None, asynchronous: bool | None = None, checksum: bool = False,
+                 layer=None, observer=None):
         if mode is None:
             mode = "vdnn" if policy is None else "cswap"
         if mode not in self.MODES:
@@ -246,8 +288,15 @@ class Swapper:
                              f"(every saved activation), got {candidates!r}")
         for name, value in (("min_bytes", min_bytes), ("stash_bytes", stash_bytes),
                             ("prefetch_bytes", prefetch_bytes), ("max_host_bytes", max_host_bytes)):
-            if value is not None and (not isinstance(value, int) or value < 0):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"cswap: {name} must be a non-negative int of bytes, got {value!r}")
+        for name, value in (("pin_memory", pin_memory), ("checksum", checksum)):
+            if not isinstance(value, bool):
+                raise TypeError(f"cswap: {name} must be True or False, got {value!r}")
+        if asynchronous is not None and not isinstance(asynchronous, bool):
+            raise TypeError(f"cswap: asynchronous must be None (threaded on CUDA only), True or False, "
+                            f"got {asynchronous!r}")
+        _check_codec_configs(codec_configs)
         self.mode = mode
         self.policy = policy
         self.candidates = candidates
@@ -256,6 +305,7 @@ class Swapper:
         self.prefetch_bytes = prefetch_bytes
         self.codec_configs = dict(codec_configs or {})
         self.asynchronous = asynchronous
+        self.checksum = checksum
         self.layer = layer or (lambda: ("", ""))
         self.observer = observer  # a TensorProfiler (begin_pass, on_pack, end_forward, on_unpack), or None
         self.pool = HostPool(default_max_host_bytes() if max_host_bytes is None else max_host_bytes, pin_memory)
@@ -435,6 +485,8 @@ class Swapper:
             item.fallback = t.detach()
             self.stats.add("kept_on_gpu")
             return
+        if self.checksum:  # of the bytes sent, before they leave the device
+            item.expected_sum = _to_host(integrity.checksum(data))
         host[: data.numel()].copy_(data, non_blocking=non_blocking)
         item.header, item.moved = header, data.numel()
         self.stats.add("offloaded_tensors")
@@ -509,13 +561,16 @@ class Swapper:
         return out if packed.view is None else out.as_strided(*packed.view)
 
     def _unpack_item(self, item: _Item, handle: _Handle) -> torch.Tensor:
+        if item.error is not None:  # a prefetch found its host copy corrupt
+            raise item.error
         if item.restored is None:  # not prefetched: backward waits for this copy
             start = time.perf_counter()
-            if self._restore(item):
+            if self._restore_on_demand(item):
                 self.stats.add("on_demand")
             if item.h2d_done is not None:
                 item.h2d_done.synchronize()
             self.stats.add("prefetch_stall_s", time.perf_counter() - start)
+        self._verify(item)
         if item.h2d_done is not None:  # compute waits for its own item only
             torch.cuda.current_stream(item.info.device).wait_event(item.h2d_done)
         out = item.restored
@@ -555,12 +610,45 @@ class Swapper:
             other = items[j]
             if other.freed:
                 continue
-            if other.restored is None:
+            if other.restored is None and other.error is None:
                 if budget < other.info.nbytes and j != item.index - 1:
                     break
-                if self._restore(other):
-                    self.stats.add("prefetched")
+                try:
+                    if self._restore(other):
+                        self.stats.add("prefetched")
+                except torch.OutOfMemoryError:  # no room now: backward fetches it on demand
+                    self.stats.add("prefetch_oom")
+                    break
+                except CorruptDataError as exc:  # raised when backward reaches that item
+                    other.error = exc
             budget -= other.info.nbytes
+
+    def _restore_on_demand(self, item: _Item) -> bool:
+        """`_restore`, and when the GPU is out of memory: wait for the device's pending
+        frees and retry; then give back prefetched restores backward has not used
+        yet (their host copies stay) and retry; only then raise."""
+        for attempt in range(3):
+            try:
+                return self._restore(item)
+            except torch.OutOfMemoryError as exc:
+                if attempt == 2:
+                    raise torch.OutOfMemoryError(
+                        f"cswap: restoring the {item.info.nbytes / MiB:.1f} MiB {item.info.op} output of "
+                        f"{item.info.where} for backward ran out of GPU memory, even after waiting for "
+                        f"pending frees and giving back prefetched tensors; its host copy is kept. Lower "
+                        f"prefetch_bytes or the batch size ({exc})") from exc
+                self.stats.add("oom_retries")
+                if attempt == 1:
+                    self._drop_unused_prefetches(item)
+                if item.info.device.type == "cuda":
+                    torch.cuda.synchronize(item.info.device)  # blocks freed on other streams become reusable
+        raise AssertionError("unreachable")
+
+    def _drop_unused_prefetches(self, keep: _Item) -> None:
+        for other in keep.pass_.items:
+            if other is not keep and other.restored is not None and other.unpacked == 0 \
+                    and other.fallback is None:
+                other.restored = other.h2d_done = other.pending = None
 
     def _restore(self, item: _Item) -> bool:
         """Bring the item back (asynchronously on CUDA) into item.restored; False
@@ -570,17 +658,19 @@ class Swapper:
             item.restored = item.fallback
             return False
         device = item.info.device
-        if device.type == "cuda":
-            with torch.cuda.device(device):
-                h2d = self._stream_pair(device)[1]
-                with torch.cuda.stream(h2d):
-                    h2d.wait_event(item.d2h_done)
-                    y = self._copy_in(item, device, non_blocking=True)
-                    item.h2d_done = item.last_read = h2d.record_event()
-            y.record_stream(torch.cuda.current_stream(device))  # allocated on h2d, used on compute
-        else:
-            y = self._copy_in(item, device, non_blocking=False)
-        item.busy = False
+        try:
+            if device.type == "cuda":
+                with torch.cuda.device(device):
+                    h2d = self._stream_pair(device)[1]
+                    with torch.cuda.stream(h2d):
+                        h2d.wait_event(item.d2h_done)
+                        y = self._copy_in(item, device, non_blocking=True)
+                        item.h2d_done = item.last_read = h2d.record_event()
+                y.record_stream(torch.cuda.current_stream(device))  # allocated on h2d, used on compute
+            else:
+                y = self._copy_in(item, device, non_blocking=False)
+        finally:
+            item.busy = False
         item.restored = y
         self.stats.add("restored_tensors")
         return True
@@ -594,7 +684,11 @@ class Swapper:
                 host = item.host[: item.moved]
                 item.busy = True  # vdnnpp's host compression leaves this buffer alone for now
         if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer
-            raw = _flat_bytes(codecs.get("zvc").decompress(blob, backend="torch"))
+            try:
+                raw = _flat_bytes(codecs.get("zvc").decompress(blob, backend="torch"))
+            except CorruptDataError as exc:
+                raise self._corrupt(item, str(exc)) from exc
+            self._expect(item, None, raw)
             if device.type == "cpu":
                 return self._reshape(item, raw.view(info.dtype).reshape(shape))
             with self._lock:
@@ -608,14 +702,74 @@ class Swapper:
                     self.pool.release(staging, done)
             return self._reshape(item, y)
         if item.header is not None:
+            self._check_header(item, host)
             data = host.to(device, non_blocking=non_blocking)
-            y = codecs.get(item.codec).decompress(Compressed(data, item.header),
-                                                  config=self.codec_configs.get(item.codec),
-                                                  check=device.type != "cuda")
+            y, verdict = codecs.get(item.codec).decompress_deferred(Compressed(data, item.header),
+                                                                   config=self.codec_configs.get(item.codec))
+            self._expect(item, verdict.bad, data)
         else:
             y = torch.empty(shape, dtype=info.dtype, device=device)
             _flat_bytes(y).copy_(host, non_blocking=non_blocking)
+            self._expect(item, None, _flat_bytes(y))
         return self._reshape(item, y)
+
+    # -- integrity ------------------------------------------------------------------------
+
+    def _check_header(self, item: _Item, host: torch.Tensor) -> None:
+        """The host copy's header must be the one written (read on the CPU, before any kernel)."""
+        if item.d2h_done is not None:
+            item.d2h_done.synchronize()  # the copy out has landed in `host`
+        try:
+            header = unpack_header(lambda n: host[:n].numpy().tobytes(), host.numel())
+            problem = None if header == item.header else "its header differs from the one written"
+        except CorruptDataError as exc:
+            problem = str(exc)
+        if problem is not None:
+            raise self._corrupt(item, problem)
+
+    def _expect(self, item: _Item, bad: torch.Tensor | None, data: torch.Tensor) -> None:
+        """Queue this restore's verdicts (decoder flag, checksum of the bytes that came
+        back) for _verify; on CUDA they reach the host with the restore itself."""
+        if bad is None and not self.checksum:
+            return
+        flags = torch.zeros(2, dtype=torch.int64, device=data.device)
+        if bad is not None:
+            flags[0] = bad
+        if self.checksum:
+            flags[1] = integrity.checksum(data)
+        item.pending = _to_host(flags)
+
+    def _verify(self, item: _Item) -> None:
+        """Read the restore's verdicts (after its own copy in) and raise on a corrupt copy."""
+        flags, item.pending = item.pending, None
+        if flags is None:
+            return
+        if item.h2d_done is not None:
+            item.h2d_done.synchronize()
+        bad, total = flags.tolist()
+        if bad:
+            raise self._corrupt(item, self._diagnose(item))
+        if self.checksum and item.expected_sum is not None and total != int(item.expected_sum):
+            raise self._corrupt(item, "its checksum differs from the one taken before the offload")
+
+    def _diagnose(self, item: _Item) -> str:
+        """The decoder's own words on what is wrong, from decoding the host copy on the CPU."""
+        try:
+            blob = Compressed(item.host[: item.moved], item.header)
+            codecs.get(item.codec).decompress(blob, backend="torch")
+        except CorruptDataError as exc:
+            return str(exc)
+        return "the decoder found it inconsistent on the device while the host copy decodes cleanly " \
+               "(it was altered on the way in)"
+
+    def _corrupt(self, item: _Item, problem: str) -> CorruptDataError:
+        info = item.info
+        hint = "" if self.checksum else " checksum=True (cswap.patch option) checks every byte end to end."
+        return CorruptDataError(
+            f"cswap: the offloaded copy of the {info.op} output of {info.where} [{str(info.dtype).removeprefix('torch.')} "
+            f"{list(info.shape)}] is corrupt: {problem}. Backward stops here rather than compute gradients "
+            f"from wrong values; the host memory or the PCIe link altered it (check the machine: ECC "
+            f"errors, dmesg).{hint}")
 
     @staticmethod
     def _reshape(item: _Item, y: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,297 @@
+"""Faults while training (issue 7): corrupted host copies, GPU out of memory while
+restoring, bad option values.
+
+Corruption is injected the way a bad DIMM or link would do it: bytes of a
+stored host buffer change between the offload and the restore. A compressed
+copy is always checked (its header bytes, then the decoder's consistency
+flags); checksum=True checks every byte of every copy. Either way backward
+raises CorruptDataError naming the layer, and the next iteration is clean.
+
+Out of memory is injected by making the swapper's copy-in raise
+torch.OutOfMemoryError, as the CUDA caching allocator would.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cswap
+import nets
+from cswap.integrity import checksum
+from cswap.patch import SWAPPER_OPTIONS, _PATCHED
+from cswap.swapper import Swapper
+from test_runtime import assert_same, reference, train
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:.*no profile for this device:RuntimeWarning")]
+
+CODECS = ("zvc", "rle", "csr", "lz4")
+
+
+def forward(model):
+    """One forward pass of the patched model; its loss and the swapper's items (host copies done)."""
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    loss = F.cross_entropy(model(x), y)
+    swapper = _PATCHED[model].swapper
+    swapper.synchronize()
+    return loss, swapper._pass.items
+
+
+def compressed(items):
+    found = [item for item in items if item.header is not None]
+    assert found, "no item was compressed; the test needs one"
+    return found
+
+
+def assert_clean_afterwards(model, name="vgg"):
+    """The failed iteration left nothing behind: training from here equals stock autograd
+    (the failed step never reached the optimizer, so the weights are untouched)."""
+    model.zero_grad(set_to_none=True)
+    assert_same(train(model, nets.IMAGE), reference(name))
+
+
+# -- checksum ------------------------------------------------------------------------------------------------
+
+def test_checksum_is_position_weighted_and_device_independent():
+    data = torch.randint(0, 256, (1003,), dtype=torch.uint8)  # 250 words and a 3-byte tail
+    words = data[:1000].view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    tail = int(data[1000]) | int(data[1001]) << 8 | int(data[1002]) << 16
+    expected = (sum(int(w) * (i + 1) for i, w in enumerate(words)) + tail * 251) % 2**64
+    assert int(checksum(data)) % 2**64 == expected
+    assert int(checksum(data[:0])) == 0
+
+
+def test_checksum_changes_with_every_single_byte_change():
+    data = torch.randint(0, 256, (257,), dtype=torch.uint8)
+    base = int(checksum(data))
+    for i in range(data.numel()):
+        for flip in (0x01, 0x80, 0xFF):
+            bad = data.clone()
+            bad[i] ^= flip
+            assert int(checksum(bad)) != base, (i, flip)
+    swapped = data.clone()
+    swapped[:4], swapped[4:8] = data[4:8], data[:4]
+    assert torch.equal(data[:4], data[4:8]) or int(checksum(swapped)) != base
+
+
+def test_checksum_of_unaligned_view_and_bad_input():
+    data = torch.randint(0, 256, (64,), dtype=torch.uint8)
+    assert int(checksum(data[1:])) == int(checksum(data[1:].clone()))
+    with pytest.raises(TypeError, match="1-D uint8"):
+        checksum(data.view(torch.int32))
+
+
+# -- corrupted host copies -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("codec", CODECS)
+def test_altered_header_byte_raises_naming_the_layer(codec, asynchronous):
+    model = cswap.patch(nets.vgg_like(), policy=lambda info: codec, min_bytes=0, asynchronous=asynchronous)
+    for position in (0, 5, 13, 17, 25, 33):
+        loss, items = forward(model)
+        item = compressed(items)[-1]
+        item.host[position] ^= 0x10
+        with pytest.raises(cswap.CorruptDataError, match=re.escape(f"{item.info.op} output of {item.info.where}")):
+            loss.backward()
+    assert_clean_afterwards(model)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_inconsistent_payload_is_caught_by_the_decoder(codec):
+    """No checksum: the decoder's own checks find a payload overwritten with 0xFF."""
+    model = cswap.patch(nets.vgg_like(), policy=lambda info: codec, min_bytes=0)
+    loss, items = forward(model)
+    item = compressed(items)[0]
+    item.host[item.header.header_nbytes: item.moved] = 0xFF
+    with pytest.raises(cswap.CorruptDataError, match=rf"{re.escape(item.info.where)} .* is corrupt: cswap.codecs.{codec}") \
+            as caught:
+        loss.backward()
+    assert "checksum=True" in str(caught.value)  # says how to check every byte
+    assert_clean_afterwards(model)
+
+
+def test_corrupt_prefetched_copy_raises_when_backward_reaches_it():
+    """The earliest item is prefetched while backward is still at the last one: the
+    error is raised when backward reaches the corrupt item and names its layer."""
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    loss, items = forward(model)
+    first = compressed(items)[0]
+    assert first is items[0]
+    first.host[0] ^= 0xFF
+    with pytest.raises(cswap.CorruptDataError, match=r"features\.1 \(ReLU\)"):
+        loss.backward()
+    stats = cswap.stats(model)
+    assert stats["prefetched"] > 0 and stats["restored_tensors"] == len(items) - 1  # all but the corrupt one
+    assert_clean_afterwards(model)
+
+
+@pytest.mark.parametrize("mode,kwargs", [("vdnn", {}), ("sc", {}), ("cswap", {"policy": lambda info: "lz4"}),
+                                         ("vdnn", {"asynchronous": True})])
+def test_checksum_catches_a_flipped_value_byte(mode, kwargs):
+    """A flip in the values (which no format check can see) or in an uncompressed copy."""
+    model = cswap.patch(nets.vgg_like(), mode=mode, min_bytes=0, checksum=True, **kwargs)
+    loss, items = forward(model)
+    item = items[1]
+    item.host[item.moved - 1] ^= 0x01  # the last byte sent: a value
+    with pytest.raises(cswap.CorruptDataError, match=rf"{re.escape(item.info.where)} .* checksum differs") as caught:
+        loss.backward()
+    assert "checksum=True" not in str(caught.value)
+    assert_clean_afterwards(model)
+
+
+def test_checksum_covers_vdnnpp_host_compressed_copies():
+    model = cswap.patch(nets.vgg_like(), mode="vdnnpp", min_bytes=0, checksum=True)
+    loss, items = forward(model)
+    deadline = time.monotonic() + 30
+    while not any(item.host_blob is not None for item in items) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the host compression runs on CPU threads
+    item = next(item for item in items if item.host_blob is not None)
+    item.host_blob.data[-1] ^= 0x01
+    with pytest.raises(cswap.CorruptDataError, match=rf"{re.escape(item.info.where)} .* checksum differs"):
+        loss.backward()
+    assert_clean_afterwards(model)
+
+
+@pytest.mark.parametrize("mode,kwargs", [("vdnn", {}), ("sc", {}), ("vdnnpp", {}),
+                                         ("cswap", {"policy": lambda info: CODECS[info.index % 4]}),
+                                         ("sc", {"asynchronous": True})])
+def test_checksum_trains_exactly(mode, kwargs):
+    model = cswap.patch(nets.resnet_like(), mode=mode, min_bytes=0, checksum=True, **kwargs)
+    assert_same(train(model, nets.IMAGE), reference("resnet"))
+    assert cswap.stats(model)["restored_tensors"] > 0
+
+
+# -- GPU out of memory while restoring ---------------------------------------------------------------------------
+
+def inject_oom(monkeypatch, model, fail):
+    """Make the swapper's copy-in raise torch.OutOfMemoryError on the calls for which
+    fail(call number, item) is true; returns the list of (call, item, failed)."""
+    swapper = _PATCHED[model].swapper
+    calls = []
+    original = swapper._copy_in
+
+    def copy_in(item, device, non_blocking):
+        failed = fail(len(calls), item)
+        calls.append((len(calls), item, failed))
+        if failed:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return original(item, device, non_blocking)
+
+    monkeypatch.setattr(swapper, "_copy_in", copy_in)
+    return calls
+
+
+def test_prefetch_out_of_memory_falls_back_to_on_demand(monkeypatch):
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    calls = inject_oom(monkeypatch, model, lambda n, item: n == 1)  # call 0 is on demand, 1 the first prefetch
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    F.cross_entropy(model(x), y).backward()
+    stats = cswap.stats(model)
+    assert stats["prefetch_oom"] == 1 and stats["oom_retries"] == 0
+    assert stats["restored_tensors"] == stats["offloaded_tensors"]  # none dropped
+    failed_item = calls[1][1]
+    assert any(item is failed_item and not failed for _, item, failed in calls[2:])  # fetched later
+    monkeypatch.undo()
+    assert_clean_afterwards(model)
+
+
+def test_on_demand_out_of_memory_retries(monkeypatch):
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    inject_oom(monkeypatch, model, lambda n, item: n == 0)
+    got = train(model, nets.IMAGE, steps=1)
+    monkeypatch.undo()
+    assert cswap.stats(model)["oom_retries"] == 1
+    expected = train(nets.vgg_like(), nets.IMAGE, steps=1)
+    assert_same(got, expected)
+
+
+def test_second_retry_gives_back_unused_prefetches(monkeypatch):
+    """Prefetched tensors backward has not used yet are given back (their host copies
+    stay) to make room; they are fetched again later and gradients stay exact."""
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    loss, items = forward(model)
+    swapper = _PATCHED[model].swapper
+    for item in items[:3]:  # as if an earlier prefetch had brought them back
+        swapper._restore(item)
+    last = items[-1]
+    seen_at_third_try = []
+
+    def fail(n, item):
+        if item is last and n == 2:
+            seen_at_third_try.extend(other.restored for other in items[:3])
+        return item is last and n < 2
+
+    calls = inject_oom(monkeypatch, model, fail)
+    loss.backward()
+    monkeypatch.undo()
+    assert [(item, failed) for _, item, failed in calls[:3]] == [(last, True), (last, True), (last, False)]
+    assert seen_at_third_try == [None, None, None]  # given back before the third try
+    assert cswap.stats(model)["oom_retries"] == 2
+    got = {name: p.grad for name, p in model.named_parameters()}
+    reference_model = nets.vgg_like()
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    F.cross_entropy(reference_model(x), y).backward()
+    for name, p in reference_model.named_parameters():
+        assert torch.equal(got[name], p.grad), name
+
+
+def test_persistent_out_of_memory_raises_naming_the_layer_and_keeps_the_copy(monkeypatch):
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    inject_oom(monkeypatch, model, lambda n, item: True)
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    loss = F.cross_entropy(model(x), y)
+    with pytest.raises(torch.OutOfMemoryError, match=r"classifier\.1 \(ReLU\).*prefetch_bytes"):
+        loss.backward()
+    item = _PATCHED[model].swapper._pass.items[-1]
+    assert item.host is not None and not item.freed  # nothing dropped
+    assert cswap.stats(model)["oom_retries"] == 2
+    monkeypatch.undo()
+    del loss
+    assert_clean_afterwards(model)
+
+
+# -- option values ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options,error,match", [
+    ({"checksum": "yes"}, TypeError, "checksum must be True or False"),
+    ({"pin_memory": 1}, TypeError, "pin_memory must be True or False"),
+    ({"asynchronous": "no"}, TypeError, "asynchronous"),
+    ({"min_bytes": True}, ValueError, "min_bytes"),
+    ({"prefetch_bytes": -1}, ValueError, "prefetch_bytes"),
+    ({"stash_bytes": 2.5}, ValueError, "stash_bytes"),
+    ({"codec_configs": [1, 2]}, TypeError, "codec_configs must be a dict"),
+    ({"codec_configs": {"gzip": None}}, ValueError, "unknown codec 'gzip'"),
+    ({"codec_configs": {"zvc": (64, 128)}}, TypeError, r"codec_configs\['zvc'\] must be a cswap.LaunchConfig"),
+    ({"advisor": "greedy"}, ValueError, "advisor must be one of"),
+    ({"verbose": "loud"}, TypeError, "verbose must be True or False"),
+    ({"report_dir": 3}, TypeError, "report_dir must be a folder path"),
+    ({"profile": 3.0}, TypeError, "profile must be a cswap.Profile"),
+    ({"prefech_bytes": 1}, TypeError, "unknown option 'prefech_bytes'"),
+])
+def test_bad_option_values_name_the_option(options, error, match):
+    model = nets.tiny()
+    with pytest.raises(error, match=match):
+        cswap.patch(model, **options)
+    assert model not in _PATCHED
+
+
+def test_patch_passes_every_swapper_option():
+    import inspect
+
+    params = set(inspect.signature(Swapper.__init__).parameters) - {"self", "mode", "policy", "layer", "observer"}
+    assert params == set(SWAPPER_OPTIONS)
+
+
+def test_good_option_values_are_accepted():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cswap.patch(nets.tiny(), mode="sc", checksum=True, pin_memory=False, asynchronous=False,
+                            codec_configs={"zvc": cswap.LaunchConfig(4, 64)}, advisor="timeline",
+                            verbose=False, prefetch_bytes=0)
+    assert _PATCHED[model].swapper.checksum
