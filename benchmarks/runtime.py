@@ -9,6 +9,11 @@ Trains VGG16 (from cswap.models) with SGD for a few iterations per provider:
     cswap         the advisor decides per tensor (paper eq. 1-4), from the device profile
     cswap_timeline  the advisor's timeline mode (shared PCIe links simulated)
     save_on_cpu   torch.autograd.graph.save_on_cpu(pin_memory=True): every saved tensor
+    vdnn_checksum, sc_checksum, cswap_checksum
+                  the same with checksum=True (an end-to-end checksum of every
+                  offloaded buffer); "chk cost" is their step time over the
+                  provider's without it, minus one: checksum=True stays off by
+                  default while that exceeds 2%
 
 and reports the median step time, peak GPU memory (torch.cuda.max_memory_allocated),
 bytes moved to the host, prefetch stalls, and ratios against unpatched and
@@ -40,18 +45,21 @@ from cswap.models import build
 
 from common import environment, format_row, synchronize, write_results
 
-PROVIDERS = ("unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu")
-PATCHED = ("none", "vdnn", "sc", "cswap", "cswap_timeline")
+PROVIDERS = ("unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu",
+             "vdnn_checksum", "sc_checksum", "cswap_checksum")
+PATCHED = ("none", "vdnn", "sc", "cswap", "cswap_timeline", "vdnn_checksum", "sc_checksum", "cswap_checksum")
+_CHECKSUM = "_checksum"
 
 
 def run_provider(name: str, args, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = build(args.model, dataset=args.dataset).to(device)
-    if name in ("none", "vdnn", "sc"):
-        cswap.patch(model, mode=name, verbose=False)
-    elif name.startswith("cswap"):
-        cswap.patch(model, mode="cswap", advisor="timeline" if name == "cswap_timeline" else "independent",
-                    profile=args.profile, verbose=False)
+    mode, checksum = name.removesuffix(_CHECKSUM), name.endswith(_CHECKSUM)
+    if mode in ("none", "vdnn", "sc"):
+        cswap.patch(model, mode=mode, verbose=False, checksum=checksum)
+    elif mode.startswith("cswap"):
+        cswap.patch(model, mode="cswap", advisor="timeline" if mode == "cswap_timeline" else "independent",
+                    profile=args.profile, verbose=False, checksum=checksum)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     size = 224 if args.dataset == "imagenet" else 32
     classes = 1000 if args.dataset == "imagenet" else 10
@@ -117,8 +125,9 @@ COLUMNS = [
     ("peak_vs_unpatched", "peak x", "{:.2f}"), ("moved_mib_per_step", "moved MiB", "{:.1f}"),
     ("prefetch_stall_ms_per_step", "stall ms", "{:.2f}"), ("compressed_layers", "compr.", "{}"),
     ("decision_accuracy", "dec. acc", "{:.2f}"), ("loss_matches", "loss ==", "{}"),
+    ("checksum_cost", "chk cost", "{:+.1%}"),
 ]
-WIDTHS = [14] + [10] * (len(COLUMNS) - 1)
+WIDTHS = [15] + [10] * (len(COLUMNS) - 1)
 
 
 def parse_args(argv=None):
@@ -162,6 +171,9 @@ def main(argv=None) -> list[dict]:
                 row["peak_vs_unpatched"] = row["peak_gpu_mib"] / ref["unpatched"]["peak_gpu_mib"]
         if "save_on_cpu" in ref:
             row["vs_save_on_cpu"] = row["step_ms"] / ref["save_on_cpu"]["step_ms"]
+        base = ref.get(row["provider"].removesuffix(_CHECKSUM))
+        if row["provider"].endswith(_CHECKSUM) and base is not None:
+            row["checksum_cost"] = row["step_ms"] / base["step_ms"] - 1
         print(format_row(COLUMNS, WIDTHS, row), flush=True)
     write_results(rows, env, args, args.out, device, "runtime-quick" if args.quick else "runtime")
     return rows

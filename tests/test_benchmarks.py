@@ -40,7 +40,12 @@ def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
     rows = bench.main(["--quick", "--batch", "2", "--warmup", "2", "--iters", "1", "--check-decisions", "1",
                        "--out", str(tmp_path)])
     by = {r["provider"]: r for r in rows}
-    assert set(by) == {"unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu"}
+    assert set(by) == {"unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu",
+                       "vdnn_checksum", "sc_checksum", "cswap_checksum"}
+    for name in ("vdnn", "sc"):  # the same bytes move with the checksum on
+        assert by[name + "_checksum"]["moved_mib_per_step"] == by[name]["moved_mib_per_step"]
+    for name in ("vdnn", "sc", "cswap"):
+        assert by[name + "_checksum"]["checksum_cost"] == by[name + "_checksum"]["step_ms"] / by[name]["step_ms"] - 1
     assert all(r["loss_matches"] for r in rows), rows  # same first step, bit for bit
     assert by["none"]["moved_mib_per_step"] == 0
     assert by["vdnn"]["moved_mib_per_step"] > 0 and by["vdnn"]["compressed_per_step"] == 0
