@@ -3,6 +3,12 @@
 A tensor autograd saves carries its producer in `grad_fn`, so `F.relu(x)`,
 `nn.ReLU()` and `nn.ReLU(inplace=True)` all give `ReluBackward0`. A view of
 such a tensor (a flatten after pooling) counts through its base.
+
+A torch.compile'd graph runs as one autograd Function (AOTAutograd's
+CompiledFunction): the tensors it saves for backward carry no grad_fn, and
+the op that produced them is hidden in the graph. Those that are not the
+graph's inputs (parameters, input batches) are its activations: offloadable
+at the graph boundary, under the op name "compiled_graph".
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SPARSE_PRODUCERS", "SwapInfo", "is_activation", "op_name", "producer"]
+__all__ = ["COMPILED_GRAPH", "SPARSE_PRODUCERS", "SwapInfo", "is_activation", "op_name", "producer",
+           "saved_by_compiled_graph"]
 
 # grad_fn names (without the trailing version digit) of ops whose outputs are
 # sparse: the ReLU family (relu6 dispatches to hardtanh) and pooling.
@@ -23,6 +30,7 @@ SPARSE_PRODUCERS = frozenset({
     "AdaptiveMaxPool2DBackward", "AdaptiveMaxPool3DBackward",
     "AdaptiveAvgPool2DBackward", "AdaptiveAvgPool3DBackward",
 })
+COMPILED_GRAPH = "compiled_graph"
 _VERSION = re.compile(r"\d+$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -56,6 +64,30 @@ def is_activation(t: torch.Tensor) -> bool:
     if t._is_view() and t._base is not None:
         return t._base.grad_fn is not None
     return t.grad_fn is not None
+
+
+def saved_by_compiled_graph(t: torch.Tensor, caller, depth: int = 3) -> bool:
+    """`t` is an activation a compiled graph saves for backward. `caller` is the
+    frame that called the pack hook: for a compiled graph, autograd's
+    Function.apply of AOTAutograd's CompiledFunction (looked for up to `depth`
+    frames up, past wrappers of the hook), whose `args` are the graph's inputs;
+    a saved tensor that is none of them (nor a view of one) was computed inside
+    the graph."""
+    for _ in range(depth):
+        if caller is None:
+            return False
+        if caller.f_code.co_name == "apply":
+            break
+        caller = getattr(caller, "f_back", None)
+    else:
+        return False
+    local = caller.f_locals
+    cls = local.get("cls")
+    if getattr(cls, "__name__", "") != "CompiledFunction" or \
+            not getattr(cls, "__module__", "").startswith("torch._functorch"):
+        return False
+    base = t._base if t._is_view() and t._base is not None else t
+    return not any(a is t or a is base for a in local.get("args", ()))
 
 
 @dataclass(frozen=True)

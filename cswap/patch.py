@@ -36,7 +36,8 @@ class _Patch:
         self.tracker = tracker
         self.depth = 0
         self.hooks_ctx = None
-        self.warned_compiled = False
+        self.traced = False          # a forward of this model was traced by torch.compile
+        self.warned_traced = False
         self.handles = [
             model.register_forward_pre_hook(self._enter, prepend=True),
             model.register_forward_hook(self._exit, always_call=True),
@@ -45,14 +46,11 @@ class _Patch:
     def _enter(self, module, args):
         self.depth += 1
         if torch.compiler.is_compiling():
-            # PyTorch does not apply saved-tensor hooks inside compiled graphs:
-            # say so once, and leave the traced forward untouched.
-            if not self.warned_compiled:
-                self.warned_compiled = True
-                warnings.warn("cswap: this forward runs under torch.compile; tensors saved inside compiled "
-                              "graphs are not offloaded (PyTorch applies no saved-tensor hooks there) and "
-                              "stay on the GPU. Patch an uncompiled model, or compile only submodules",
-                              RuntimeWarning, stacklevel=2)
+            # These hooks are being traced into a compiled graph, where PyTorch
+            # applies no saved-tensor hooks. Leave the traced forward untouched
+            # and only note it (a plain attribute store: no graph break, so
+            # fullgraph=True works); the next eager cswap call warns.
+            self.traced = True
             return
         if self.depth == 1 and torch.is_grad_enabled():
             # One forward pass of the root: saved tensors go through the swapper
@@ -69,6 +67,13 @@ class _Patch:
             ctx.__exit__(None, None, None)
             self.swapper.end_pass()
 
+    def warn_if_traced(self) -> None:
+        """Once: a forward of this model ran as a compiled graph with these hooks
+        traced into it, so nothing it saved was offloaded."""
+        if self.traced and not self.warned_traced:
+            self.warned_traced = True
+            warnings.warn(_TRACED_ADVICE, RuntimeWarning, stacklevel=3)
+
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
@@ -77,6 +82,13 @@ class _Patch:
             self.hooks_ctx = None
         self.tracker.detach()
         self.swapper.close()
+
+
+_TRACED_ADVICE = (
+    "cswap: this patched model ran under torch.compile, which traced cswap's hooks into the compiled graph; "
+    "PyTorch applies no saved-tensor hooks inside compiled graphs, so its activations stayed on the GPU. "
+    "Compile first, then patch the compiled module: model = cswap.patch(torch.compile(model)); cswap then "
+    "offloads what each compiled graph saves for backward")
 
 
 def _hooks(swapper: Swapper):
@@ -129,6 +141,11 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     unpatch(model)
     tracker.attach(model)
     _PATCHED[model] = _Patch(model, swapper, tracker, controller)
+    if getattr(model, "_compiled_call_impl", None) is not None:  # model.compile(): hooks run inside the graph
+        warnings.warn(_TRACED_ADVICE.replace("ran under torch.compile, which traced",
+                                             "was compiled in place (model.compile()), which traces"),
+                      RuntimeWarning, stacklevel=2)
+        _PATCHED[model].warned_traced = True
     return model
 
 
@@ -172,6 +189,7 @@ def epoch_end(model: nn.Module, metrics: dict | None = None) -> "EpochReport":
     entry = _PATCHED.get(model) if isinstance(model, nn.Module) else None
     if entry is None:
         raise ValueError(f"cswap.epoch_end: {type(model).__name__} is not patched; call cswap.patch(model) first")
+    entry.warn_if_traced()
     return entry.controller.epoch_end(metrics)
 
 
@@ -219,4 +237,5 @@ def stats(target) -> SwapStats:
     if entry is None:
         raise ValueError(f"cswap.stats: {type(target).__name__} is not patched; call cswap.patch(model) first "
                          f"(or pass the object `with cswap.offload() as s` yields)")
+    entry.warn_if_traced()
     return entry.swapper.stats

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -65,7 +66,7 @@ from typing import Callable
 import torch
 
 from . import codecs, integrity
-from .candidates import SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer
+from .candidates import COMPILED_GRAPH, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer, saved_by_compiled_graph
 from .codecs.container import Compressed, unpack_header
 from .errors import CorruptDataError
 from .host_pool import HostPool
@@ -340,7 +341,8 @@ class Swapper:
     # -- pack -------------------------------------------------------------------------
 
     def pack(self, t: torch.Tensor):
-        if self.mode in ("none", "save_on_cpu") or not self._is_candidate(t):
+        op = None if self.mode in ("none", "save_on_cpu") else self._candidate_op(t, sys._getframe(1))
+        if op is None:
             return _Kept(t)
         shared = self._already_offloaded(t)
         if shared is not None:
@@ -350,7 +352,7 @@ class Swapper:
             self._pass = _Pass()
         perm = _dense_permutation(t)
         layer, layer_type = self.layer()
-        info = SwapInfo(op=op_name(producer(t) or ""), shape=tuple(t.shape), dtype=t.dtype,
+        info = SwapInfo(op=op, shape=tuple(t.shape), dtype=t.dtype,
                         nbytes=t.numel() * t.element_size(), device=t.device, layer=layer,
                         layer_type=layer_type, index=len(self._pass.items))
         codec = self._choose_codec(info)
@@ -378,18 +380,25 @@ class Swapper:
             return _Handle(entry[2], self, view)
         return None
 
-    def _is_candidate(self, t: torch.Tensor) -> bool:
+    def _candidate_op(self, t: torch.Tensor, caller) -> str | None:
+        """The op that produced `t` when `t` is to be offloaded, else None. `caller`:
+        the frame that saved it (a compiled graph's saves count whatever `candidates`
+        says: the graph hides which op made them)."""
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.is_sparse \
                 or t.layout != torch.strided or t.device.type == "meta" or t.numel() == 0:
-            return False
+            return None
         if t.dtype.itemsize not in (1, 2, 4, 8) or t.is_complex():
-            return False
-        if not is_activation(t):
-            return False
+            return None
         floor = self.min_bytes if self.min_bytes is not None else (MiB if t.is_cuda else 0)
         if t.numel() * t.element_size() < floor:
-            return False
-        return self.candidates == "all" or producer(t) in SPARSE_PRODUCERS
+            return None
+        if not is_activation(t):
+            # A compiled backward may assert its saved tensors' strides: only dense
+            # ones, which come back with the same strides, leave the device.
+            dense = _dense_permutation(t) is not None
+            return COMPILED_GRAPH if dense and saved_by_compiled_graph(t, caller) else None
+        name = producer(t)
+        return op_name(name or "") if self.candidates == "all" or name in SPARSE_PRODUCERS else None
 
     def _choose_codec(self, info: SwapInfo) -> str | None:
         if self.mode in ("vdnn", "vdnnpp"):  # vdnnpp compresses on the host, after the transfer
@@ -575,13 +584,13 @@ class Swapper:
             torch.cuda.current_stream(item.info.device).wait_event(item.h2d_done)
         out = item.restored
         with self._lock:
-            first = item.unpacked == 0
+            first, round_ = item.unpacked == 0, item.round
             if handle.served_round != item.round:
                 handle.served_round = item.round
                 item.unpacked += 1
             self._end_round_if_served(item)
         if first:
-            self._prefetch_before(item)
+            self._prefetch(item, round_)
         return out
 
     def _end_round_if_served(self, item: _Item) -> None:
@@ -599,19 +608,25 @@ class Swapper:
             raise _modified_error(f"[{item.info.dtype} {list(item.info.shape)}], saved by {item.info.where} as "
                                   f"output of {item.info.op},", item.version, now)
 
-    def _prefetch_before(self, item: _Item) -> None:
-        """Start restoring the items packed just before `item`, up to prefetch_bytes
-        of them (at least the one just before; prefetch_bytes=0 turns prefetch off)."""
-        budget = self.prefetch_bytes
+    def _prefetch(self, item: _Item, round_: int) -> None:
+        """Start restoring the items backward will want next, up to prefetch_bytes of
+        them (at least the next one; prefetch_bytes=0 turns prefetch off), skipping
+        those already served in this backward (round_: item's round in it). Eager
+        backward unpacks in reverse pack order; a compiled graph's backward unpacks
+        its saved tensors in forward order: the direction follows what was served."""
         items = item.pass_.items
-        for j in range(item.index - 1, -1, -1):
+        before = items[item.index - 1] if item.index > 0 else None
+        ascending = before is not None and not before.freed and before.round != round_
+        order = range(item.index + 1, len(items)) if ascending else range(item.index - 1, -1, -1)
+        budget = self.prefetch_bytes
+        for n, j in enumerate(order):
             if budget <= 0:
                 break
             other = items[j]
-            if other.freed:
+            if other.freed or other.round != round_:  # gone, or already served in this backward
                 continue
             if other.restored is None and other.error is None:
-                if budget < other.info.nbytes and j != item.index - 1:
+                if budget < other.info.nbytes and n > 0:
                     break
                 try:
                     if self._restore(other):

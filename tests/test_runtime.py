@@ -1329,20 +1329,3 @@ def test_vdnnpp_compresses_host_copies_and_returns_pinned_buffers():
     assert sw.pool.idle_bytes > 0  # pinned buffers came back once their copies were compressed
     loss.backward()
     assert s["restored_tensors"] > 0
-
-
-# -- torch.compile ---------------------------------------------------------------------------------
-
-
-def test_compiled_patched_model_trains_exactly_and_says_it_offloads_nothing():
-    torch._dynamo.reset()
-    make, shape = nets.MODELS["vgg"]
-    expected = train(torch.compile(make(), backend="aot_eager"), shape, steps=2)
-    torch._dynamo.reset()
-    model = cswap.patch(make(), mode="sc", min_bytes=0)
-    with pytest.warns(RuntimeWarning, match="torch.compile") as record:
-        got = train(torch.compile(model, backend="aot_eager"), shape, steps=2)
-    assert sum("torch.compile" in str(w.message) for w in record) == 1
-    assert_same(got, expected)
-    assert cswap.stats(model)["offloaded_tensors"] == 0
-    torch._dynamo.reset()

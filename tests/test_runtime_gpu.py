@@ -134,3 +134,41 @@ def test_unpack_waits_only_for_its_own_item_and_prefetch_happens():
     s = cswap.stats(model)
     assert s["prefetched"] > 0 and s["restored_tensors"] == s["prefetched"] + s["on_demand"]
     assert s["peak_gpu_bytes"] > 0
+
+
+def test_inductor_compiled_model_offloads_at_graph_boundaries():
+    torch._dynamo.reset()
+    expected = grads_after_steps(torch.compile(deep_cnn()))
+    torch._dynamo.reset()
+    model = cswap.patch(torch.compile(deep_cnn(), fullgraph=True), min_bytes=0, policy=cycle_policy())
+    got = grads_after_steps(model)
+    torch._dynamo.reset()
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+    s = cswap.stats(model)
+    assert s["offloaded_tensors"] > 0 and s["restored_tensors"] == s["offloaded_tensors"]
+
+
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "policy"])
+def test_checksum_on_cuda_trains_exactly(mode):
+    expected = grads_after_steps(deep_cnn())
+    kw = {"policy": cycle_policy()} if mode == "policy" else {"mode": mode}
+    model = cswap.patch(deep_cnn(), min_bytes=0, checksum=True, **kw)
+    for a, b in zip(grads_after_steps(model), expected):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_corrupt_host_copy_on_cuda_raises_naming_the_layer(checksum):
+    model = cswap.patch(deep_cnn(), mode="sc", min_bytes=0, checksum=checksum)
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    loss = model(x).sum()
+    swapper = cswap.patch.__globals__["_PATCHED"][model].swapper
+    swapper.synchronize()
+    item = next(i for i in swapper._pass.items if i.header is not None)
+    if checksum:
+        item.host[item.moved - 1] ^= 1  # a value byte: only the checksum sees it
+    else:
+        item.host[item.header.header_nbytes: item.moved] = 0xFF  # the decoder's flags see it
+    with pytest.raises(cswap.CorruptDataError, match=item.info.where.replace("(", r"\(").replace(")", r"\)")):
+        loss.backward()

@@ -1,0 +1,164 @@
+"""cswap and torch.compile (issue 7).
+
+What cswap does with compiled code:
+
+- compile first, then patch (`cswap.patch(torch.compile(model))`, or compiled
+  submodules inside a patched model): each compiled graph runs as one autograd
+  Function whose saved tensors pass through cswap's hooks; the ones computed
+  inside the graph are offloaded at the graph boundary (op "compiled_graph"),
+  its inputs and parameters never are.
+- patch first, then compile: the hooks are traced into the graph, where
+  PyTorch applies no saved-tensor hooks; nothing is offloaded, training stays
+  exact, fullgraph=True still compiles, and the next cswap call warns once
+  with the fix. model.compile() (in place) before patch warns at patch time.
+
+The AOTAutograd path is exercised with backend="aot_eager" (the same
+CompiledFunction as inductor, without a C++ toolchain on CPU); inductor itself
+runs in the GPU tests.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cswap
+import nets
+from cswap.candidates import COMPILED_GRAPH
+from cswap.patch import _PATCHED
+from cswap.swapper import Swapper
+from test_runtime import Recorder, assert_same, record_offloaded, train
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:.*no profile for this device:RuntimeWarning")]
+
+CODECS = ("zvc", "rle", "csr", "lz4")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled(model, **kwargs):
+    return torch.compile(model, backend="aot_eager", fullgraph=True, **kwargs)
+
+
+def reference(name, steps=2):
+    """An unpatched compiled run: the same graphs, so the same floating-point results."""
+    make, shape = nets.MODELS[name]
+    result = train(compiled(make()), shape, steps=steps)
+    torch._dynamo.reset()
+    return {key.replace("_orig_mod.", ""): value for key, value in result.items()}
+
+
+def without_prefix(result):
+    return {key.replace("_orig_mod.", ""): value for key, value in result.items()}
+
+
+@pytest.mark.parametrize("name", ["vgg", "resnet"])
+@pytest.mark.parametrize("mode", ["sc", "cswap"])
+def test_patching_a_compiled_model_offloads_at_graph_boundaries(name, mode):
+    expected = reference(name)
+    make, shape = nets.MODELS[name]
+    policy = Recorder(lambda info: CODECS[info.index % 4]) if mode == "cswap" else None
+    model = cswap.patch(compiled(make()), mode=mode, policy=policy, min_bytes=0)
+    swapper = _PATCHED[model].swapper
+    offloaded = record_offloaded(swapper)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "traced" warning: this is the supported order
+        warnings.filterwarnings("ignore", message=".*saves no memory")
+        got = without_prefix(train(model, shape, steps=2))
+        stats = cswap.stats(model)
+    assert_same(got, expected)
+    assert stats["offloaded_tensors"] > 0 and stats["compressed_tensors"] > 0
+    assert stats["restored_tensors"] == stats["offloaded_tensors"]  # each restored once
+    # The compiled backward unpacks in forward order; prefetch follows it: per step
+    # only the first two items are fetched on demand.
+    assert stats["on_demand"] <= 2 * 2 and stats["prefetched"] == stats["restored_tensors"] - stats["on_demand"]
+    # only the graphs' own activations: no parameter, no input batch
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert not any(t.untyped_storage().data_ptr() in storages for t in offloaded)
+    assert all(t.grad_fn is None and not t.requires_grad for t in offloaded)
+    inputs = [x for x, _ in nets.batches(shape, 2)]
+    assert not any(t.shape == x.shape and torch.equal(t, x) for t in offloaded for x in inputs)
+    if policy is not None:
+        assert policy.infos and {info.op for info in policy.infos} == {COMPILED_GRAPH}
+
+
+def test_compiled_submodule_inside_a_patched_model():
+    """Eager layers offload as usual, the compiled block at its boundary."""
+    make, shape = nets.MODELS["vgg"]
+    expected_model = make()
+    expected_model.classifier = compiled(expected_model.classifier)
+    expected = without_prefix(train(expected_model, shape, steps=2))
+    torch._dynamo.reset()
+    model = make()
+    model.classifier = compiled(model.classifier)
+    policy = Recorder(lambda info: "zvc")
+    cswap.patch(model, policy=policy, min_bytes=0)
+    got = without_prefix(train(model, shape, steps=2))
+    assert_same(got, expected)
+    ops = {info.op for info in policy.infos}
+    assert COMPILED_GRAPH in ops and "relu" in ops
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_compiling_a_patched_model_trains_exactly_never_crashes_and_warns_once(in_place):
+    make, shape = nets.MODELS["vgg"]
+    expected = reference("vgg")
+    model = cswap.patch(make(), mode="sc", min_bytes=0)
+    if in_place:
+        model.compile(backend="aot_eager", fullgraph=True)
+        runner = model
+    else:
+        runner = compiled(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = without_prefix(train(runner, shape, steps=2))  # fullgraph=True: no graph break from cswap
+        cswap.stats(model)
+        cswap.stats(model)
+        cswap.epoch_end(model)
+    assert_same(got, expected)
+    advice = [w for w in caught if "cswap.patch(torch.compile(model))" in str(w.message)]
+    assert len(advice) == 1
+    assert cswap.stats(model)["offloaded_tensors"] == 0
+
+
+def test_in_place_compiled_model_warns_at_patch_time():
+    model = nets.vgg_like()
+    model.compile(backend="aot_eager")
+    with pytest.warns(RuntimeWarning, match=r"model.compile\(\)"):
+        cswap.patch(model, mode="sc")
+
+
+def test_compiled_graph_candidates():
+    """Only what a CompiledFunction saves and computed itself, and only dense
+    tensors (a compiled backward may assert strides; a tensor with gaps would come
+    back contiguous)."""
+    fake_compiled = type("CompiledFunction", (), {"__module__": "torch._functorch._aot_autograd.fake"})
+    user_function = type("MyFunction", (), {"__module__": "mylib"})
+
+    def caller(cls, args=(), name="apply"):
+        return SimpleNamespace(f_code=SimpleNamespace(co_name=name), f_locals={"cls": cls, "args": args},
+                               f_back=None)
+
+    swapper = Swapper("vdnn", min_bytes=0)
+    param, x = torch.nn.Parameter(torch.randn(4, 4)), torch.randn(4, 4)
+    intermediate = torch.randn(4, 8)
+    assert swapper._candidate_op(intermediate, caller(fake_compiled, (param, x))) == COMPILED_GRAPH
+    assert swapper._candidate_op(intermediate.t(), caller(fake_compiled, (param, x))) == COMPILED_GRAPH
+    assert swapper._candidate_op(x, caller(fake_compiled, (param, x))) is None            # a graph input
+    assert swapper._candidate_op(x.t(), caller(fake_compiled, (param, x))) is None        # a view of one
+    assert swapper._candidate_op(param, caller(fake_compiled, (param, x))) is None
+    assert swapper._candidate_op(intermediate[:, ::2], caller(fake_compiled)) is None     # not dense
+    assert swapper._candidate_op(intermediate, caller(user_function)) is None             # not compiled
+    assert swapper._candidate_op(intermediate, caller(fake_compiled, name="forward")) is None
+    assert swapper._candidate_op(intermediate, None) is None
+    swapper.close()
