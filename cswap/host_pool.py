@@ -8,6 +8,13 @@ has finished, then serves the next request of its size class.
 Size classes: a request of n bytes gets a buffer of n rounded up to a
 quarter of n's power of two (at most 25% slack, few classes, good reuse
 between iterations whose tensors differ slightly).
+
+Idle buffers go back to the system at `max_bytes`, and at `trim_idle()`
+(cswap calls it at each epoch end): a buffer no request has used since the
+previous trim_idle is freed. Compressed sizes drift with sparsity, and the
+first, uncompressed iteration needs other sizes than the rest; without this
+the pool would keep every size it ever met. Freeing pinned memory
+synchronises the device, hence once an epoch rather than per iteration.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class HostPool:
         self.allocations = 0         # buffers created (pinned allocations made)
         self.pinned = self.pin_memory
         self._warned_full = False
+        self._used: set[int] = set()  # data_ptr of buffers acquired since the last trim_idle
 
     @property
     def idle_bytes(self) -> int:
@@ -57,6 +65,7 @@ class HostPool:
         for i, (buf, event) in enumerate(self._free[cls]):
             if event is None or event.query():
                 del self._free[cls][i]
+                self._used.add(buf.data_ptr())
                 return buf
         if self.reserved_bytes + cls > self.max_bytes:
             self._trim(self.reserved_bytes + cls - self.max_bytes)
@@ -69,6 +78,7 @@ class HostPool:
             return None
         buf = self._allocate(cls)
         if buf is not None:
+            self._used.add(buf.data_ptr())
             self.reserved_bytes += cls
             self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
             self.allocations += 1
@@ -76,6 +86,21 @@ class HostPool:
 
     def release(self, buf: torch.Tensor, event=None) -> None:
         self._free[buf.numel()].append((buf, event))
+
+    def trim_idle(self) -> int:
+        """Free the idle buffers no request used since the previous call; the bytes freed."""
+        freed = 0
+        for cls in list(self._free):
+            keep = []
+            for buf, event in self._free[cls]:
+                if buf.data_ptr() not in self._used and (event is None or event.query()):
+                    freed += cls
+                else:
+                    keep.append((buf, event))
+            self._free[cls] = keep
+        self.reserved_bytes -= freed
+        self._used.clear()
+        return freed
 
     def clear(self) -> None:
         """Drop every idle buffer (lent ones come back later as usual)."""

@@ -190,6 +190,7 @@ def epoch_end(model: nn.Module, metrics: dict | None = None) -> "EpochReport":
     if entry is None:
         raise ValueError(f"cswap.epoch_end: {type(model).__name__} is not patched; call cswap.patch(model) first")
     entry.warn_if_traced()
+    entry.swapper.trim_host_pool()  # sizes this epoch did not use (see HostPool.trim_idle)
     return entry.controller.epoch_end(metrics)
 
 

@@ -836,6 +836,11 @@ class Swapper:
                 time.sleep(0.001)
             self._release_finished(wait_oldest=True)
 
+    def trim_host_pool(self) -> int:
+        """Give back host buffers unused since the last call (at each epoch end)."""
+        with self._lock:
+            return self.pool.trim_idle()
+
     def close(self) -> None:
         """Finish queued offloads, stop the worker, drop idle host buffers."""
         self.synchronize()

@@ -1274,6 +1274,42 @@ def test_host_pool_trims_idle_buffers():
     assert pool.reserved_bytes == 0
 
 
+def test_host_pool_trim_idle_frees_only_buffers_unused_since_the_last_trim():
+    pool = HostPool(1 << 20)
+    first = pool.acquire(4096)      # e.g. the first, uncompressed iteration's size
+    pool.release(first)
+    assert pool.trim_idle() == 0    # used in this window: kept
+    steady = pool.acquire(1024)     # the sizes every later iteration uses
+    pool.release(steady)
+    lent = pool.acquire(512)        # still lent at the trim: untouched
+    assert pool.trim_idle() == 4096 and pool.reserved_bytes == 1024 + 512
+    assert pool.acquire(1024) is steady  # the kept buffer serves the next request
+    pool.release(steady)
+    pool.release(lent)
+    assert pool.trim_idle() == 512 and pool.reserved_bytes == 1024
+
+
+def test_epoch_end_gives_back_host_buffers_of_sizes_no_longer_used():
+    """The first iteration offloads uncompressed; later ones compress: the buffers
+    of the first iteration's sizes go back to the system at the epoch end."""
+    first_pass = []
+    model = cswap.patch(nets.vgg_like(), policy=lambda info: None if not first_pass else "zvc", min_bytes=0,
+                        verbose=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    pools = []
+    for epoch in range(3):
+        for x, y in nets.batches(nets.IMAGE, 2):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            first_pass.append(True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cswap.epoch_end(model)
+        pools.append(cswap.stats(model)["host_pool_bytes"])
+    assert pools[0] > pools[1] == pools[2] > 0
+
+
 def _failing_empty(monkeypatch, pinned_fails=True, pageable_fails=False):
     """torch.empty as if cudaHostAlloc (and maybe host malloc) failed."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
