@@ -179,3 +179,26 @@ def test_truncated_overlong_and_altered_buffers_raise(name):
     data[33] ^= 1  # inside the shape field: the header CRC catches it
     with pytest.raises(cswap.CorruptDataError, match="checksum"):
         cswap.Compressed.from_bytes(data)
+
+
+def _overcommit_always() -> bool:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_overcommit_always(), reason="vm.overcommit_memory=1 grants any allocation until it is touched")
+def test_header_claiming_more_memory_than_exists_raises_memory_error():
+    """An all-zero CSR tensor of 2**42 int8 elements compresses to 96 bytes; decoding
+    such a header must fail with a clear MemoryError, not an allocator RuntimeError."""
+    from cswap.codecs.container import pack_header
+    from cswap.kernels import csr as kc
+
+    rows, cols = 1, 1 << 42
+    meta = (rows, cols, 0, kc.index_bytes_for(cols))
+    size = kc.layout(rows, 0, meta[3], 1)[3]
+    blob = cswap.Compressed.from_bytes(pack_header("csr", torch.int8, (rows, cols), meta, size) + bytes(size))
+    with pytest.raises(MemoryError, match=r"shape \(1, 4398046511104\).*more than cpu memory"):
+        blob.decompress(backend="torch")

@@ -156,7 +156,15 @@ class Codec:
             # an arbitrary address (from_bytes on a slice, to(out=) into an offset
             # view) is copied once to fresh, aligned memory.
             payload = payload.clone()
-        words, status = self._decode(payload, header, word_dtype, config, backend)
+        try:
+            words, status = self._decode(payload, header, word_dtype, config, backend)
+        except RuntimeError as exc:  # a header may claim any size (all zeros compress that well)
+            if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" not in str(exc):
+                raise  # CUDA OOM keeps its type: the runtime waits for frees and retries on it
+            raise MemoryError(f"{where}: the buffer decodes to a {header.dtype} tensor of shape "
+                              f"{tuple(header.shape)} ({header.shape.numel() * header.dtype.itemsize} bytes), "
+                              f"more than {blob.device} memory can hold; if the buffer is not from a trusted "
+                              f"source, its header may be lying") from exc
         return words.view(header.dtype).reshape(header.shape), DecodeCheck(self, status, payload, header)
 
     def check_meta(self, header: Header) -> None:

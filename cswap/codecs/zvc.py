@@ -27,8 +27,10 @@ class ZVC(Codec):
         tile, nnz = header.meta
         n = header.shape.numel()
         where = "cswap.codecs.zvc"
-        if tile <= 0 or tile % 32 or tile > 1 << 20:
-            raise CorruptDataError(f"{where}: tile size {tile} is not a positive multiple of 32 up to 2**20")
+        # The kernels hold one tile in registers: a power of two (tl.arange's rule) of
+        # at least one 32-bit mask word, and at most 2**16 as for RLE.
+        if tile < 32 or tile > 1 << 16 or tile & (tile - 1):
+            raise CorruptDataError(f"{where}: tile size {tile} is not a power of two in [32, 65536]")
         if not 0 <= nnz <= n:
             raise CorruptDataError(f"{where}: {nnz} non-zeros recorded for a tensor of {n} elements")
         expected = kernels.layout(n, tile, nnz, header.dtype.itemsize)[3]
