@@ -66,7 +66,8 @@ from typing import Callable
 import torch
 
 from . import codecs, integrity
-from .candidates import COMPILED_GRAPH, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer, saved_by_compiled_graph
+from .candidates import (COMPILED_GRAPH, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer,
+                         saved_by_compiled_graph)
 from .codecs.container import Compressed, unpack_header
 from .errors import CorruptDataError
 from .host_pool import HostPool
@@ -781,8 +782,8 @@ class Swapper:
         info = item.info
         hint = "" if self.checksum else " checksum=True (cswap.patch option) checks every byte end to end."
         return CorruptDataError(
-            f"cswap: the offloaded copy of the {info.op} output of {info.where} [{str(info.dtype).removeprefix('torch.')} "
-            f"{list(info.shape)}] is corrupt: {problem}. Backward stops here rather than compute gradients "
+            f"cswap: the offloaded copy of the {info.op} output of {info.where} "
+            f"[{str(info.dtype).removeprefix('torch.')} {list(info.shape)}] is corrupt: {problem}. Backward stops here rather than compute gradients "
             f"from wrong values; the host memory or the PCIe link altered it (check the machine: ECC "
             f"errors, dmesg).{hint}")
 

@@ -24,7 +24,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import cswap
 import nets

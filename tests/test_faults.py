@@ -109,8 +109,8 @@ def test_inconsistent_payload_is_caught_by_the_decoder(codec):
     loss, items = forward(model)
     item = compressed(items)[0]
     item.host[item.header.header_nbytes: item.moved] = 0xFF
-    with pytest.raises(cswap.CorruptDataError, match=rf"{re.escape(item.info.where)} .* is corrupt: cswap.codecs.{codec}") \
-            as caught:
+    expected = rf"{re.escape(item.info.where)} .* is corrupt: cswap.codecs.{codec}"
+    with pytest.raises(cswap.CorruptDataError, match=expected) as caught:
         loss.backward()
     assert "checksum=True" in str(caught.value)  # says how to check every byte
     assert_clean_afterwards(model)
