@@ -72,7 +72,7 @@ class _Patch:
         traced into it, so nothing it saved was offloaded."""
         if self.traced and not self.warned_traced:
             self.warned_traced = True
-            warnings.warn(_TRACED_ADVICE, RuntimeWarning, stacklevel=3)
+            warnings.warn(_traced_advice("ran under torch.compile"), RuntimeWarning, stacklevel=3)
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -84,11 +84,11 @@ class _Patch:
         self.swapper.close()
 
 
-_TRACED_ADVICE = (
-    "cswap: this patched model ran under torch.compile, which traced cswap's hooks into the compiled graph; "
-    "PyTorch applies no saved-tensor hooks inside compiled graphs, so its activations stayed on the GPU. "
-    "Compile first, then patch the compiled module: model = cswap.patch(torch.compile(model)); cswap then "
-    "offloads what each compiled graph saves for backward")
+def _traced_advice(how: str) -> str:
+    return (f"cswap: this patched model {how}, which traces cswap's hooks into the compiled graph; PyTorch "
+            f"applies no saved-tensor hooks inside compiled graphs, so its activations stay on the GPU. Compile "
+            f"first, then patch the compiled module: model = cswap.patch(torch.compile(model)); cswap then "
+            f"offloads what each compiled graph saves for backward")
 
 
 def _hooks(swapper: Swapper):
@@ -142,9 +142,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     tracker.attach(model)
     _PATCHED[model] = _Patch(model, swapper, tracker, controller)
     if getattr(model, "_compiled_call_impl", None) is not None:  # model.compile(): hooks run inside the graph
-        warnings.warn(_TRACED_ADVICE.replace("ran under torch.compile, which traced",
-                                             "was compiled in place (model.compile()), which traces"),
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(_traced_advice("was compiled in place (model.compile())"), RuntimeWarning, stacklevel=2)
         _PATCHED[model].warned_traced = True
     return model
 
