@@ -7,7 +7,8 @@ has finished, then serves the next request of its size class.
 
 Size classes: a request of n bytes gets a buffer of n rounded up to a
 quarter of n's power of two (at most 25% slack, few classes, good reuse
-between iterations whose tensors differ slightly).
+between iterations whose tensors differ slightly), or an idle buffer of up
+to twice that when none of its own class is free.
 
 Idle buffers go back to the system at `max_bytes`, and at `trim_idle()`
 (cswap calls it at each epoch end): a buffer no request has used since the
@@ -62,11 +63,15 @@ class HostPool:
 
     def acquire(self, nbytes: int) -> torch.Tensor | None:
         cls = size_class(nbytes)
-        for i, (buf, event) in enumerate(self._free[cls]):
-            if event is None or event.query():
-                del self._free[cls][i]
-                self._used.add(buf.data_ptr())
-                return buf
+        # Its own class first, else the smallest idle buffer of up to twice the size:
+        # compressed sizes drift with sparsity, and a slightly larger buffer serves
+        # better than a new pinned allocation.
+        for fit in sorted(c for c in self._free if cls <= c <= 2 * cls):
+            for i, (buf, event) in enumerate(self._free[fit]):
+                if event is None or event.query():
+                    del self._free[fit][i]
+                    self._used.add(buf.data_ptr())
+                    return buf
         if self.reserved_bytes + cls > self.max_bytes:
             self._trim(self.reserved_bytes + cls - self.max_bytes)
         if self.reserved_bytes + cls > self.max_bytes:

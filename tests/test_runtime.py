@@ -1276,33 +1276,42 @@ def test_host_pool_trims_idle_buffers():
 
 def test_host_pool_trim_idle_frees_only_buffers_unused_since_the_last_trim():
     pool = HostPool(1 << 20)
-    first = pool.acquire(4096)      # e.g. the first, uncompressed iteration's size
+    first = pool.acquire(8192)      # e.g. the first epoch's larger batch
     pool.release(first)
     assert pool.trim_idle() == 0    # used in this window: kept
-    steady = pool.acquire(1024)     # the sizes every later iteration uses
+    steady = pool.acquire(2048)     # the sizes every later iteration uses (8192 is more than twice)
     pool.release(steady)
     lent = pool.acquire(512)        # still lent at the trim: untouched
-    assert pool.trim_idle() == 4096 and pool.reserved_bytes == 1024 + 512
-    assert pool.acquire(1024) is steady  # the kept buffer serves the next request
+    assert pool.trim_idle() == 8192 and pool.reserved_bytes == 2048 + 512
+    assert pool.acquire(2048) is steady  # the kept buffer serves the next request
     pool.release(steady)
     pool.release(lent)
-    assert pool.trim_idle() == 512 and pool.reserved_bytes == 1024
+    assert pool.trim_idle() == 512 and pool.reserved_bytes == 2048
+
+
+def test_host_pool_serves_a_request_from_an_idle_buffer_up_to_twice_its_size():
+    pool = HostPool(1 << 20)
+    big = pool.acquire(4096)
+    pool.release(big)
+    assert pool.acquire(2048) is big           # 4096 <= 2 * 2048: no new allocation
+    pool.release(big)
+    other = pool.acquire(1024)                  # 4096 > 2 * 1024: a buffer of its own class
+    assert other is not big and other.numel() == 1024 and pool.allocations == 2
+    pool.release(other)
+    assert pool.acquire(1024) is other          # its own class first, even with a larger one idle
 
 
 def test_epoch_end_gives_back_host_buffers_of_sizes_no_longer_used():
-    """The first iteration offloads uncompressed; later ones compress: the buffers
-    of the first iteration's sizes go back to the system at the epoch end."""
-    first_pass = []
-    model = cswap.patch(nets.vgg_like(), policy=lambda info: None if not first_pass else "zvc", min_bytes=0,
-                        verbose=False)
+    """The first epoch trains with a larger batch than the rest: the buffers of its
+    sizes go back to the system at the end of the first epoch that did not use them."""
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0, verbose=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     pools = []
     for epoch in range(3):
-        for x, y in nets.batches(nets.IMAGE, 2):
+        for x, y in nets.batches((8 if epoch == 0 else 2, 3, 16, 16), 2):
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-            first_pass.append(True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cswap.epoch_end(model)

@@ -63,7 +63,7 @@ def test_soak_in_cswap_mode_is_flat_after_warmup(tmp_path):
 def test_soak_with_compression_keeps_memory_flat(tmp_path):
     # A policy forcing ZVC on every candidate: what the advisor decides on a GPU for sparse activations.
     result = soak.main(CI_RUN + ["--codec", "zvc", "--rss-tolerance-mib", str(RSS_TOLERANCE_MIB),
-                                 "--pool-tolerance-mib", "1", "--tensors-tolerance", "5", "--out", str(tmp_path)])
+                                 "--out", str(tmp_path)])
     verdict, rows = result["verdict"], result["rows"]
     last = rows[-1]
     assert last["compressed_tensors"] == last["offloaded_tensors"] > 0  # ZVC shrinks every ReLU/pool output
@@ -71,14 +71,13 @@ def test_soak_with_compression_keeps_memory_flat(tmp_path):
     assert verdict["swapping"]["ok"], verdict["swapping"]
     assert _series(result, "rss_bytes")["growth"] <= RSS_TOLERANCE_MIB * 2**20
     assert _series(result, "python_objects")["ok"] and _series(result, "threads")["growth"] == 0
-    # Compressed sizes vary with each step's sparsity, and the pool keeps an idle buffer of every
-    # size class it has met (it trims only at max_host_bytes), so a class first met after warm-up
-    # adds one buffer (a 600-step run at batch 16 on 1638 images grew by 896 bytes at step 350 and
-    # 48 KiB at step 550, one buffer each). That is bounded by the classes the sizes span; a leak
-    # is not: a buffer lost per step adds 50 tensors a window.
-    pool = _series(result, "host_pool_bytes")
-    assert pool["growth"] <= 0.1 * pool["first"], pool
-    assert _series(result, "live_tensors")["growth"] <= 5
+    # Compressed sizes vary with each step's sparsity; the pool serves a request from an idle
+    # buffer of up to twice its size and gives back, at each epoch end, buffers unused during the
+    # epoch, so it stays exactly flat (before both, it kept a buffer of every size class it ever
+    # met: +48 KiB at step 550 of a 600-step run, and 2.9x the need after the first epoch).
+    steady = _steady(rows)
+    assert len({r["host_pool_bytes"] for r in steady}) == 1, [r["host_pool_bytes"] for r in steady]
+    assert len({r["live_tensors"] for r in steady}) == 1, [r["live_tensors"] for r in steady]
     assert verdict["ok"], verdict
 
 
@@ -112,6 +111,10 @@ def test_verdict_judges_growth_from_the_first_sample_after_warmup():
     grown = soak.verdict([_row(100), _row(150, pool=1001)], 100, tol)
     pool = next(s for s in grown["series"] if s["series"] == "host_pool_bytes")
     assert not grown["ok"] and pool["growth"] == 1 and pool["growth_pct"] == pytest.approx(0.1)
+    # The pool is judged bounded: back within its warm-up peak after an epoch end gave buffers back
+    # is fine, above it is not.
+    assert soak.verdict([_row(50, pool=2000), _row(100, pool=1000), _row(150, pool=1500)], 100, tol)["ok"]
+    assert not soak.verdict([_row(50, pool=2000), _row(100, pool=1000), _row(150, pool=2001)], 100, tol)["ok"]
     # RSS within its tolerance passes; beyond it fails.
     assert soak.verdict([_row(100), _row(150, rss=101 * 2**20)], 100, tol)["ok"]
     assert not soak.verdict([_row(100), _row(150, rss=101 * 2**20 + 1)], 100, tol)["ok"]
