@@ -295,3 +295,38 @@ def test_good_option_values_are_accepted():
                             codec_configs={"zvc": cswap.LaunchConfig(4, 64)}, advisor="timeline",
                             verbose=False, prefetch_bytes=0)
     assert _PATCHED[model].swapper.checksum
+
+
+# -- an exception in the middle of backward ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_exception_in_backward_leaves_no_buffers_or_hooks_behind(asynchronous):
+    """A user hook raises halfway through backward (some tensors restored, some not):
+    once the graph is dropped every host buffer is back in the pool, and the next
+    iteration trains exactly."""
+    import gc
+
+    from test_runtime import offload_threads, saved_tensor_hooks_installed
+
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0, asynchronous=asynchronous)
+
+    def failing_hook(grad):
+        raise RuntimeError("user hook failed")
+
+    def add_failing_hook(module, args, out):
+        out.register_hook(failing_hook)  # returns None: the output stays as it is
+
+    handle = model.features[5].register_forward_hook(add_failing_hook)
+    loss, items = forward(model)
+    handle.remove()
+    with pytest.raises(RuntimeError, match="user hook failed"):
+        loss.backward()
+    swapper = _PATCHED[model].swapper
+    served = sum(item.round > 0 for item in items)  # every save of the item unpacked
+    assert 0 < served < len(items)  # it failed halfway: some restored tensors were never used
+    del loss, items
+    gc.collect()
+    swapper.synchronize()
+    assert swapper.pool.reserved_bytes > 0 and swapper.pool.idle_bytes == swapper.pool.reserved_bytes
+    assert not saved_tensor_hooks_installed() and len(offload_threads()) <= 1
+    assert_clean_afterwards(model)
