@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, help="device profile from cswap-tune (default: this device's, "
                                                 "or the generic default)")
     p.add_argument("--report-dir", type=Path, default=Path("cswap-reports"))
+    p.add_argument("--checksum", action="store_true",
+                   help="end-to-end checksum of every offloaded buffer (cswap.integrity)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--samples", type=int, default=None, help="synthetic data: number of images (default 2048)")
@@ -172,7 +174,8 @@ def run(args) -> list:
           f"{classes} classes), mode {args.mode}, device {args.device}", flush=True)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="cswap: offloading CPU tensors")
-        cswap.patch(model, mode=args.mode, profile=args.profile, advisor=args.advisor, report_dir=args.report_dir)
+        cswap.patch(model, mode=args.mode, profile=args.profile, advisor=args.advisor, report_dir=args.report_dir,
+                    checksum=args.checksum)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         gen = torch.Generator().manual_seed(args.seed)
         reports = []

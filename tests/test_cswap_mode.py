@@ -197,10 +197,14 @@ def test_cswap_train_reads_npz_and_survives_interruption(tmp_path, monkeypatch, 
         return real_epoch_end(model, metrics)
 
     monkeypatch.setattr(cswap, "epoch_end", epoch_end)
+    patched = []
+    real_patch = cswap.patch
+    monkeypatch.setattr(cswap, "patch", lambda model, **kw: patched.append(kw) or real_patch(model, **kw))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         code = train_main(["--data", str(path), "--epochs", "3", "--batch-size", "16", "--mode", "sc",
-                           "--report-dir", str(tmp_path / "r"), "--no-progress"])
+                           "--checksum", "--report-dir", str(tmp_path / "r"), "--no-progress"])
+    assert patched and patched[0]["checksum"] is True and patched[0]["mode"] == "sc"
     assert code == 130 and "interrupted" in capsys.readouterr().err
     lines = (tmp_path / "r" / "epochs.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["epoch"] == 0
