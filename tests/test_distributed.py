@@ -8,21 +8,13 @@ every step, and the final parameters, must equal the unpatched DDP run's bit
 for bit. Each patched run ends with cswap.epoch_end in every rank; two of them
 (one per order) write their reports into a per-rank report_dir.
 
-The children write their results (torch.save), or their traceback, to files in
-a temporary folder; the parent joins them with a deadline and compares.
+The ranks are spawned by tests/ranks.py (results or traceback to files, a
+deadline); the parent compares.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.connection
 import os
-import sys
-import time
-import traceback
-import warnings
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -35,6 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 import cswap  # noqa: E402
 import nets  # noqa: E402
 from cswap.report import ReportWriter  # noqa: E402
+from ranks import assert_same, run_rank, spawn  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
 
@@ -42,7 +35,6 @@ WORLD = 2
 STEPS = 3
 SHAPE = (4, 3, 16, 16)      # per-rank batch; VGGLike's activations are 2-8 KiB each
 DEADLINE_S = 120            # for the whole spawn; a healthy run takes a few seconds
-PG_TIMEOUT_S = 60           # gloo collectives give up after this (a rank died mid-step)
 
 
 def zvc_policy(info):
@@ -106,84 +98,23 @@ def _train_ddp(rank, order, kwargs, report_dir):
     return out
 
 
+def _run(rank, out):
+    results = {"local": _train_local(rank)}
+    for name, (order, kwargs) in VARIANTS.items():
+        report_dir = out / name / f"rank{rank}" if name in REPORTED else None
+        results[name] = _train_ddp(rank, order, kwargs, report_dir)
+    return results
+
+
 def _child(rank, out_dir):
-    """Runs in a spawned process: every variant on this rank; results or traceback go to files."""
-    out = Path(out_dir)
-    try:
-        import torch.distributed as dist
-
-        warnings.filterwarnings("ignore", message=".*saves no memory", category=RuntimeWarning)
-        torch.set_num_threads(1)  # two ranks share the machine's cores
-        if sys.platform.startswith("linux"):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # never depend on the hostname resolving
-        dist.init_process_group("gloo", init_method=(out / "store").as_uri(), rank=rank, world_size=WORLD,
-                                timeout=timedelta(seconds=PG_TIMEOUT_S))
-        try:
-            results = {"local": _train_local(rank)}
-            for name, (order, kwargs) in VARIANTS.items():
-                report_dir = out / name / f"rank{rank}" if name in REPORTED else None
-                results[name] = _train_ddp(rank, order, kwargs, report_dir)
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
-        torch.save(results, out / f"rank{rank}.pt")
-    except BaseException:
-        (out / f"rank{rank}.error").write_text(traceback.format_exc())
-        raise
-
-
-# -- the parent -----------------------------------------------------------------------------------
-
-def _spawn(out: Path):
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(rank, str(out)), name=f"cswap-ddp-rank{rank}", daemon=True)
-             for rank in range(WORLD)]
-    start = time.monotonic()
-    for p in procs:
-        p.start()
-    deadline = start + DEADLINE_S
-    try:
-        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-            multiprocessing.connection.wait([p.sentinel for p in procs if p.is_alive()],
-                                            timeout=max(0.0, deadline - time.monotonic()))
-            if any(p.exitcode not in (None, 0) for p in procs):  # one rank failed: the other may be stuck
-                deadline = min(deadline, time.monotonic() + 10)   # in a collective; give it 10 s
-    finally:
-        hung = [p.name for p in procs if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(10)
-    problems = []
-    for rank, p in enumerate(procs):
-        error = out / f"rank{rank}.error"
-        if error.exists():
-            problems.append(f"rank {rank} raised:\n{error.read_text()}")
-        elif p.name in hung:
-            problems.append(f"rank {rank} did not finish within {DEADLINE_S} s (killed)")
-        elif p.exitcode != 0:
-            problems.append(f"rank {rank} exited with code {p.exitcode} (no traceback: crashed or killed)")
-        elif not (out / f"rank{rank}.pt").exists():
-            problems.append(f"rank {rank} exited cleanly but wrote no results")
-    if problems:
-        pytest.fail("DDP children failed:\n" + "\n".join(problems), pytrace=False)
-    return {rank: torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)}, time.monotonic() - start
+    """Runs in a spawned process: every variant on this rank."""
+    run_rank(rank, WORLD, out_dir, "gloo", _run)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
-    results, elapsed = _spawn(out)
-    return {"dir": out, "ranks": results, "elapsed_s": elapsed}
-
-
-def assert_same(got: dict, expected: dict, what: str):
-    assert got.keys() == expected.keys(), what
-    for key in expected:
-        a, b = got[key], expected[key]
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {key}"
-        assert torch.equal(a, b), \
-            f"{what}: {key} differs (max abs diff {(a.double() - b.double()).abs().max().item()})"
+    return {"dir": out, "ranks": spawn(_child, (str(out),), out, WORLD, DEADLINE_S, "DDP")}
 
 
 # -- the tests --------------------------------------------------------------------------------------

@@ -24,21 +24,13 @@ parameters do reach pack (conv saves its weight, linear a transposed view of
 it): the test counts them, all kept in place. (Equal gradients alone would not
 show this: an offloaded parameter comes back with the same values.)
 
-The children write their results (torch.save), or their traceback, to files in
-a temporary folder; the parent joins them with a deadline and compares.
+The ranks are spawned by tests/ranks.py (results or traceback to files, a
+deadline); the parent compares.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.connection
 import os
-import sys
-import time
-import traceback
-import warnings
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -54,6 +46,7 @@ import nets  # noqa: E402
 from cswap.candidates import is_activation  # noqa: E402
 from cswap.patch import _PATCHED  # noqa: E402
 from cswap.swapper import _Kept  # noqa: E402
+from ranks import assert_same, run_rank, spawn  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
 
@@ -62,7 +55,6 @@ STEPS = 3
 SHAPE = (4, 3, 16, 16)      # per-rank batch; VGGLike's activations are 2-8 KiB each
 DEADLINE_S = 120            # for the whole CPU spawn; a healthy run takes ~10 s
 CUDA_DEADLINE_S = 300       # the CUDA spawn also compiles the Triton kernels
-PG_TIMEOUT_S = 60           # collectives give up after this (a rank died mid-step)
 
 
 def zvc_policy(info):
@@ -259,88 +251,29 @@ def _train_fsdp(rank, device, mesh, api, net, order, kwargs, full_grads=False):
 
 
 def _child(rank, world, device_type, out_dir):
-    """Runs in a spawned process: every variant on this rank; results or traceback go to files."""
-    out = Path(out_dir)
-    try:
-        import torch.distributed as dist
+    """Runs in a spawned process: every variant on this rank."""
+    def run(rank, out):
         from torch.distributed.device_mesh import init_device_mesh
 
-        warnings.filterwarnings("ignore", message=".*saves no memory", category=RuntimeWarning)
         if device_type == "cuda":
-            torch.cuda.set_device(rank)
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-            device, backend = torch.device("cuda", rank), "nccl"
-        else:
-            torch.set_num_threads(1)  # the ranks share the machine's cores
-            if sys.platform.startswith("linux"):
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # never depend on the hostname resolving
-            device, backend = torch.device("cpu"), "gloo"
-        dist.init_process_group(backend, init_method=(out / "store").as_uri(), rank=rank, world_size=world,
-                                timeout=timedelta(seconds=PG_TIMEOUT_S))
-        try:
-            mesh = init_device_mesh(device_type, (world,))
-            results = {"local": _train_local(rank, device)}
-            for name, (api, net, order, kwargs) in VARIANTS.items():
-                results[name] = _train_fsdp(rank, device, mesh, api, net, order, kwargs, name == REFERENCE)
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
-        torch.save(results, out / f"rank{rank}.pt")
-    except BaseException:
-        (out / f"rank{rank}.error").write_text(traceback.format_exc())
-        raise
+        device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+        mesh = init_device_mesh(device_type, (world,))
+        results = {"local": _train_local(rank, device)}
+        for name, (api, net, order, kwargs) in VARIANTS.items():
+            results[name] = _train_fsdp(rank, device, mesh, api, net, order, kwargs, name == REFERENCE)
+        return results
+
+    run_rank(rank, world, out_dir, "nccl" if device_type == "cuda" else "gloo", run)
 
 
-# -- the parent -----------------------------------------------------------------------------------
-
-def _spawn(out: Path, world: int, device_type: str, deadline_s: float):
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(rank, world, device_type, str(out)), name=f"cswap-fsdp-rank{rank}",
-                         daemon=True) for rank in range(world)]
-    start = time.monotonic()
-    for p in procs:
-        p.start()
-    deadline = start + deadline_s
-    try:
-        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
-            multiprocessing.connection.wait([p.sentinel for p in procs if p.is_alive()],
-                                            timeout=max(0.0, deadline - time.monotonic()))
-            if any(p.exitcode not in (None, 0) for p in procs):  # one rank failed: the other may be stuck
-                deadline = min(deadline, time.monotonic() + 10)   # in a collective; give it 10 s
-    finally:
-        hung = [p.name for p in procs if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(10)
-    problems = []
-    for rank, p in enumerate(procs):
-        error = out / f"rank{rank}.error"
-        if error.exists():
-            problems.append(f"rank {rank} raised:\n{error.read_text()}")
-        elif p.name in hung:
-            problems.append(f"rank {rank} did not finish within {deadline_s} s (killed)")
-        elif p.exitcode != 0:
-            problems.append(f"rank {rank} exited with code {p.exitcode} (no traceback: crashed or killed)")
-        elif not (out / f"rank{rank}.pt").exists():
-            problems.append(f"rank {rank} exited cleanly but wrote no results")
-    if problems:
-        pytest.fail("FSDP children failed:\n" + "\n".join(problems), pytrace=False)
-    return {rank: torch.load(out / f"rank{rank}.pt") for rank in range(world)}
+def _spawn(out, world: int, device_type: str, deadline_s: float) -> dict:
+    return spawn(_child, (world, device_type, str(out)), out, world, deadline_s, "FSDP")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return _spawn(tmp_path_factory.mktemp("fsdp"), CPU_WORLD, "cpu", DEADLINE_S)
-
-
-def assert_same(got: dict, expected: dict, what: str):
-    assert got.keys() == expected.keys(), what
-    for key in expected:
-        a, b = got[key], expected[key]
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {key}"
-        assert torch.equal(a, b), \
-            f"{what}: {key} differs (max abs diff {(a.double() - b.double()).abs().max().item()})"
 
 
 # -- the checks (CPU and CUDA) ----------------------------------------------------------------------
