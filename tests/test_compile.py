@@ -91,15 +91,23 @@ def test_patching_a_compiled_model_offloads_at_graph_boundaries(name, mode):
         assert policy.infos and {info.op for info in policy.infos} == {COMPILED_GRAPH}
 
 
-def test_compiled_submodule_inside_a_patched_model():
-    """Eager layers offload as usual, the compiled block at its boundary."""
+@pytest.mark.parametrize("in_place", [False, True])
+def test_compiled_submodule_inside_a_patched_model(in_place):
+    """Eager layers offload as usual, the compiled block at its boundary (compiled
+    with torch.compile(block) or block.compile())."""
     make, shape = nets.MODELS["vgg"]
-    expected_model = make()
-    expected_model.classifier = compiled(expected_model.classifier)
-    expected = without_prefix(train(expected_model, shape, steps=2))
+
+    def with_compiled_classifier():
+        model = make()
+        if in_place:
+            model.classifier.compile(backend="aot_eager")
+        else:
+            model.classifier = compiled(model.classifier)
+        return model
+
+    expected = without_prefix(train(with_compiled_classifier(), shape, steps=2))
     torch._dynamo.reset()
-    model = make()
-    model.classifier = compiled(model.classifier)
+    model = with_compiled_classifier()
     policy = Recorder(lambda info: "zvc")
     cswap.patch(model, policy=policy, min_bytes=0)
     got = without_prefix(train(model, shape, steps=2))
