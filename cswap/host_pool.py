@@ -94,18 +94,10 @@ class HostPool:
 
     def trim_idle(self) -> int:
         """Free the idle buffers no request used since the previous call; the bytes freed."""
-        freed = 0
-        for cls in list(self._free):
-            keep = []
-            for buf, event in self._free[cls]:
-                if buf.data_ptr() not in self._used and (event is None or event.query()):
-                    freed += cls
-                else:
-                    keep.append((buf, event))
-            self._free[cls] = keep
-        self.reserved_bytes -= freed
+        before = self.reserved_bytes
+        self._free_idle(lambda buf: buf.data_ptr() not in self._used)
         self._used.clear()
-        return freed
+        return before - self.reserved_bytes
 
     def clear(self) -> None:
         """Drop every idle buffer (lent ones come back later as usual)."""
@@ -127,11 +119,16 @@ class HostPool:
 
     def _trim(self, nbytes: int) -> None:
         """Free idle buffers (largest classes first) until `nbytes` are released."""
+        target = self.reserved_bytes - nbytes
+        self._free_idle(lambda buf: self.reserved_bytes > target)
+
+    def _free_idle(self, select) -> None:
+        """Free the idle buffers, largest classes first, for which select(buf) holds
+        and whose last copy has completed."""
         for cls in sorted(self._free, reverse=True):
             keep = []
             for buf, event in self._free[cls]:
-                if nbytes > 0 and (event is None or event.query()):
-                    nbytes -= cls
+                if select(buf) and (event is None or event.query()):
                     self.reserved_bytes -= cls
                 else:
                     keep.append((buf, event))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -20,9 +21,10 @@ if TYPE_CHECKING:
 
 __all__ = ["patch", "unpatch", "offload", "stats", "epoch_end", "epoch_end_hook", "check_decisions"]
 
-# The Swapper options patch() passes through (layer and observer are its own).
-SWAPPER_OPTIONS = ("candidates", "min_bytes", "stash_bytes", "prefetch_bytes", "max_host_bytes", "pin_memory",
-                   "codec_configs", "asynchronous", "checksum")
+# The Swapper options patch() passes through (mode and policy it takes itself; layer
+# and observer it sets).
+SWAPPER_OPTIONS = tuple(name for name in inspect.signature(Swapper.__init__).parameters
+                        if name not in ("self", "mode", "policy", "layer", "observer"))
 
 _PATCHED: "weakref.WeakKeyDictionary[nn.Module, _Patch]" = weakref.WeakKeyDictionary()
 

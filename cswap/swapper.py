@@ -396,8 +396,8 @@ class Swapper:
         if not is_activation(t):
             # A compiled backward may assert its saved tensors' strides: only dense
             # ones, which come back with the same strides, leave the device.
-            dense = _dense_permutation(t) is not None
-            return COMPILED_GRAPH if dense and saved_by_compiled_graph(t, caller) else None
+            compiled = saved_by_compiled_graph(t, caller) and _dense_permutation(t) is not None
+            return COMPILED_GRAPH if compiled else None
         name = producer(t)
         return op_name(name or "") if self.candidates == "all" or name in SPARSE_PRODUCERS else None
 
@@ -783,8 +783,8 @@ class Swapper:
         hint = "" if self.checksum else " checksum=True (cswap.patch option) checks every byte end to end."
         return CorruptDataError(
             f"cswap: the offloaded copy of the {info.op} output of {info.where} "
-            f"[{str(info.dtype).removeprefix('torch.')} {list(info.shape)}] is corrupt: {problem}. Backward stops here rather than compute gradients "
-            f"from wrong values; the host memory or the PCIe link altered it (check the machine: ECC "
+            f"[{str(info.dtype).removeprefix('torch.')} {list(info.shape)}] is corrupt: {problem}. Backward "
+            f"stops here rather than compute gradients from wrong values; the host memory or the PCIe link altered it (check the machine: ECC "
             f"errors, dmesg).{hint}")
 
     @staticmethod
