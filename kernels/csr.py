@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, launch_grid
+from .launch import LaunchConfig, decoder_output, launch_grid
 
 __all__ = ["TILE", "STATUS", "view_2d", "index_bytes_for", "layout", "sections", "search_steps",
            "csr_compress", "csr_decompress", "csr_compress_ref", "csr_decompress_ref"]
@@ -253,17 +253,18 @@ def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: Launc
 
 def csr_decompress(payload: torch.Tensor, rows: int, cols: int, nnz: int, index_bytes: int,
                    word_dtype: torch.dtype, config: LaunchConfig | None = None,
-                   tile: int = TILE) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode with Triton; returns (words, per-tile status of STATUS bits, 0 = consistent).
+                   tile: int = TILE, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with Triton (into `out` when given); returns (words, per-tile status of
+    STATUS bits, 0 = consistent).
 
     Sizes must already agree with the payload (`layout`); its contents may be anything.
     """
     n = rows * cols
     if n == 0:  # nothing to write; only the row pointers to check
-        return csr_decompress_ref(payload, rows, cols, nnz, index_bytes, word_dtype, tile)
+        return csr_decompress_ref(payload, rows, cols, nnz, index_bytes, word_dtype, tile, out)
     crow, col, values = sections(payload, rows, nnz, index_bytes, word_dtype)
     num_tiles = _num_check_tiles(rows, nnz, tile)
-    out = torch.zeros(n, dtype=word_dtype, device=payload.device)
+    out = decoder_output(out, n, word_dtype, payload.device, zero=True)
     status = torch.zeros(num_tiles + 1, dtype=torch.int8, device=payload.device)
     grid, warps = launch_grid(config, num_tiles, payload.device)
     _csr_decompress_kernel[(grid,)](crow, col, values, out, status, rows, cols, nnz, search_steps(rows),
@@ -330,13 +331,14 @@ def _find_rows(crow: torch.Tensor, rows: int, k: torch.Tensor) -> torch.Tensor:
 
 
 def csr_decompress_ref(payload: torch.Tensor, rows: int, cols: int, nnz: int, index_bytes: int,
-                       word_dtype: torch.dtype, tile: int = TILE) -> tuple[torch.Tensor, torch.Tensor]:
+                       word_dtype: torch.dtype, tile: int = TILE, out: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference decoder; returns (words, per-tile status) exactly like `csr_decompress`."""
     device = payload.device
     crow, col, values = sections(payload, rows, nnz, index_bytes, word_dtype)
     num_tiles = _num_check_tiles(rows, nnz, tile)
     status = torch.zeros(num_tiles + 1, dtype=torch.int32, device=device)
-    out = torch.zeros(rows * cols, dtype=word_dtype, device=device)
+    out = decoder_output(out, rows * cols, word_dtype, device, zero=True)
     if num_tiles:
         status[:-1] += 2 * _tile_any(crow[1:] < crow[:-1], num_tiles, tile)
     if nnz:

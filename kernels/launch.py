@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device"]
+__all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device", "decoder_output"]
 
 _MAX_GRID = 1 << 20
 
@@ -68,6 +68,18 @@ def default_config(device: torch.device) -> LaunchConfig:
         return LaunchConfig(grid=4 * sms, block=128)
     # The interpreter runs programs one after another: fewer is faster.
     return LaunchConfig(grid=4, block=128)
+
+
+def decoder_output(out: torch.Tensor | None, n: int, dtype: torch.dtype, device: torch.device,
+                   zero: bool) -> torch.Tensor:
+    """A decoder's output: `out` when the caller provides one (checked, zeroed when the
+    decoder writes only non-zeros), else a new tensor of n elements."""
+    if out is None:
+        return (torch.zeros if zero else torch.empty)(n, dtype=dtype, device=device)
+    if out.dtype != dtype or tuple(out.shape) != (n,) or out.device != device or not out.is_contiguous():
+        raise ValueError(f"cswap.kernels: out must be a contiguous {dtype} tensor of shape ({n},) on {device}, "
+                         f"got {out.dtype} of shape {tuple(out.shape)} on {out.device}")
+    return out.zero_() if zero else out
 
 
 def launch_grid(config: LaunchConfig | None, num_tiles: int, device: torch.device) -> tuple[int, int]:

@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, launch_grid
+from .launch import LaunchConfig, decoder_output, launch_grid
 
 __all__ = [
     "CHUNK", "MAX_BLOCK_INPUT", "OK", "TRUNCATED", "OFFSET_ZERO", "OFFSET_BEFORE_START", "OVERFLOW",
@@ -435,11 +435,13 @@ def _check_payload(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: i
 
 
 def lz4_decompress(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: int, blocks_nbytes: int,
-                   config: LaunchConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode with Triton; returns (uint8[nbytes], status int64[C, 2] = (code, position))."""
+                   config: LaunchConfig | None = None, out: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with Triton (into `out` when given); returns (uint8[nbytes], status
+    int64[C, 2] = (code, position))."""
     _check_payload(payload, nbytes, chunk, num_chunks, blocks_nbytes, "cswap.kernels.lz4.lz4_decompress")
     offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
-    out = torch.zeros(nbytes, dtype=torch.uint8, device=payload.device)
+    out = decoder_output(out, nbytes, torch.uint8, payload.device, zero=True)
     status = torch.zeros((num_chunks, 2), dtype=torch.int64, device=payload.device)
     if num_chunks:
         programs, warps = launch_grid(config, num_chunks, payload.device)
@@ -643,21 +645,23 @@ def _decode_block_py(src, ib: int, ie: int, out: bytearray, ob: int, oe: int) ->
 
 
 def lz4_decompress_ref(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: int,
-                       blocks_nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       blocks_nbytes: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference decoder: a sequential Python loop over CPU bytes; returns
     (uint8[nbytes], status int64[C, 2]) on payload's device, like `lz4_decompress`."""
     _check_payload(payload, nbytes, chunk, num_chunks, blocks_nbytes, "cswap.kernels.lz4.lz4_decompress_ref")
     offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
     offs = offsets.tolist()
     src = blocks.cpu().numpy().tobytes()
-    out = bytearray(nbytes)
+    decoded = bytearray(nbytes)
     codes = []
     for c in range(num_chunks):
         ib = min(max(offs[c], 0), blocks_nbytes)
         ie = min(max(offs[c + 1], ib), blocks_nbytes)
         ob = c * chunk
-        codes.append(_decode_block_py(src, ib, ie, out, ob, min(ob + chunk, nbytes)))
+        codes.append(_decode_block_py(src, ib, ie, decoded, ob, min(ob + chunk, nbytes)))
     status = torch.tensor(codes, dtype=torch.int64).reshape(num_chunks, 2).to(payload.device)
     _offsets_status(offsets, blocks_nbytes, status)
-    result = torch.frombuffer(out, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
-    return result.to(payload.device), status
+    result = torch.frombuffer(decoded, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+    if out is None:
+        return result.to(payload.device), status
+    return decoder_output(out, nbytes, torch.uint8, payload.device, zero=False).copy_(result), status

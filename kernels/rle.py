@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, launch_grid
+from .launch import LaunchConfig, decoder_output, launch_grid
 
 __all__ = ["TILE", "MIN_TILE", "MAX_TILE", "Sections", "check_tile", "layout", "sections", "rle_compress",
            "rle_decompress", "rle_compress_ref", "rle_decompress_ref"]
@@ -257,13 +257,14 @@ def _check_totals(status: torch.Tensor, sec: Sections, num_runs: int, nnz: int) 
 
 
 def rle_decompress(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz: int,
-                   word_dtype: torch.dtype, config: LaunchConfig | None = None
+                   word_dtype: torch.dtype, config: LaunchConfig | None = None, out: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode with Triton; returns (words, per-tile status: non-zero = inconsistent tile)."""
+    """Decode with Triton (into `out` when given); returns (words, per-tile status:
+    non-zero = inconsistent tile)."""
     check_tile(tile)
     sec = sections(payload, n, tile, num_runs, nnz, word_dtype)
     num_tiles = -(-n // tile)
-    out = torch.empty(n, dtype=word_dtype, device=payload.device)
+    out = decoder_output(out, n, word_dtype, payload.device, zero=False)
     status = torch.zeros(num_tiles, dtype=torch.int8, device=payload.device)
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, payload.device)
@@ -319,7 +320,8 @@ def rle_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> tuple[int,
 
 
 def rle_decompress_ref(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz: int,
-                       word_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                       word_dtype: torch.dtype, out: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference decoder; returns (words, per-tile status) like `rle_decompress`.
 
     Tiles that fail a check are left zero; if the offsets themselves are
@@ -329,7 +331,7 @@ def rle_decompress_ref(payload: torch.Tensor, n: int, tile: int, num_runs: int, 
     sec = sections(payload, n, tile, num_runs, nnz, word_dtype)
     dev = payload.device
     num_tiles = -(-n // tile)
-    out = torch.zeros(n, dtype=word_dtype, device=dev)
+    out = decoder_output(out, n, word_dtype, dev, zero=True)
     status = torch.zeros(num_tiles, dtype=torch.int8, device=dev)
     if not num_tiles:
         return out, status

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, launch_grid
+from .launch import LaunchConfig, decoder_output, launch_grid
 
 __all__ = ["TILE", "layout", "zvc_compress", "zvc_decompress", "zvc_compress_ref", "zvc_decompress_ref"]
 
@@ -142,11 +142,13 @@ def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
 
 
 def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype,
-                   config: LaunchConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode with Triton; returns (words, per-tile status: non-zero = inconsistent tile)."""
+                   config: LaunchConfig | None = None, out: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with Triton (into `out` when given); returns (words, per-tile status:
+    non-zero = inconsistent tile)."""
     offsets, masks, values = _sections(payload, n, tile, nnz, word_dtype)
     num_tiles = -(-n // tile)
-    out = torch.empty(n, dtype=word_dtype, device=payload.device)
+    out = decoder_output(out, n, word_dtype, payload.device, zero=False)
     status = torch.zeros(num_tiles, dtype=torch.int8, device=payload.device)
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, payload.device)
@@ -198,14 +200,14 @@ def zvc_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> int:
     return nnz
 
 
-def zvc_decompress_ref(payload: torch.Tensor, n: int, tile: int, nnz: int,
-                       word_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def zvc_decompress_ref(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype,
+                       out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference decoder; returns (words, per-tile status) like `zvc_decompress`."""
     offsets, masks, values = _sections(payload, n, tile, nnz, word_dtype)
     nz = _mask_bits(masks, n)
     counts = _tile_counts(nz, tile)
     status = (offsets[1:] - offsets[:-1] != counts).to(torch.int8)
-    out = torch.zeros(n, dtype=word_dtype, device=payload.device)
+    out = decoder_output(out, n, word_dtype, payload.device, zero=True)
     found = int(nz.sum())
     # Scatter only what is consistent: never index values past nnz.
     if found == nnz and offsets[0] == 0:

@@ -41,6 +41,31 @@ def test_blob_properties_and_round_trip(name, backend):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_encode_and_decode_into_a_given_buffer(name, backend):
+    """The runtime's entry points: the payload and header apart (header bytes written
+    on the host), and decoding into memory the caller allocated."""
+    x = random_bits((5, 37), torch.float16, 0.5)
+    codec = cswap.codecs.get(name)
+    given = []
+    payload, header = codec.encode(x, backend=backend, alloc=lambda n: given.append(torch.empty(n, dtype=torch.uint8))
+                                   or given[0])
+    assert payload is given[0] and header.payload_nbytes == payload.numel()
+    blob = codec.compress(x, backend=backend)
+    assert bytes(blob.data[: header.header_nbytes].tolist()) == header.to_bytes()
+    assert torch.equal(blob.payload, payload)
+    out = torch.full((x.numel() * 2,), 0xA5, dtype=torch.uint8)  # garbage: every byte must be written
+    y, check = codec.decode(payload, header, out=out, backend=backend)
+    check.raise_if_bad()
+    assert y.data_ptr() == out.data_ptr()
+    assert_bit_equal(y, x)
+    with pytest.raises(ValueError, match="out must be a contiguous 1-D uint8 tensor of 370 bytes"):
+        codec.decode(payload, header, out=torch.empty(369, dtype=torch.uint8), backend=backend)
+    with pytest.raises(cswap.CorruptDataError, match="payload is"):
+        codec.decode(payload[:-1], header, backend=backend)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_from_bytes_and_to_round_trip(name):
     x = random_bits((3, 4, 5), torch.float32, 0.5)
     codec = cswap.codecs.get(name)

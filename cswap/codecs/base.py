@@ -1,5 +1,11 @@
 """The `Codec` base class: input checks, integer views, backends, the container.
 
+Besides `compress`/`decompress` (one self-describing buffer), `encode` and
+`decode` serve the runtime: the payload alone on the device and the header on
+the host (the runtime writes the header bytes into host memory itself, so no
+host-to-device copy or stream sync is spent on them), and decoding into an
+output the caller allocated where the tensor will be used.
+
 A codec subclass implements three things on 1-D integer "word" tensors
 (int8/16/32/64, the bit pattern of the user's tensor):
 
@@ -10,8 +16,8 @@ A codec subclass implements three things on 1-D integer "word" tensors
     _check_meta(header)
         raise CorruptDataError unless the meta fields agree with numel, the
         element size and the payload size. Runs before any kernel.
-    _decode(payload, header, word_dtype, config, backend) -> (words, status)
-        decompress. Kernels never read or write out of bounds, whatever the
+    _decode(payload, header, word_dtype, config, backend, out) -> (words, status)
+        decompress (into `out`, 1-D words, when not None). Kernels never read or write out of bounds, whatever the
         payload holds; they report payload inconsistencies in `status`, a
         device tensor that is all zeros for a consistent payload.
     _raise_on_status(status, payload, header)
@@ -27,7 +33,7 @@ import torch
 
 from ..errors import CorruptDataError
 from ..kernels.launch import LaunchConfig, check_triton_device
-from .container import SUPPORTED_DTYPES, Compressed, Header, header_size, pack_header
+from .container import SUPPORTED_DTYPES, Compressed, Header, header_size
 
 __all__ = ["Codec", "DecodeCheck", "WORD_DTYPES"]
 
@@ -100,27 +106,48 @@ class Codec:
         non-contiguous tensor is copied to contiguous first. `config` sets
         the Triton launch (ignored by the torch backend).
         """
+        hsize = header_size(x.dim(), self.n_meta) if isinstance(x, torch.Tensor) else 0
+        whole: list[torch.Tensor] = []
+
+        def alloc(payload_nbytes: int) -> torch.Tensor:  # the payload behind room for the header
+            whole.append(torch.empty(hsize + payload_nbytes, dtype=torch.uint8, device=x.device))
+            return whole[0][hsize:]
+
+        payload, header = self.encode(x, config, backend, alloc)
+        data = whole[0]
+        data[:hsize].copy_(torch.frombuffer(bytearray(header.to_bytes()), dtype=torch.uint8))
+        return Compressed(data, header)
+
+    def encode(self, x: torch.Tensor, config: LaunchConfig | None = None, backend: str = "auto",
+               alloc: Callable[[int], torch.Tensor] | None = None) -> tuple[torch.Tensor, Header]:
+        """Compress `x` into its payload (on x's device) and header (on the host).
+
+        `alloc(nbytes)` gives the payload's memory (a 1-D uint8 tensor on x's
+        device, 16-byte aligned; default torch.empty). The buffer `compress`
+        returns is header.to_bytes() followed by this payload.
+        """
         where = f"cswap.codecs.{self.name}.compress"
         _check_input(x, where)
         backend = resolve_backend(backend, x.device, where)
         shape = tuple(x.shape)
-        hsize = header_size(len(shape), self.n_meta)
-        buf: list[torch.Tensor] = []
+        box: list[torch.Tensor] = []
 
-        def alloc(payload_nbytes: int) -> torch.Tensor:
-            if buf:
+        def take(payload_nbytes: int) -> torch.Tensor:
+            if box:
                 raise RuntimeError(f"{where}: alloc called twice")
-            buf.append(torch.empty(hsize + payload_nbytes, dtype=torch.uint8, device=x.device))
-            return buf[0][hsize:]
+            if alloc is None:
+                box.append(torch.empty(payload_nbytes, dtype=torch.uint8, device=x.device))
+            else:
+                box.append(alloc(payload_nbytes))
+            return box[0]
 
-        meta = tuple(int(m) for m in self._encode(as_words(x), shape, config, backend, alloc))
-        if len(meta) != self.n_meta or not buf:
+        meta = tuple(int(m) for m in self._encode(as_words(x), shape, config, backend, take))
+        if len(meta) != self.n_meta or not box:
             raise RuntimeError(f"{where}: codec returned {len(meta)} meta fields (expected {self.n_meta})")
-        data = buf[0]
-        raw = pack_header(self.name, x.dtype, shape, meta, data.numel() - hsize)
-        data[:hsize].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-        header = Header(self.name, x.dtype, torch.Size(shape), meta, hsize, data.numel() - hsize)
-        return Compressed(data, header)
+        payload = box[0]
+        header = Header(self.name, x.dtype, torch.Size(shape), meta, header_size(len(shape), self.n_meta),
+                        payload.numel())
+        return payload, header
 
     def decompress(self, blob: Compressed, config: LaunchConfig | None = None, backend: str = "auto",
                    check: bool = True) -> torch.Tensor:
@@ -137,8 +164,7 @@ class Codec:
     def decompress_deferred(self, blob: Compressed, config: LaunchConfig | None = None,
                             backend: str = "auto") -> tuple[torch.Tensor, DecodeCheck]:
         """`decompress` without the host sync: returns the tensor and the
-        decoder's DecodeCheck, to be read once the decode has run (the runtime
-        reads it when backward needs the tensor)."""
+        decoder's DecodeCheck, to be read once the decode has run."""
         where = f"cswap.codecs.{self.name}.decompress"
         if not isinstance(blob, Compressed):
             raise TypeError(f"{where}: expected a cswap.Compressed, got {type(blob).__name__}; "
@@ -146,24 +172,44 @@ class Codec:
         if blob.codec != self.name:
             raise ValueError(f"{where}: buffer was written by codec {blob.codec!r}; use "
                              f"cswap.codecs.get({blob.codec!r}) or blob.decompress()")
-        header = blob._header
+        return self.decode(blob.payload, blob._header, config=config, backend=backend)
+
+    def decode(self, payload: torch.Tensor, header: Header, out: torch.Tensor | None = None,
+               config: LaunchConfig | None = None, backend: str = "auto") -> tuple[torch.Tensor, DecodeCheck]:
+        """Decode a payload described by `header` (as `encode` returned them) into
+        `out` (a contiguous 1-D uint8 tensor of the tensor's size on payload's
+        device) or a new tensor; returns it with the decoder's DecodeCheck (no
+        host sync)."""
+        where = f"cswap.codecs.{self.name}.decompress"
+        if header.codec != self.name:
+            raise ValueError(f"{where}: the header is codec {header.codec!r}'s")
         self.check_meta(header)
-        backend = resolve_backend(backend, blob.device, where)
+        if payload.numel() != header.payload_nbytes:
+            raise CorruptDataError(f"{where}: payload is {payload.numel()} bytes but its header says "
+                                   f"{header.payload_nbytes}")
+        backend = resolve_backend(backend, payload.device, where)
         word_dtype = WORD_DTYPES[header.dtype.itemsize]
-        payload = blob.payload
+        out_words = None
+        if out is not None:
+            nbytes = header.shape.numel() * header.dtype.itemsize
+            if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != nbytes or not out.is_contiguous() \
+                    or out.device != payload.device:
+                raise ValueError(f"{where}: out must be a contiguous 1-D uint8 tensor of {nbytes} bytes on "
+                                 f"{payload.device}, got {out.dtype} of shape {tuple(out.shape)} on {out.device}")
+            out_words = out.view(word_dtype)
         if payload.numel() and payload.data_ptr() % 16:
             # Decoders view sections as int32/int64; a buffer rebuilt from bytes at
             # an arbitrary address (from_bytes on a slice, to(out=) into an offset
             # view) is copied once to fresh, aligned memory.
             payload = payload.clone()
         try:
-            words, status = self._decode(payload, header, word_dtype, config, backend)
+            words, status = self._decode(payload, header, word_dtype, config, backend, out_words)
         except RuntimeError as exc:  # a header may claim any size (all zeros compress that well)
             if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" not in str(exc):
                 raise  # CUDA OOM keeps its type: the runtime waits for frees and retries on it
             raise MemoryError(f"{where}: the buffer decodes to a {header.dtype} tensor of shape "
                               f"{tuple(header.shape)} ({header.shape.numel() * header.dtype.itemsize} bytes), "
-                              f"more than {blob.device} memory can hold; if the buffer is not from a trusted "
+                              f"more than {payload.device} memory can hold; if the buffer is not from a trusted "
                               f"source, its header may be lying") from exc
         return words.view(header.dtype).reshape(header.shape), DecodeCheck(self, status, payload, header)
 
@@ -182,7 +228,7 @@ class Codec:
         raise NotImplementedError
 
     def _decode(self, payload: torch.Tensor, header: Header, word_dtype: torch.dtype, config,
-                backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                backend: str, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def _raise_on_status(self, status: torch.Tensor, payload: torch.Tensor, header: Header) -> None:

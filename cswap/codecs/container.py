@@ -81,6 +81,10 @@ class Header:
     header_nbytes: int
     payload_nbytes: int
 
+    def to_bytes(self) -> bytes:
+        """The header as it starts a buffer (pack_header of these fields)."""
+        return pack_header(self.codec, self.dtype, tuple(self.shape), self.meta, self.payload_nbytes)
+
 
 def unpack_header(read, total_nbytes: int) -> Header:
     """Parse and validate a header. `read(n)` returns the buffer's first n bytes."""

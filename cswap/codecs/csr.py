@@ -47,12 +47,12 @@ class CSR(Codec):
             raise CorruptDataError(f"{_WHERE}: payload is {header.payload_nbytes} bytes but {rows} rows with "
                                    f"{nnz} non-zeros of {header.dtype.itemsize} bytes take {expected}")
 
-    def _decode(self, payload, header, word_dtype, config, backend):
+    def _decode(self, payload, header, word_dtype, config, backend, out):
         rows, cols, nnz, index_bytes = header.meta
         if backend == "triton":
-            words, status = kernels.csr_decompress(payload, rows, cols, nnz, index_bytes, word_dtype, config)
+            words, status = kernels.csr_decompress(payload, rows, cols, nnz, index_bytes, word_dtype, config, out=out)
         else:
-            words, status = kernels.csr_decompress_ref(payload, rows, cols, nnz, index_bytes, word_dtype)
+            words, status = kernels.csr_decompress_ref(payload, rows, cols, nnz, index_bytes, word_dtype, out=out)
         return words, status
 
     def _raise_on_status(self, status, payload, header):

@@ -97,13 +97,15 @@ class LZ4(Codec):
             raise CorruptDataError(f"{_WHERE}: payload is {header.payload_nbytes} bytes but {num_chunks + 1} "
                                    f"block offsets and {blocks_nbytes} block bytes take {payload}")
 
-    def _decode(self, payload, header, word_dtype, config, backend):
+    def _decode(self, payload, header, word_dtype, config, backend, out):
         chunk, num_chunks, blocks_nbytes = header.meta
         nbytes = header.shape.numel() * header.dtype.itemsize
+        out8 = None if out is None else out.view(torch.uint8)
         if backend == "triton":
-            out, status = kernels.lz4_decompress(payload, nbytes, chunk, num_chunks, blocks_nbytes, config)
+            out, status = kernels.lz4_decompress(payload, nbytes, chunk, num_chunks, blocks_nbytes, config,
+                                                 out=out8)
         else:
-            out, status = kernels.lz4_decompress_ref(payload, nbytes, chunk, num_chunks, blocks_nbytes)
+            out, status = kernels.lz4_decompress_ref(payload, nbytes, chunk, num_chunks, blocks_nbytes, out=out8)
         return out.view(word_dtype), status
 
     def _raise_on_status(self, status, payload, header):

@@ -43,13 +43,13 @@ class RLE(Codec):
             raise CorruptDataError(f"{where}: payload is {header.payload_nbytes} bytes but {n} elements "
                                    f"with {num_runs} runs and {nnz} non-zeros take {expected}")
 
-    def _decode(self, payload, header, word_dtype, config, backend):
+    def _decode(self, payload, header, word_dtype, config, backend, out):
         tile, num_runs, nnz = header.meta
         n = header.shape.numel()
         if backend == "triton":
-            words, status = kernels.rle_decompress(payload, n, tile, num_runs, nnz, word_dtype, config)
+            words, status = kernels.rle_decompress(payload, n, tile, num_runs, nnz, word_dtype, config, out)
         else:
-            words, status = kernels.rle_decompress_ref(payload, n, tile, num_runs, nnz, word_dtype)
+            words, status = kernels.rle_decompress_ref(payload, n, tile, num_runs, nnz, word_dtype, out)
         return words, status
 
     def _raise_on_status(self, status, payload, header):

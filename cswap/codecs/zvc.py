@@ -38,13 +38,13 @@ class ZVC(Codec):
             raise CorruptDataError(f"{where}: payload is {header.payload_nbytes} bytes but {n} elements "
                                    f"with {nnz} non-zeros take {expected}")
 
-    def _decode(self, payload, header, word_dtype, config, backend):
+    def _decode(self, payload, header, word_dtype, config, backend, out):
         tile, nnz = header.meta
         n = header.shape.numel()
         if backend == "triton":
-            words, status = kernels.zvc_decompress(payload, n, tile, nnz, word_dtype, config)
+            words, status = kernels.zvc_decompress(payload, n, tile, nnz, word_dtype, config, out)
         else:
-            words, status = kernels.zvc_decompress_ref(payload, n, tile, nnz, word_dtype)
+            words, status = kernels.zvc_decompress_ref(payload, n, tile, nnz, word_dtype, out)
         return words, status
 
     def _raise_on_status(self, status, payload, header):
