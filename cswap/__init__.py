@@ -1,15 +1,15 @@
 """cswap: compressed activation swapping for PyTorch training (CSWAP, CLUSTER 2021)."""
 
-from . import codecs, ops
-from .candidates import SwapInfo
+from . import codecs, ops, testing
 from .codecs.container import Compressed
 from .errors import CorruptDataError
 from .kernels.launch import LaunchConfig
 from .patch import check_decisions, epoch_end, epoch_end_hook, offload, patch, stats, unpatch
 from .profile import Profile, load_profile
-from .stats import SwapStats
+from .runtime.candidates import SwapInfo
+from .runtime.stats import SwapStats
 
-__all__ = ["codecs", "ops", "Compressed", "CorruptDataError", "LaunchConfig", "Profile", "SwapInfo", "SwapStats",
-           "check_decisions", "epoch_end", "epoch_end_hook", "load_profile", "offload", "patch", "stats",
-           "unpatch"]
+__all__ = ["codecs", "ops", "testing", "Compressed", "CorruptDataError", "LaunchConfig", "Profile", "SwapInfo",
+           "SwapStats", "check_decisions", "epoch_end", "epoch_end_hook", "load_profile", "offload", "patch",
+           "stats", "unpatch"]
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ import time
 
 from .advisor import MODES as ADVISOR_MODES
 from .advisor import Advisor, Decision
-from .candidates import SwapInfo
+from .runtime.candidates import SwapInfo
 from .profile import Profile, load_profile
 from .profiler import TensorProfiler
 from .report import EpochReport, ReportWriter, TensorRow

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from .controller import Controller
-from .layers import LayerTracker
-from .stats import SwapStats
-from .swapper import Swapper, check_policy
+from .runtime.layers import LayerTracker
+from .runtime.stats import SwapStats
+from .runtime.swapper import Swapper, check_policy
 
 if TYPE_CHECKING:
     from .report import EpochReport
@@ -117,13 +117,15 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     advisor: "independent" (paper eq. 1-4 per tensor) or "timeline" (a
     simulated iteration with shared PCIe links). report_dir: where
     cswap.epoch_end(model) writes its reports (JSON lines, CSV, PNG plots);
-    verbose: print each epoch's table. Swapper options (cswap.swapper.Swapper):
+    verbose: print each epoch's table. Swapper options (cswap.runtime.Swapper):
     candidates="sparse" | "all", min_bytes (default 1 MiB on CUDA),
-    stash_bytes, prefetch_bytes, max_host_bytes, pin_memory,
-    codec_configs={codec: LaunchConfig} (default: the profile's tuned ones),
-    checksum=True (an end-to-end checksum of every offloaded buffer, see
-    cswap.integrity; off by default: compressed copies are always checked by
-    their header and decoder, and raise CorruptDataError when altered).
+    stash_bytes and prefetch_bytes (bytes in flight each way; default an
+    eighth of what the previous forward pass offloaded), max_host_bytes,
+    pin_memory, codec_configs={codec: LaunchConfig} (default: the profile's
+    tuned ones), checksum=True (an end-to-end checksum of every offloaded
+    buffer, see cswap.runtime.integrity; off by default: compressed copies are
+    always checked by their header and decoder, and raise CorruptDataError
+    when altered).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.patch: expected a torch.nn.Module, got {type(model).__name__}")

@@ -2,9 +2,9 @@
 
 Timing (the paper's "one time" rows of Table II) runs on one iteration: the
 moment each offloaded tensor is saved in forward and first used in backward,
-the end of forward and the last use in backward. On CUDA these are events on
-the compute stream, read once after the iteration (one sync); on CPU, a
-monotonic clock. From them: Hidden_f of tensor i is the forward compute until
+the end of forward and the last use in backward: timing events on the compute
+stream of the tensors' device (cswap.runtime.device), read once after the
+iteration (one sync). From them: Hidden_f of tensor i is the forward compute until
 the next tensor is saved (the link is free for it that long), Hidden_b the
 backward compute between the use of the tensor saved after it and its own use.
 
@@ -24,7 +24,7 @@ from math import prod
 import torch
 
 from .advisor import IterationProfile, TensorProfile
-from .candidates import SwapInfo
+from .runtime.candidates import SwapInfo
 
 __all__ = ["TensorProfiler", "sparsity_and_runs"]
 
@@ -55,7 +55,7 @@ class _Record:
 class _Pass:
     timing: bool
     sampling: bool
-    cuda: bool = False
+    device: object = None  # the cswap.runtime.device.Device of the tensors
     start: object = None
     forward_end: object = None
     backward_start: object = None
@@ -85,12 +85,9 @@ class TensorProfiler:
     def arm_timing(self) -> None:
         self.timing_armed = True
 
-    def _stamp(self, cuda: bool):
-        if cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+    @staticmethod
+    def _stamp(device):
+        return device.record_event(device.compute_stream(), timing=True)
 
     # -- called by the swapper -----------------------------------------------------------
 
@@ -103,18 +100,18 @@ class TensorProfiler:
             self.timing_armed = self.sampling_armed = False
         self.overhead_s += time.perf_counter() - start
 
-    def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo) -> None:
+    def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo, device) -> None:
         p = self.current
         self.infos[key] = info
         if p is None:
             return
         start = time.perf_counter()
         if p.start is None:
-            p.cuda = t.is_cuda
-            p.start = self._stamp(p.cuda)
+            p.device = device
+            p.start = self._stamp(device)
         record = p.records.setdefault(key, _Record(info))
         if p.timing:
-            record.saved = self._stamp(p.cuda)
+            record.saved = self._stamp(device)
         if p.sampling:
             record.nnz, record.runs = sparsity_and_runs(t)
         self.overhead_s += time.perf_counter() - start
@@ -122,14 +119,14 @@ class TensorProfiler:
     def end_forward(self) -> None:
         p = self.current
         if p is not None and p.timing and p.start is not None:
-            p.forward_end = self._stamp(p.cuda)
+            p.forward_end = self._stamp(p.device)
 
     def on_unpack(self, key: str) -> None:
         p = self.current
         if p is None or not p.timing or key not in p.records:
             return
         start = time.perf_counter()
-        stamp = self._stamp(p.cuda)
+        stamp = self._stamp(p.device)
         if p.backward_start is None:
             p.backward_start = stamp
         if p.records[key].used is None:
@@ -149,8 +146,7 @@ class TensorProfiler:
                 self.sampling_armed |= p.sampling
             return
         start = time.perf_counter()
-        if p.cuda:
-            torch.cuda.synchronize()
+        p.device.synchronize()
         if p.sampling:
             for key, r in p.records.items():
                 self.sparsity[key] = (1.0 - int(r.nnz) / max(prod(r.info.shape), 1), int(r.runs))
@@ -161,10 +157,9 @@ class TensorProfiler:
             self.timing_armed = True  # no (complete) backward: time the next pass
         self.overhead_s += time.perf_counter() - start
 
-    def _seconds(self, p: _Pass, a, b) -> float:
-        if p.cuda:
-            return max(a.elapsed_time(b) / 1e3, 0.0)
-        return max(b - a, 0.0)
+    @staticmethod
+    def _seconds(p: _Pass, a, b) -> float:
+        return max(p.device.elapsed_s(a, b), 0.0)
 
     def _iteration(self, p: _Pass) -> IterationProfile:
         keys = list(p.records)

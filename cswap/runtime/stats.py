@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 __all__ = ["SwapStats"]
@@ -11,20 +12,28 @@ _FIELDS = {
     "offloaded_bytes": "their size before compression",
     "transferred_bytes": "bytes moved to the host, after compression",
     "compressed_tensors": "offloaded tensors that were compressed first",
+    "compress_oom": "compressions that ran out of device memory (the tensor was sent uncompressed)",
     "host_compressed_tensors": "vdnnpp: host copies compressed on the CPU after the transfer",
     "deduplicated": "saves of an already offloaded tensor (served by its first copy)",
-    "kept_on_gpu": "candidates left in place (host memory limit, or no buffer)",
+    "kept_on_gpu": "candidates left on the device because host memory ran out (max_host_bytes)",
     "restored_tensors": "tensors brought back for backward",
+    "served_from_device": "saves backward asked for while the tensor was still on the device (no round trip)",
     "prefetched": "restores started ahead of need",
     "on_demand": "restores started only when backward asked",
-    "prefetch_oom": "prefetches stopped by GPU out of memory (fetched on demand instead)",
-    "oom_retries": "on-demand restores retried after GPU out of memory",
-    "prefetch_stall_s": "seconds unpack waited for a restore (host clock)",
-    "offload_stall_s": "seconds forward waited because the stash limit was reached",
+    "prefetch_oom": "prefetches stopped by device out of memory (fetched on demand instead)",
+    "oom_retries": "on-demand restores retried after device out of memory",
+    "prefetch_stall_s": "seconds compute waited for on-demand restores (device time, from events)",
+    "offload_stall_s": "seconds forward waited because the in-flight offloads reached stash_bytes",
+    "peak_offload_bytes": "most bytes offloaded but not yet released at once (bounded by stash_bytes)",
+    "peak_prefetch_bytes": "most bytes restored ahead of use at once (bounded by prefetch_bytes)",
     "host_pool_bytes": "host memory held by the buffer pool now",
     "peak_host_pool_bytes": "most host memory the pool held",
-    "peak_gpu_bytes": "torch.cuda.max_memory_allocated since the last reset (CUDA only)",
+    "peak_gpu_bytes": "device memory allocated, at most, since the last reset",
+    "peak_gpu_reserved_bytes": "device memory reserved by the allocator, at most, since the last reset",
 }
+
+
+_LIVE = ("prefetch_stall_s", "host_pool_bytes", "peak_host_pool_bytes", "peak_gpu_bytes", "peak_gpu_reserved_bytes")
 
 
 class SwapStats(Mapping):
@@ -34,6 +43,7 @@ class SwapStats(Mapping):
 
     def __init__(self, swapper=None):
         self._swapper = swapper
+        self._lock = threading.Lock()  # the worker, the releaser and the user's thread all count
         self.reset()
 
     def reset(self) -> None:
@@ -44,12 +54,22 @@ class SwapStats(Mapping):
             self._swapper.on_stats_reset()
 
     def add(self, name: str, value=1) -> None:
-        self._counts[name] += value
+        with self._lock:
+            self._counts[name] += value
+
+    def peak(self, name: str, value: int) -> None:
+        with self._lock:
+            if value > self._counts[name]:
+                self._counts[name] = value
+
+    def counted(self, name: str):
+        """The counter itself (what a live field adds to)."""
+        return self._counts[name]
 
     def __getitem__(self, name: str):
         if name not in _FIELDS:
             raise KeyError(f"cswap.stats: no field {name!r}; fields are {', '.join(_FIELDS)}")
-        if self._swapper is not None and name in ("host_pool_bytes", "peak_host_pool_bytes", "peak_gpu_bytes"):
+        if self._swapper is not None and name in _LIVE:
             return self._swapper.live_stat(name)
         return self._counts[name]
 

@@ -1,0 +1,262 @@
+"""The device seam: every device operation the runtime performs, in one place.
+
+The runtime (swapper, offload, restore, host pool, profiler) talks to a device
+only through a `Device`. Two implementations share this interface:
+
+- `CudaDevice`: torch.cuda, what users run (one per CUDA device, so events,
+  streams, synchronize and memory stats always name the tensor's device);
+- `cswap.runtime.emulator.EmulatedDevice`: an asynchronous device emulated on
+  CPU, for tests and development, with CUDA's ordering semantics, late copies,
+  the caching allocator's reuse hazard and a race detector.
+
+Streams and events are the implementation's own objects; the runtime never
+calls their methods directly but goes through the device, naming each
+synchronisation point (`at=`, see cswap.runtime.sync) so tests can switch one
+off. Work that runs on a stream is handed over as a function: `launch` runs
+it asynchronously (CUDA: now, with the stream current, its kernels queued;
+emulator: on the stream's thread, in order), `call` runs it and returns its
+value (for work that reads a result back on the host, as codecs do to size
+their output).
+
+`on_saved`, `on_use` and `host_access` tell the device what the host and
+the compute stream touch (they are no-ops on CUDA, where the hardware needs no
+telling; the emulator accounts memory and checks races with them).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+
+from . import sync
+
+__all__ = ["Device", "CudaDevice", "device_of"]
+
+SIDE_STREAMS = ("compress", "d2h", "h2d")
+
+
+class Device:
+    """The operations the runtime needs from a device (see the module docstring)."""
+
+    kind: str = "device"
+    device: torch.device
+
+    # -- streams and events ----------------------------------------------------------------
+    def compute_stream(self):
+        """The caller's current stream, where autograd's work runs."""
+        raise NotImplementedError
+
+    def side_stream(self, role: str):
+        """The runtime's stream for `role` ("compress", "d2h" or "h2d"), made once per device."""
+        raise NotImplementedError
+
+    def record_event(self, stream, timing: bool = False):
+        raise NotImplementedError
+
+    def wait_event(self, stream, event, at: str) -> None:
+        """Work queued on `stream` from now on waits for `event`."""
+        raise NotImplementedError
+
+    def wait_stream(self, stream, other, at: str) -> None:
+        """Work queued on `stream` from now on waits for all work queued on `other` so far."""
+        raise NotImplementedError
+
+    def event_synchronize(self, event, at: str) -> None:
+        """The host waits until `event` has completed."""
+        raise NotImplementedError
+
+    def event_query(self, event, at: str) -> bool:
+        """Whether `event` has completed (the host then knows all work before it is done)."""
+        raise NotImplementedError
+
+    def elapsed_s(self, start, end) -> float | None:
+        """Seconds between two completed timing events, None while either is pending."""
+        raise NotImplementedError
+
+    def record_stream(self, tensor: torch.Tensor, stream, at: str) -> None:
+        """`tensor`'s memory is not recycled before work queued on `stream` so far completes."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """The host waits for every stream of this device."""
+        raise NotImplementedError
+
+    # -- work ------------------------------------------------------------------------------
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
+        """Copy src into dst (same number of bytes) asynchronously on `stream`."""
+        raise NotImplementedError
+
+    def launch(self, stream, fn: Callable[[], object], reads=(), writes=()) -> None:
+        """Run device work `fn` on `stream` asynchronously; `reads`/`writes`: the tensors it touches."""
+        raise NotImplementedError
+
+    def call(self, stream, fn: Callable[[], object], reads=(), writes=()):
+        """Run `fn` on `stream` and return its value; fn may wait for its own work on the stream."""
+        raise NotImplementedError
+
+    # -- memory ----------------------------------------------------------------------------
+    def empty(self, nbytes: int, stream) -> torch.Tensor:
+        """A 1-D uint8 device buffer, allocated for use on `stream`."""
+        raise NotImplementedError
+
+    def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        """A 1-D uint8 host buffer for copies (pinned, or pageable)."""
+        raise NotImplementedError
+
+    def host_reserved_bytes(self, nbytes: int, pinned: bool) -> int:
+        """Host memory a host_empty(nbytes) buffer really holds."""
+        return nbytes
+
+    def empty_host_cache(self) -> None:
+        """Give freed pinned blocks cached by the host allocator back to the system."""
+
+    def memory_allocated(self) -> int:
+        raise NotImplementedError
+
+    def max_memory_allocated(self) -> int:
+        raise NotImplementedError
+
+    def memory_reserved(self) -> int:
+        raise NotImplementedError
+
+    def max_memory_reserved(self) -> int:
+        raise NotImplementedError
+
+    def reset_peak(self) -> None:
+        raise NotImplementedError
+
+    # -- what the host and compute touch (the emulator's accounting and race checks) ---------
+    def on_saved(self, t: torch.Tensor) -> None:
+        """Autograd saved `t`, written by compute before now."""
+
+    def on_use(self, t: torch.Tensor) -> None:
+        """Compute reads `t` from now on."""
+
+    def host_access(self, t: torch.Tensor, write: bool) -> None:
+        """The host reads (or writes) host buffer `t` now."""
+
+
+class CudaDevice(Device):
+    """torch.cuda for one CUDA device; every call names that device."""
+
+    kind = "cuda"
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        if self.device.type != "cuda" or self.device.index is None:
+            raise ValueError(f"cswap.runtime: CudaDevice needs an indexed CUDA device, got {device}")
+        self._streams: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def compute_stream(self):
+        return torch.cuda.current_stream(self.device)
+
+    def side_stream(self, role: str):
+        with self._lock:
+            stream = self._streams.get(role)
+            if stream is None:
+                if role not in SIDE_STREAMS:
+                    raise ValueError(f"cswap.runtime: unknown stream role {role!r}")
+                stream = self._streams[role] = torch.cuda.Stream(self.device)
+            return stream
+
+    def record_event(self, stream, timing: bool = False):
+        # blocking=True: a host thread waiting on it sleeps instead of spinning a core.
+        event = torch.cuda.Event(enable_timing=timing, blocking=True)
+        event.record(stream)
+        return event
+
+    def wait_event(self, stream, event, at: str) -> None:
+        if sync.active(at):
+            stream.wait_event(event)
+
+    def wait_stream(self, stream, other, at: str) -> None:
+        if sync.active(at):
+            stream.wait_stream(other)
+
+    def event_synchronize(self, event, at: str) -> None:
+        if sync.active(at):
+            event.synchronize()
+
+    def event_query(self, event, at: str) -> bool:
+        return event.query() if sync.active(at) else True
+
+    def elapsed_s(self, start, end) -> float | None:
+        if not (start.query() and end.query()):
+            return None
+        return start.elapsed_time(end) / 1e3
+
+    def record_stream(self, tensor: torch.Tensor, stream, at: str) -> None:
+        if sync.active(at):
+            tensor.record_stream(stream)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+
+    def launch(self, stream, fn, reads=(), writes=()) -> None:
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            fn()
+
+    def call(self, stream, fn, reads=(), writes=()):
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            return fn()
+
+    def empty(self, nbytes: int, stream) -> torch.Tensor:
+        with torch.cuda.stream(stream):
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+
+    def host_reserved_bytes(self, nbytes: int, pinned: bool) -> int:
+        # PyTorch's caching host allocator rounds every pinned block up to a power
+        # of two (ATen/core/CachingHostAllocator.h, PowerOf2Ceil) and caches it.
+        return 1 << max(int(nbytes) - 1, 0).bit_length() if pinned else nbytes
+
+    def empty_host_cache(self) -> None:
+        free = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+        if free is not None:
+            free()
+
+    def memory_allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def max_memory_allocated(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def memory_reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device)
+
+    def max_memory_reserved(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+
+_CUDA: dict[int, CudaDevice] = {}
+_CUDA_LOCK = threading.Lock()
+
+
+def device_of(t: torch.Tensor) -> Device | None:
+    """The device `t` lives on: CUDA, or for CPU tensors the active emulator (the
+    one `cswap.testing.emulated_device()` opened, else a zero-delay one); None for
+    devices cswap does not offload from."""
+    if t.is_cuda:
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        with _CUDA_LOCK:
+            dev = _CUDA.get(index)
+            if dev is None:
+                dev = _CUDA[index] = CudaDevice(torch.device("cuda", index))
+        return dev
+    if t.device.type == "cpu":
+        from .emulator import current
+
+        return current()
+    return None

@@ -1,0 +1,776 @@
+"""An asynchronous device emulated on CPU, with CUDA's ordering semantics.
+
+The runtime's CUDA code path runs against it on any machine, under conditions
+at least as hostile as a GPU's:
+
+- Streams. The compute stream is the caller: autograd runs on CPU tensors as
+  usual, and waiting on it is immediate. Each side stream is a thread that runs
+  its queue in order: copies, device work (`launch`, `call`), event records and
+  waits.
+- Copies finish late. A copy of N bytes completes N / bandwidth seconds after
+  it starts, plus seeded random jitter, and it reads its source and writes its
+  destination only then: a reader that does not wait sees the old contents,
+  and a source dropped too early is gone.
+- The caching allocator's hazard. Buffers the runtime allocates (`empty`) come
+  from a caching allocator per stream. A buffer freed while another stream's
+  work on it is pending, and not record_stream()ed to that stream, is poisoned
+  (0xA5 bytes) at once, as CUDA would hand it to the next allocation; reuse on
+  the stream it was allocated on waits for that stream's queue.
+- A race detector. Every access to a tracked buffer (copies, device work,
+  what autograd saves and uses, host reads and writes of host buffers) is
+  checked with vector clocks against the synchronisation that orders it: an
+  access not ordered after a conflicting one is a hazard, recorded in
+  `hazards` and made visible by poisoning the data it produced or read. Events
+  carry clocks; waits, host synchronization and queries merge them, exactly as
+  CUDA orders work. So a missing wait is caught even when timing happens to
+  hide it.
+- Memory. `live_bytes` counts the device bytes held by saved activations
+  (from the moment autograd saves them until their storage dies) and by the
+  runtime's own buffers; `peak_bytes` their maximum. With `capacity_bytes`, an
+  allocation beyond it raises torch.OutOfMemoryError.
+- Pinned memory as PyTorch's caching host allocator keeps it: blocks rounded
+  up to a power of two, and kept after being freed until empty_host_cache().
+- Errors. An exception in device work on a stream, or an injected failure
+  (`inject_failure`), is carried by the next event recorded on that stream and
+  raised by whoever synchronizes with it, as CUDA reports asynchronous errors.
+
+What it does not model: kernel durations (device work takes the CPU time it
+takes), the compute stream running behind the host (it is the host), PCIe
+sharing between several devices, and memory the runtime does not see
+(autograd's temporaries, parameters, gradients).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import weakref
+from collections import defaultdict, deque
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from . import sync
+from .device import SIDE_STREAMS, Device
+
+__all__ = ["EmulatedDevice", "current", "activate", "POISON"]
+
+POISON = 0xA5           # the byte pattern of recycled memory
+HOST, COMPUTE = 0, 1    # clock ids of the host threads and the compute stream
+_BLOCK = 512            # allocation granularity, as CUDA's caching allocator
+_MAX_ACCESSES = 32      # accesses remembered per buffer
+_DEADLOCK_S = 60.0      # a host wait longer than this is a deadlock: raise, never hang a test run
+
+
+class _Clock(dict):
+    """A vector clock: stream id -> the latest of its operations known to have happened."""
+
+    def merge(self, other: dict) -> None:
+        for sid, tick in other.items():
+            if tick > self.get(sid, 0):
+                self[sid] = tick
+
+    def covers(self, sid: int, tick: int) -> bool:
+        return self.get(sid, 0) >= tick
+
+
+class EmulatedStream:
+    """A stream of the emulated device (compute: the caller; side streams: a thread)."""
+
+    def __init__(self, dev: "EmulatedDevice", sid: int, name: str):
+        self.dev, self.sid, self.name = dev, sid, name
+        self.vc = _Clock()
+        self.error: BaseException | None = None  # carried by the next event recorded here
+        self.queue: deque = deque()
+        self.cv = threading.Condition(dev._lock)
+        self.rng = random.Random(f"{dev.seed}:{name}")
+        self.thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"<emulated stream {self.name}>"
+
+
+class EmulatedEvent:
+    """An event: done once its stream reached it; carries the stream's clock and error."""
+
+    __slots__ = ("dev", "stream", "vc", "done", "time", "error")
+
+    def __init__(self, dev: "EmulatedDevice", stream: EmulatedStream):
+        self.dev, self.stream = dev, stream
+        self.vc = _Clock()
+        self.done = threading.Event()
+        self.time: float | None = None
+        self.error: BaseException | None = None
+
+    def query(self) -> bool:
+        return self.dev.event_query(self, None)
+
+    def synchronize(self) -> None:
+        self.dev.event_synchronize(self, None)
+
+    def elapsed_time(self, end: "EmulatedEvent") -> float:
+        """Milliseconds from this event to `end`, as torch.cuda.Event.elapsed_time."""
+        return (end.time - self.time) * 1e3
+
+
+class _Buffer:
+    """A tracked piece of memory: an autograd storage ("saved"), an emulated device
+    block ("device"), or a host block ("host")."""
+
+    __slots__ = ("kind", "nbytes", "stream", "recorded", "accesses", "pending", "block", "storage",
+                 "counted", "free_vc", "frees_left", "pinned")
+
+    def __init__(self, kind: str, nbytes: int, stream: EmulatedStream, block=None, storage=None):
+        self.kind, self.nbytes, self.stream = kind, nbytes, stream
+        self.recorded: set[EmulatedStream] = set()
+        self.accesses: list[tuple[int, int, int, int, bool]] = []  # (lo, hi, sid, tick, write)
+        self.pending: dict[int, int] = defaultdict(int)           # queued ops per stream id
+        self.block = block                                        # numpy memory (device, host)
+        self.storage = storage                                    # weakref to a saved storage
+        self.counted = False
+        self.free_vc: _Clock | None = None
+        self.frees_left = 0
+        self.pinned = False
+
+
+class _Ref:
+    """Where an operation reads or writes: a byte range of a tracked buffer. It holds
+    emulated memory strongly (the allocator, not the user, owns it) and an autograd
+    storage only weakly unless the storage was record_stream()ed to the op's stream."""
+
+    __slots__ = ("buf", "lo", "hi", "write", "strong")
+
+    def __init__(self, buf: _Buffer, lo: int, hi: int, write: bool, strong):
+        self.buf, self.lo, self.hi, self.write, self.strong = buf, lo, hi, write, strong
+
+    def tensor(self) -> torch.Tensor | None:
+        """The bytes, or None when the storage is gone."""
+        if self.buf.block is not None:
+            return torch.from_numpy(self.buf.block[self.lo: self.hi])
+        storage = self.strong if self.strong is not None else self.buf.storage()
+        if storage is None:
+            return None
+        return torch.empty(0, dtype=torch.uint8).set_(storage, self.lo, (self.hi - self.lo,))
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range of t's storage that t covers."""
+    itemsize = t.element_size()
+    lo = t.storage_offset() * itemsize
+    if t.numel() == 0:
+        return lo, lo
+    extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    return lo, lo + (extent + 1) * itemsize
+
+
+class _Op:
+    __slots__ = ("issue_vc", "refs")
+
+    def __init__(self, issue_vc: _Clock, refs=()):
+        self.issue_vc, self.refs = issue_vc, list(refs)
+
+
+class _Copy(_Op):
+    __slots__ = ("nbytes",)
+
+
+class _Work(_Op):
+    __slots__ = ("fn", "result", "finished", "blocking")
+
+
+class _Record(_Op):
+    __slots__ = ("event",)
+
+
+class _Wait(_Op):
+    __slots__ = ("event",)
+
+
+class _Free(_Op):
+    __slots__ = ("buf",)
+
+
+class EmulatedDevice(Device):
+    """See the module docstring. Public: live_bytes, peak_bytes, reset_peak(),
+    hazards, copies (a log), pinned_bytes, inject_failure(), close()."""
+
+    kind = "emulated"
+
+    def __init__(self, bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int = 0,
+                 capacity_bytes: int | None = None, pin_latency_s: float = 0.0):
+        if not bandwidth_gbps > 0:
+            raise ValueError(f"cswap.testing: bandwidth_gbps must be > 0 (math.inf: instant copies), "
+                             f"got {bandwidth_gbps!r}")
+        if jitter < 0:
+            raise ValueError(f"cswap.testing: jitter must be >= 0 seconds, got {jitter!r}")
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError(f"cswap.testing: capacity_bytes must be None or >= 0, got {capacity_bytes!r}")
+        self.device = torch.device("cpu")
+        self.bandwidth = bandwidth_gbps * 1e9
+        self.jitter = float(jitter)
+        self.seed = seed
+        self.capacity_bytes = capacity_bytes
+        self.pin_latency_s = pin_latency_s
+        self._lock = threading.RLock()
+        self.host_vc = _Clock()
+        self._compute = EmulatedStream(self, COMPUTE, "compute")
+        self._streams: dict[str, EmulatedStream] = {}
+        self._buffers: dict[int, _Buffer] = {}                 # storage data_ptr -> buffer
+        self._free_blocks: dict[tuple[int, int], list[_Buffer]] = defaultdict(list)
+        self._pinned_cache: dict[int, list[np.ndarray]] = defaultdict(list)
+        self._failures: dict[str, list[BaseException]] = defaultdict(list)
+        self._closed = False
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.cached_bytes = 0       # freed device blocks kept by the caching allocator
+        self.peak_reserved_bytes = 0
+        self.pinned_bytes = 0       # host memory pinned, cached blocks included
+        self.hazards: list[str] = []
+        self.copies: deque = deque(maxlen=100_000)  # (stream, nbytes, start, end) per copy
+        self.waits: deque = deque(maxlen=100_000)   # (at, start, end, event time) per host wait
+
+    def __repr__(self) -> str:
+        return (f"<cswap emulated device: {self.bandwidth / 1e9:g} GB/s, jitter {self.jitter:g} s, "
+                f"live {self.live_bytes} B, peak {self.peak_bytes} B>")
+
+    # -- streams and events ----------------------------------------------------------------
+
+    def compute_stream(self) -> EmulatedStream:
+        return self._compute
+
+    def side_stream(self, role: str) -> EmulatedStream:
+        with self._lock:
+            stream = self._streams.get(role)
+            if stream is None:
+                if role not in SIDE_STREAMS:
+                    raise ValueError(f"cswap.runtime: unknown stream role {role!r}")
+                stream = EmulatedStream(self, 2 + len(self._streams), role)
+                stream.thread = threading.Thread(target=self._run, args=(stream,), daemon=True,
+                                                 name=f"cswap-emulated-{role}")
+                self._streams[role] = stream
+                stream.thread.start()
+            return stream
+
+    def _tick(self, stream: EmulatedStream) -> int:
+        """A new operation of the compute stream or the host (they run in the caller)."""
+        if stream is self._compute:
+            stream.vc.merge(self.host_vc)
+            stream.vc[COMPUTE] = stream.vc.get(COMPUTE, 0) + 1
+            return stream.vc[COMPUTE]
+        self.host_vc[HOST] = self.host_vc.get(HOST, 0) + 1
+        return self.host_vc[HOST]
+
+    def record_event(self, stream: EmulatedStream, timing: bool = False) -> EmulatedEvent:
+        event = EmulatedEvent(self, stream)
+        with self._lock:
+            if stream is self._compute:
+                self._tick(stream)
+                event.vc.merge(stream.vc)
+                event.time = time.perf_counter()
+                event.done.set()
+            else:
+                op = _Record(_Clock(self.host_vc))
+                op.event = event
+                self._enqueue(stream, op)
+        return event
+
+    def wait_event(self, stream: EmulatedStream, event: EmulatedEvent, at: str) -> None:
+        if not sync.active(at):
+            return
+        if stream is self._compute:  # the compute stream is the caller: it waits here
+            self._await(event, at, merge=False)
+            with self._lock:
+                stream.vc.merge(event.vc)
+            if event.error is not None:
+                raise event.error
+            return
+        with self._lock:
+            op = _Wait(_Clock(self.host_vc))
+            op.event = event
+            self._enqueue(stream, op)
+
+    def wait_stream(self, stream: EmulatedStream, other: EmulatedStream, at: str) -> None:
+        if sync.active(at):
+            self.wait_event(stream, self.record_event(other), at)
+
+    def event_synchronize(self, event: EmulatedEvent, at: str | None) -> None:
+        if at is not None and not sync.active(at):
+            return
+        self._await(event, at, merge=True)
+        if event.error is not None:
+            raise event.error
+
+    def event_query(self, event: EmulatedEvent, at: str | None) -> bool:
+        if at is not None and not sync.active(at):
+            return True
+        if not event.done.is_set():
+            return False
+        with self._lock:
+            self.host_vc.merge(event.vc)
+        if event.error is not None:
+            raise event.error
+        return True
+
+    def _await(self, event: EmulatedEvent, at, merge: bool) -> None:
+        start = time.perf_counter()
+        if not event.done.wait(_DEADLOCK_S):
+            raise RuntimeError(f"cswap emulated device: an event on {event.stream.name} did not complete within "
+                               f"{_DEADLOCK_S:.0f} s (waited at {at}); the streams are deadlocked")
+        end = time.perf_counter()
+        with self._lock:
+            if merge:
+                self.host_vc.merge(event.vc)
+            self.waits.append((at, start, end, event.time))
+
+    def elapsed_s(self, start: EmulatedEvent, end: EmulatedEvent) -> float | None:
+        if not (start.done.is_set() and end.done.is_set()):
+            return None
+        return end.time - start.time
+
+    def record_stream(self, tensor: torch.Tensor, stream: EmulatedStream, at: str) -> None:
+        if sync.active(at):
+            with self._lock:
+                self._track(tensor).recorded.add(stream)
+
+    def synchronize(self) -> None:
+        for stream in list(self._streams.values()):
+            self.event_synchronize(self.record_event(stream), None)
+
+    # -- work ------------------------------------------------------------------------------
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: EmulatedStream) -> None:
+        nbytes = dst.numel() * dst.element_size()
+        if nbytes != src.numel() * src.element_size():
+            raise ValueError(f"cswap emulated device: copy of {src.numel() * src.element_size()} bytes into "
+                             f"{nbytes}")
+        if not (dst.is_contiguous() and src.is_contiguous()):
+            raise ValueError("cswap emulated device: copies take contiguous tensors")
+        with self._lock:
+            op = _Copy(_Clock(self.host_vc), [self._ref(src, False, stream), self._ref(dst, True, stream)])
+            op.nbytes = nbytes
+            self._enqueue(stream, op)
+
+    def launch(self, stream: EmulatedStream, fn, reads=(), writes=()) -> None:
+        self._work(stream, fn, reads, writes, blocking=False)
+
+    def call(self, stream: EmulatedStream, fn, reads=(), writes=()):
+        op = self._work(stream, fn, reads, writes, blocking=True)
+        if not op.finished.wait(_DEADLOCK_S):
+            raise RuntimeError(f"cswap emulated device: work on {stream.name} did not finish within "
+                               f"{_DEADLOCK_S:.0f} s; the streams are deadlocked")
+        kind, value = op.result
+        if kind == "error":
+            raise value
+        return value
+
+    def _work(self, stream, fn, reads, writes, blocking: bool) -> _Work:
+        with self._lock:
+            refs = [self._ref(t, False, stream) for t in reads] + [self._ref(t, True, stream) for t in writes]
+            if stream is self._compute:
+                raise ValueError("cswap emulated device: device work runs on a side stream")
+            op = _Work(_Clock(self.host_vc), refs)
+            op.fn, op.result, op.blocking = fn, None, blocking
+            op.finished = threading.Event()
+            self._enqueue(stream, op)
+        return op
+
+    def inject_failure(self, op: str = "copy", error: BaseException | None = None) -> None:
+        """The next `op` ("copy" or "launch") on any side stream fails with `error`
+        (default: a RuntimeError), reported as CUDA reports an asynchronous error."""
+        if op not in ("copy", "launch"):
+            raise ValueError(f"cswap emulated device: can inject failures into 'copy' or 'launch', got {op!r}")
+        self._failures[op].append(error or RuntimeError(f"cswap emulated device: injected {op} failure"))
+
+    # -- the side streams' threads ------------------------------------------------------------
+
+    def _enqueue(self, stream: EmulatedStream, op: _Op) -> None:
+        for ref in op.refs:
+            ref.buf.pending[stream.sid] += 1
+        stream.queue.append(op)
+        stream.cv.notify()
+
+    def _run(self, stream: EmulatedStream) -> None:
+        while True:
+            with self._lock:
+                while not stream.queue:
+                    if self._closed:
+                        return
+                    stream.cv.wait()
+                op = stream.queue.popleft()
+                stream.vc.merge(op.issue_vc)
+                stream.vc[stream.sid] = stream.vc.get(stream.sid, 0) + 1
+                tick = stream.vc[stream.sid]
+            try:
+                self._execute(stream, op, tick)
+            except BaseException as exc:  # noqa: BLE001 - the stream carries it to the next event
+                with self._lock:
+                    stream.error = stream.error or exc
+            finally:
+                self._done_with(stream, op)
+            del op
+
+    def _done_with(self, stream: EmulatedStream, op: _Op) -> None:
+        """The op no longer uses its buffers (before its tensors are dropped: a
+        storage that dies then is freed after the work, not during it)."""
+        with self._lock:
+            for ref in op.refs:
+                ref.buf.pending[stream.sid] -= 1
+            op.refs = []
+
+    def _execute(self, stream: EmulatedStream, op: _Op, tick: int) -> None:
+        if isinstance(op, _Record):
+            with self._lock:
+                op.event.vc.merge(stream.vc)
+                op.event.error, stream.error = stream.error, None
+                op.event.time = time.perf_counter()
+            op.event.done.set()
+        elif isinstance(op, _Wait):
+            if not op.event.done.wait(_DEADLOCK_S):
+                raise RuntimeError(f"cswap emulated device: {stream.name} waited {_DEADLOCK_S:.0f} s for an event "
+                                   f"on {op.event.stream.name}; the streams are deadlocked")
+            with self._lock:
+                stream.vc.merge(op.event.vc)
+                if op.event.error is not None:
+                    stream.error = stream.error or op.event.error
+        elif isinstance(op, _Copy):
+            self._execute_copy(stream, op, tick)
+        elif isinstance(op, _Work):
+            self._execute_work(stream, op, tick)
+        elif isinstance(op, _Free):
+            with self._lock:
+                op.buf.frees_left -= 1
+                if op.buf.frees_left == 0:
+                    self._reclaim(op.buf)
+
+    def _execute_copy(self, stream: EmulatedStream, op: _Copy, tick: int) -> None:
+        start = time.perf_counter()
+        duration = op.nbytes / self.bandwidth + (stream.rng.uniform(0.0, self.jitter) if self.jitter else 0.0)
+        if math.isfinite(duration) and duration > 0:
+            time.sleep(max(0.0, start + duration - time.perf_counter()))
+        src_ref, dst_ref = op.refs
+        with self._lock:
+            ok = self._access(src_ref, stream, tick, "copy")
+            ok = self._access(dst_ref, stream, tick, "copy") and ok
+            src, dst = src_ref.tensor(), dst_ref.tensor()
+            failure = self._failures["copy"].pop(0) if self._failures["copy"] else None
+        if dst is not None:
+            if ok and src is not None:
+                dst.copy_(src)
+            else:
+                dst.fill_(POISON)
+        self._done_with(stream, op)
+        del src, dst
+        end = time.perf_counter()
+        with self._lock:
+            self.copies.append((stream.name, op.nbytes, start, end))
+        if failure is not None:
+            raise failure
+
+    def _execute_work(self, stream: EmulatedStream, op: _Work, tick: int) -> None:
+        with self._lock:
+            ok = all([self._access(ref, stream, tick, "device work") for ref in op.refs])
+            failure = None
+            if not op.blocking and self._failures["launch"]:
+                failure = self._failures["launch"].pop(0)
+        try:
+            if failure is not None:
+                raise failure
+            value = op.fn()
+            if not ok:  # it computed from memory it had no right to read: its output is garbage
+                for ref in op.refs:
+                    out = ref.tensor() if ref.write else None
+                    if out is not None:
+                        out.fill_(POISON)
+            op.result = ("value", value)
+        except BaseException as exc:  # noqa: BLE001
+            op.result = ("error", exc)
+            if not op.blocking:
+                raise
+        finally:
+            self._done_with(stream, op)
+            op.fn = None
+            op.finished.set()
+
+    # -- the race detector -----------------------------------------------------------------------
+
+    def _access(self, ref: _Ref, stream: EmulatedStream, tick: int, what: str) -> bool:
+        """Check an access by `stream` (its clock after this op) and remember it; False on a hazard."""
+        buf, vc = ref.buf, stream.vc
+        ok = True
+        for lo, hi, sid, t, write in buf.accesses:
+            if (write or ref.write) and sid != stream.sid and lo < ref.hi and ref.lo < hi \
+                    and not vc.covers(sid, t):
+                ok = False
+                self._hazard(f"{what} on {stream.name} {'writes' if ref.write else 'reads'} bytes "
+                             f"[{ref.lo}, {ref.hi}) of a {buf.kind} buffer of {buf.nbytes} bytes that "
+                             f"{self._stream_name(sid)} {'wrote' if write else 'read'} with no synchronisation "
+                             f"ordering the two")
+                break
+        if buf.kind == "saved" and ref.strong is None and buf.storage() is None:
+            ok = False
+            self._hazard(f"{what} on {stream.name} used a saved tensor's memory after it was freed (the tensor "
+                         f"was released before the work on it completed, and not record_stream()ed)")
+        buf.accesses.append((ref.lo, ref.hi, stream.sid, tick, ref.write))
+        del buf.accesses[:-_MAX_ACCESSES]
+        return ok
+
+    def _host_side_access(self, t: torch.Tensor, party, write: bool, what: str) -> bool:
+        """An access by compute (party = the compute stream) or the host (party None)."""
+        with self._lock:
+            buf = self._track(t)
+            lo, hi = self._range(t, buf)
+            tick = self._tick(party)
+            return self._access(_Ref(buf, lo, hi, write, None), party or _HostView(self), tick, what)
+
+    def _hazard(self, message: str) -> None:
+        self.hazards.append(message)
+
+    def _stream_name(self, sid: int) -> str:
+        if sid == HOST:
+            return "the host"
+        if sid == COMPUTE:
+            return "compute"
+        return next((s.name for s in self._streams.values() if s.sid == sid), f"stream {sid}")
+
+    # -- what the host and compute touch -------------------------------------------------------
+
+    def on_saved(self, t: torch.Tensor) -> None:
+        """The first save of a storage: compute wrote it before now (later saves of it,
+        by other ops or as views, only refer to it)."""
+        with self._lock:
+            buf = self._track(t)
+            if buf.counted or buf.kind != "saved":
+                return
+            buf.counted = True
+            self._grow(buf.nbytes)
+        self._host_side_access(t, self._compute, True, "autograd's save")
+
+    def on_use(self, t: torch.Tensor) -> None:
+        if not self._host_side_access(t, self._compute, False, "backward's use"):
+            lo, hi = _span(t)  # what a GPU would read there: not the data
+            torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage(), lo, (hi - lo,)).fill_(POISON)
+
+    def host_access(self, t: torch.Tensor, write: bool) -> None:
+        self._host_side_access(t, None, write, "the host")
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def _grow(self, nbytes: int) -> None:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.live_bytes + self.cached_bytes)
+
+    def empty(self, nbytes: int, stream: EmulatedStream) -> torch.Tensor:
+        size = max(_BLOCK, -(-int(nbytes) // _BLOCK) * _BLOCK)
+        with self._lock:
+            if self.capacity_bytes is not None and self.live_bytes + size > self.capacity_bytes:
+                raise torch.OutOfMemoryError(
+                    f"cswap emulated device: out of memory allocating {size} bytes ({self.live_bytes} of "
+                    f"{self.capacity_bytes} bytes in use)")
+            free = self._free_blocks[(stream.sid, size)]
+            if free:
+                buf = free.pop()
+                self.cached_bytes -= size
+            else:
+                buf = _Buffer("device", size, stream, block=np.full(size, POISON, dtype=np.uint8))
+                self._buffers[buf.block.ctypes.data] = buf
+            buf.recorded = set()
+            self._grow(size)
+        return self._wrap(buf, nbytes, self._freed)
+
+    def _wrap(self, buf: _Buffer, nbytes: int, on_free) -> torch.Tensor:
+        view = buf.block[:max(int(nbytes), 1)]
+        weakref.finalize(view, on_free, buf)
+        t = torch.frombuffer(view, dtype=torch.uint8)
+        return t[:nbytes]
+
+    def _freed(self, buf: _Buffer) -> None:
+        """A device block's last tensor died: recycle it once the streams allow."""
+        with self._lock:
+            self.live_bytes -= buf.nbytes
+            buf.free_vc = _Clock(self.host_vc)
+            waits = set(buf.recorded)
+            if buf.stream is self._compute:
+                buf.free_vc.merge(self._compute.vc)
+            else:
+                waits.add(buf.stream)
+            self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in waits}, vc=None)
+            buf.frees_left = len(waits)
+            if not waits:
+                self._reclaim(buf)
+                return
+            for stream in waits:
+                op = _Free(_Clock(self.host_vc))
+                op.buf = buf
+                self._enqueue(stream, op)
+
+    def _check_free(self, buf: _Buffer, exempt: set[int], vc: _Clock | None) -> None:
+        """Work of other streams that is pending, or not known to be done, when the memory is freed."""
+        vc = vc or buf.free_vc
+        for sid, count in buf.pending.items():
+            if count > 0 and sid not in exempt:
+                self._hazard(f"a {buf.kind} buffer of {buf.nbytes} bytes was freed while work on "
+                             f"{self._stream_name(sid)} still used it (no record_stream, no wait)")
+                return
+        for lo, hi, sid, t, write in buf.accesses:
+            if sid not in exempt and sid not in (HOST, COMPUTE) and not vc.covers(sid, t):
+                self._hazard(f"a {buf.kind} buffer of {buf.nbytes} bytes was freed with no synchronisation "
+                             f"after {self._stream_name(sid)}'s use of it")
+                return
+
+    def _reclaim(self, buf: _Buffer) -> None:
+        buf.block.fill(POISON)  # what the next allocation of this block would leave there
+        buf.recorded = set()
+        self._free_blocks[(buf.stream.sid, buf.nbytes)].append(buf)
+        self.cached_bytes += buf.nbytes
+
+    def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        size = self.host_reserved_bytes(nbytes, pinned)
+        with self._lock:
+            cached = self._pinned_cache[size] if pinned else None
+            block = cached.pop() if cached else None
+        if block is None:
+            if pinned:
+                if self.pin_latency_s:
+                    time.sleep(self.pin_latency_s)  # cudaHostAlloc takes milliseconds
+                with self._lock:
+                    self.pinned_bytes += size
+            block = np.full(max(size, 1), POISON, dtype=np.uint8)
+        with self._lock:
+            buf = self._buffers.get(block.ctypes.data)
+            if buf is None or buf.block is not block:
+                buf = _Buffer("host", size, self._compute, block=block)
+                buf.pinned = pinned
+                self._buffers[block.ctypes.data] = buf
+        return self._wrap(buf, nbytes, self._host_freed)
+
+    def host_reserved_bytes(self, nbytes: int, pinned: bool) -> int:
+        return 1 << max(int(nbytes) - 1, 0).bit_length() if pinned else int(nbytes)
+
+    def _host_freed(self, buf: _Buffer) -> None:
+        with self._lock:
+            if buf.pinned:  # PyTorch's host allocator keeps the block for reuse
+                self._pinned_cache[buf.nbytes].append(buf.block)
+            else:
+                self._buffers.pop(buf.block.ctypes.data, None)
+
+    def empty_host_cache(self) -> None:
+        with self._lock:
+            for size, blocks in self._pinned_cache.items():
+                for block in blocks:
+                    self.pinned_bytes -= size
+                    self._buffers.pop(block.ctypes.data, None)
+            self._pinned_cache.clear()
+
+    def memory_allocated(self) -> int:
+        return self.live_bytes
+
+    def max_memory_allocated(self) -> int:
+        return self.peak_bytes
+
+    def memory_reserved(self) -> int:
+        return self.live_bytes + self.cached_bytes
+
+    def max_memory_reserved(self) -> int:
+        return self.peak_reserved_bytes
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak_bytes = self.live_bytes
+            self.peak_reserved_bytes = self.live_bytes + self.cached_bytes
+
+    # -- tracking ------------------------------------------------------------------------------
+
+    def _track(self, t: torch.Tensor) -> _Buffer:
+        """The buffer holding t's storage; an unknown storage is taken as autograd's."""
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        buf = self._buffers.get(ptr)
+        if buf is not None and (buf.block is not None or buf.storage() is storage):
+            return buf
+        buf = _Buffer("saved", storage.nbytes(), self._compute, storage=weakref.ref(storage))
+        self._buffers[ptr] = buf
+        weakref.finalize(storage, self._saved_freed, buf, ptr)
+        return buf
+
+    def _saved_freed(self, buf: _Buffer, ptr: int) -> None:
+        with self._lock:
+            if self._buffers.get(ptr) is buf:
+                del self._buffers[ptr]
+            if buf.counted:
+                self.live_bytes -= buf.nbytes
+            buf.free_vc = _Clock(self.host_vc)
+            buf.free_vc.merge(self._compute.vc)
+            self._check_free(buf, exempt={COMPUTE} | {s.sid for s in buf.recorded}, vc=None)
+
+    def _range(self, t: torch.Tensor, buf: _Buffer) -> tuple[int, int]:
+        lo, hi = _span(t)
+        if buf.block is not None:  # a view into an emulated block: offsets from the block's start
+            base = t.untyped_storage().data_ptr() - buf.block.ctypes.data
+            lo, hi = lo + base, hi + base
+        return lo, hi
+
+    def _ref(self, t: torch.Tensor, write: bool, stream: EmulatedStream) -> _Ref:
+        buf = self._track(t)
+        lo, hi = self._range(t, buf)
+        strong = None
+        if buf.block is None and (stream in buf.recorded or buf.stream is stream):
+            strong = t.untyped_storage()
+        return _Ref(buf, lo, hi, write, strong)
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish queued work and stop the stream threads."""
+        self.synchronize()
+        with self._lock:
+            self._closed = True
+            for stream in self._streams.values():
+                stream.cv.notify_all()
+        for stream in self._streams.values():
+            stream.thread.join(timeout=_DEADLOCK_S)
+
+
+class _HostView:
+    """The host as the party of an access (its clock is the device's host clock)."""
+
+    sid = HOST
+    name = "the host"
+
+    def __init__(self, dev: EmulatedDevice):
+        self.vc = dev.host_vc
+
+
+_DEFAULT: EmulatedDevice | None = None
+_ACTIVE: list[EmulatedDevice] = []
+_STATE = threading.Lock()
+
+
+def current() -> EmulatedDevice:
+    """The emulator CPU tensors use: the innermost active one, else a zero-delay one."""
+    global _DEFAULT
+    with _STATE:
+        if _ACTIVE:
+            return _ACTIVE[-1]
+        if _DEFAULT is None:
+            _DEFAULT = EmulatedDevice(bandwidth_gbps=math.inf)
+        return _DEFAULT
+
+
+def is_default(dev: Device) -> bool:
+    return dev is _DEFAULT
+
+
+@contextmanager
+def activate(dev: EmulatedDevice):
+    """CPU tensors offloaded inside this block take `dev`."""
+    with _STATE:
+        _ACTIVE.append(dev)
+    try:
+        yield dev
+    finally:
+        with _STATE:
+            _ACTIVE.remove(dev)

@@ -1,0 +1,160 @@
+"""Host buffers for copies (pinned when possible), reused across iterations.
+
+Pinning memory costs milliseconds and synchronises the device, so the
+swapper never pins per tensor in steady state: a buffer returned to the pool
+waits (event guarded) until the last copy that read or wrote it has
+finished, then serves the next request.
+
+Size classes are powers of two (at least 512 bytes), because that is what
+PyTorch's caching host allocator really pins for any request (it rounds every
+block up to a power of two, ATen/core/CachingHostAllocator.h): counting
+classes counts the memory truly held. A request takes an idle buffer of its
+class, else the smallest idle one of up to four times its class: the first,
+profiling iteration offloads uncompressed and so sizes the pool for every
+later iteration that compresses by up to 4x.
+
+The pool has its own lock and allocates outside it: a pinned allocation on
+the offload worker never blocks forward, which only takes the swapper's lock.
+
+Idle buffers go back to the system at `max_bytes`, and at `trim_idle()`
+(cswap calls it at each epoch end): a buffer no request used since the
+previous trim_idle is freed, and the host allocator's cache emptied so the
+memory really leaves the process. Freeing pinned memory synchronises the
+device, hence once an epoch rather than per iteration.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+__all__ = ["HostPool", "size_class"]
+
+_REUSE_UP_TO = 4  # an idle buffer serves requests down to a quarter of its size
+
+
+def size_class(nbytes: int) -> int:
+    """n rounded up to a power of two, at least 512 bytes."""
+    return 1 << (max(int(nbytes), 512) - 1).bit_length()
+
+
+class HostPool:
+    """Host buffers (pinned when possible) bounded by `max_bytes` in all.
+
+    acquire(n, dev) -> a 1-D uint8 tensor of at least n bytes, or None when the
+    bound would be exceeded even after dropping idle buffers (the caller then
+    keeps its tensor on the device). release(buf, event) returns a buffer; it is
+    reused only once `event` (the last copy touching it) has completed.
+    `warn(key, message)` reports fallbacks (once per key) to the user's thread.
+    """
+
+    def __init__(self, max_bytes: int, pin_memory: bool = True, warn: Callable[[str, str], None] | None = None):
+        if max_bytes < 0:
+            raise ValueError(f"cswap.HostPool: max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self.pin_memory = pin_memory
+        self.pinned = pin_memory
+        self._warn = warn or (lambda key, message: None)
+        self._lock = threading.Lock()
+        self._free: dict[int, list[tuple[torch.Tensor, object, object]]] = defaultdict(list)  # (buf, event, dev)
+        self._devices: set = set()
+        self.reserved_bytes = 0      # every buffer the pool owns, idle or lent, as really held
+        self.peak_reserved_bytes = 0
+        self.allocations = 0         # buffers created (pinned allocations made)
+        self._used: set[int] = set()  # data_ptr of buffers acquired since the last trim_idle
+
+    @property
+    def idle_bytes(self) -> int:
+        with self._lock:
+            return sum(buf.numel() for bufs in self._free.values() for buf, _, _ in bufs)
+
+    def acquire(self, nbytes: int, dev) -> torch.Tensor | None:
+        cls = size_class(nbytes)
+        with self._lock:
+            buf = self._reuse(cls)
+            if buf is not None:
+                return buf
+            if self.reserved_bytes + cls > self.max_bytes:
+                self._free_idle(lambda b: self.reserved_bytes + cls > self.max_bytes)
+            if self.reserved_bytes + cls > self.max_bytes:
+                self._warn("host-limit", f"cswap: host memory limit of {self.max_bytes / 2**30:.2f} GiB reached; "
+                                         f"new tensors stay on the device until buffers come back (raise "
+                                         f"max_host_bytes to offload more)")
+                return None
+            self.reserved_bytes += cls  # held for this allocation, made outside the lock
+            self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+            pinned = self.pinned
+        buf = self._allocate(cls, dev, pinned)
+        with self._lock:
+            if buf is None:
+                self.reserved_bytes -= cls
+                return None
+            self.allocations += 1
+            self._used.add(buf.data_ptr())
+            self._devices.add(dev)
+        return buf
+
+    def _reuse(self, cls: int) -> torch.Tensor | None:
+        """An idle buffer of this class, else the smallest of up to _REUSE_UP_TO times it,
+        whose last copy has completed."""
+        for fit in sorted(c for c in self._free if cls <= c <= _REUSE_UP_TO * cls):
+            for i, (buf, event, dev) in enumerate(self._free[fit]):
+                if event is None or dev.event_query(event, at="host_pool.buffer_free"):
+                    del self._free[fit][i]
+                    self._used.add(buf.data_ptr())
+                    return buf
+        return None
+
+    def release(self, buf: torch.Tensor, event=None, dev=None) -> None:
+        with self._lock:
+            self._free[buf.numel()].append((buf, event, dev))
+
+    def trim_idle(self) -> int:
+        """Free the idle buffers no request used since the previous call; the bytes freed."""
+        with self._lock:
+            before = self.reserved_bytes
+            self._free_idle(lambda buf: buf.data_ptr() not in self._used)
+            self._used.clear()
+            freed = before - self.reserved_bytes
+        self._empty_host_caches()
+        return freed
+
+    def clear(self) -> None:
+        """Drop every idle buffer (lent ones come back later as usual)."""
+        with self._lock:
+            self._free_idle(lambda buf: True)
+        self._empty_host_caches()
+
+    def _empty_host_caches(self) -> None:
+        """Freed pinned blocks stay cached by PyTorch's host allocator until emptied."""
+        if self.pinned:
+            for dev in list(self._devices):
+                dev.empty_host_cache()
+
+    def _allocate(self, cls: int, dev, pinned: bool) -> torch.Tensor | None:
+        if pinned:
+            try:
+                return dev.host_empty(cls, pinned=True)
+            except RuntimeError as exc:
+                self.pinned = False
+                self._warn("pageable", f"cswap: pinned host memory unavailable ({exc}); falling back to pageable "
+                                       f"memory, which makes copies synchronous and slower")
+        try:
+            return dev.host_empty(cls, pinned=False)
+        except RuntimeError:  # host memory exhausted: the caller keeps the tensor on the device
+            return None
+
+    def _free_idle(self, select) -> None:
+        """Free the idle buffers, largest classes first, for which select(buf) holds
+        and whose last copy has completed."""
+        for cls in sorted(self._free, reverse=True):
+            keep = []
+            for buf, event, dev in self._free[cls]:
+                if select(buf) and (event is None or dev.event_query(event, at="host_pool.buffer_free")):
+                    self.reserved_bytes -= cls
+                else:
+                    keep.append((buf, event, dev))
+            self._free[cls] = keep

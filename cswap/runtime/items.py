@@ -1,0 +1,139 @@
+"""What the swapper keeps per saved tensor: the records shared by pack, offload and restore."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from .candidates import SwapInfo
+
+__all__ = ["Item", "Handle", "Kept", "Pass", "dense_permutation", "inverse", "flat_bytes", "modified_error"]
+
+
+def dense_permutation(t: torch.Tensor) -> list[int] | None:
+    """A permutation p with t.permute(p) contiguous (same memory, no copy), or
+    None when t is not dense (overlapping or with gaps). Restoring through the
+    inverse permutation gives back t's strides (channels_last stays so)."""
+    if t.is_contiguous():
+        return list(range(t.dim()))
+    perm = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
+    return perm if t.permute(perm).is_contiguous() else None
+
+
+def inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of a contiguous tensor as a 1-D uint8 view."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def version_alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor that shares t's version counter but not its memory: in-place
+    changes to t (or any view of it) stay visible after t itself is gone."""
+    alias = t.detach()
+    with torch.autograd._unsafe_preserve_version_counter(alias):
+        alias.set_()
+    return alias
+
+
+def modified_error(what: str, saved: int, now: int) -> RuntimeError:
+    return RuntimeError(
+        f"one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation: {what} is at version {now}; expected version {saved} instead. (cswap keeps "
+        f"autograd's check: do not modify a tensor in place after autograd saved it.)")
+
+
+class Kept:
+    """A saved tensor left in place (not a candidate): a detached alias, which
+    avoids the reference cycle output -> grad_fn -> saved output, and its version."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.tensor = t.detach()
+        self.version = t._version
+
+
+class Pass:
+    """The items offloaded during one forward pass, in pack order."""
+
+    __slots__ = ("items", "__weakref__")
+
+    def __init__(self):
+        self.items: list[Item] = []
+
+
+class Item:
+    """One offloaded tensor (one storage), shared by every save of it.
+
+    Its life: packed (src held, stashed) -> issued by the worker (copy out
+    queued, d2h_done) -> released once the copy completed (src dropped: the
+    device memory goes) -> restored for backward (restored, h2d_done) ->
+    served to every save in the round -> freed with its last save.
+    """
+
+    def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, pass_: Pass, device):
+        self.info = info
+        self.key = info.key
+        self.codec = codec
+        self.device = device                       # the cswap.runtime.device.Device it lives on
+        self.src: torch.Tensor | None = t.detach()  # on the device until released
+        self.weak = weakref.ref(t)                 # identity, for dedup
+        self.version = t._version
+        self.version_alias = version_alias(t)
+        self.perm = perm                           # None: not dense, restored contiguous
+        self.pass_ = pass_
+        self.index = len(pass_.items)
+        self.ready = None                          # event on compute at pack: the tensor is computed
+        self.sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
+        self.header = None                         # the codec Header when sent compressed
+        self.host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
+        self.moved = 0                             # bytes sent over the link
+        self.tail = 0                              # offset of the checksum and verdict words in `host`
+        self.host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
+        self.busy = False                          # vdnnpp: a restore is reading `host`
+        self.d2h_done = None                       # event: the copy out has completed
+        self.issued = threading.Event()            # the worker has handled it (copied, kept, or failed)
+        self.stashed = False                       # counted in the in-flight offload bytes
+        self.released = False                      # src dropped after the copy out
+        self.fallback: torch.Tensor | None = None  # kept on the device (host memory limit)
+        self.failure: BaseException | None = None  # its offload failed: unpack raises this
+        self.restored: torch.Tensor | None = None  # for backward, this round
+        self.h2d_done = None                       # event: the copy in (and decode) has completed
+        self.verdict_pending = False               # a decoder/checksum verdict waits in `host`
+        self.prefetch_counted = False              # counted in the in-flight restore bytes
+        self.error: BaseException | None = None    # a prefetch found the host copy corrupt
+        self.expected_sum: int | None = None       # vdnnpp: the checksum of the bytes sent, once host compressed
+        self.last_read = None                      # the latest copy reading `host`
+        self.handles = 0                           # live saves (handles) of it
+        self.unpacked = 0                          # of those, served in this round
+        self.round = 0                             # one round = one backward's use
+        self.freed = False
+
+
+class Handle:
+    """What autograd stores for an offloaded save; frees the item with the last one.
+    `view` = (size, stride, offset): the save was a view of the item's tensor."""
+
+    __slots__ = ("item", "swapper", "view", "served_round")
+
+    def __init__(self, item: Item, swapper, view=None):
+        self.item = item
+        self.swapper = swapper
+        self.view = view
+        self.served_round = -1
+        with swapper.lock:
+            item.handles += 1
+
+    def __del__(self):
+        try:
+            self.swapper.drop_handle(self)
+        except Exception:  # never raise from a finalizer (interpreter shutdown)
+            pass

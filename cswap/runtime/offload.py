@@ -1,0 +1,280 @@
+"""Copy out and release: the offload worker and the releaser.
+
+pack() hands each item to the worker thread, so forward never waits for a
+copy (unless the bytes in flight reached the stash limit). Per item the worker:
+
+  1. prepares the bytes to send, on the compression stream after the item's
+     ready event: the codec's payload (a codec reads its output size back on
+     the host, which blocks this thread only), or a gathered copy of a
+     non-dense tensor; a dense raw tensor is sent as it is;
+  2. takes a host buffer from the pool (allocating outside any lock pack takes);
+  3. writes the header bytes on the host, and queues on the D2H stream, after
+     the preparation (or the ready event), the copy out and, when asked, the
+     checksum of the bytes sent;
+  4. records d2h_done and hands the item to the releaser.
+
+Compression of item i+1 (compression stream) thus overlaps the copy out of
+item i (D2H stream).
+
+The releaser waits for each item's d2h_done, in issue order, and drops the
+saved tensor and the bytes sent at once: device memory goes when its copy
+completes, with no polling. pack() with the stash full does the same for the
+oldest item itself.
+
+Failures. What is expected is handled: a compression that runs out of device
+memory sends the tensor uncompressed (compress_oom), and a full host pool
+keeps it on the device (kept_on_gpu). Anything else (a codec bug, a failed
+copy) is recorded on the item and the swapper and raised in the training step
+at the next pack or unpack. The threads catch everything, and a thread that
+stops anyway first fails what waits on it, so nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import weakref
+
+import torch
+
+from .. import codecs
+from . import integrity
+from .items import Item, flat_bytes
+
+__all__ = ["Offloader"]
+
+_STOP = object()
+_TAIL = 24  # after the data, 8-byte aligned: the checksum of the bytes sent, then the restore's verdict (2 x int64)
+
+
+def tail_offset(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
+
+
+def _work(swapper_ref, jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+    """The offload worker: issue the queued items in order."""
+    item = None
+    try:
+        while True:
+            item = jobs.get()
+            if item is _STOP:
+                return
+            swapper = swapper_ref()
+            if swapper is None:
+                return
+            swapper.offloader.issue(item)
+            done.put(item)
+            item = swapper = None
+    finally:  # stopped, or died: whatever is still queued must not wait on this thread
+        stranded = [] if item is None or item is _STOP or item.issued.is_set() else [item]
+        while True:
+            try:
+                stranded.append(jobs.get_nowait())
+            except queue.Empty:
+                break
+        for it in stranded:
+            if it is not _STOP:
+                it.failure = it.failure or RuntimeError("cswap: the offload worker stopped before copying this tensor")
+                it.issued.set()
+                done.put(it)
+
+
+def _release(swapper_ref, done: queue.SimpleQueue) -> None:
+    """The releaser: drop each item's tensor once its copy out has completed."""
+    while True:
+        item = done.get()
+        if item is _STOP:
+            return
+        swapper = swapper_ref()
+        if swapper is None:
+            return
+        swapper.offloader.finish(item)
+        item = swapper = None
+
+
+class Offloader:
+    """The copy-out half of a Swapper (see the module docstring)."""
+
+    def __init__(self, swapper):
+        self.sw = swapper
+        self._jobs: queue.SimpleQueue | None = None
+        self._done: queue.SimpleQueue | None = None
+        self._threads: list[threading.Thread] = []
+        self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
+
+    # -- threads ----------------------------------------------------------------------------
+
+    def submit(self, item: Item) -> None:
+        if not (self._threads and all(t.is_alive() for t in self._threads)):
+            self._start()
+        self._jobs.put(item)
+
+    def _start(self) -> None:
+        jobs, done = queue.SimpleQueue(), queue.SimpleQueue()
+        ref = weakref.ref(self.sw)  # the threads hold the swapper weakly and stop when it is collected
+        self._threads = [threading.Thread(target=_work, args=(ref, jobs, done), name="cswap-offload", daemon=True),
+                         threading.Thread(target=_release, args=(ref, done), name="cswap-release", daemon=True)]
+        self._jobs, self._done = jobs, done
+        weakref.finalize(self.sw, _stop_queues, jobs, done)
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop the worker after its queue, then the releaser after the worker's last item."""
+        if self._jobs is not None:
+            worker, releaser = self._threads
+            self._jobs.put(_STOP)
+            worker.join()
+            self._done.put(_STOP)
+            releaser.join()
+        self._threads, self._jobs, self._done = [], None, None
+        if self._host_threads is not None:
+            self._host_threads.shutdown(wait=True)
+            self._host_threads = None
+
+    # -- the worker's part --------------------------------------------------------------------
+
+    def issue(self, item: Item) -> None:
+        """Copy the item out (or keep it); never raises: failures are recorded."""
+        try:
+            if not item.freed:
+                self._copy_out(item)
+        except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
+            self.sw.fail(exc, item)
+        finally:
+            item.issued.set()
+
+    def _copy_out(self, item: Item) -> None:
+        sw, dev = self.sw, item.device
+        src = item.src
+        prepared = item.codec is not None or item.perm is None
+        if prepared:
+            compress = dev.side_stream("compress")
+            dev.wait_event(compress, item.ready, at="offload.compress_after_ready")
+            data, header = dev.call(compress, lambda: self._prepare(item, src, compress), reads=[src])
+            data_ready = dev.record_event(compress)
+        else:
+            data, header = flat_bytes(src.permute(item.perm)), None
+        sent = data.numel() + (header.header_nbytes if header is not None else 0)
+        verdicts = header is not None or sw.checksum
+        tail = tail_offset(sent)
+        with sw.lock:
+            if item.freed:  # every save died before the copy: nothing to keep
+                return
+        host = sw.pool.acquire(tail + _TAIL if verdicts else sent, dev)
+        if host is None:  # host memory limit: the tensor stays where it is
+            item.fallback = src
+            sw.stats.add("kept_on_gpu")
+            return
+        offset = 0
+        if header is not None:  # written here on the host: no copy, no stream sync for it
+            raw = header.to_bytes()
+            dev.host_access(host[: len(raw)], write=True)
+            host[: len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            offset = len(raw)
+        d2h = dev.side_stream("d2h")
+        if prepared:
+            dev.wait_event(d2h, data_ready, at="offload.copy_after_compress")
+        else:
+            dev.wait_event(d2h, item.ready, at="offload.copy_after_ready")
+        dev.copy(host[offset: offset + data.numel()], data, d2h)
+        if sw.checksum:  # of the bytes sent, taken on the device before they leave
+            total = dev.empty(8, d2h)
+            dev.launch(d2h, lambda: total.view(torch.int64).copy_(integrity.checksum(data).view(1)),
+                       reads=[data], writes=[total])
+            dev.copy(host[tail: tail + 8], total, d2h)
+        done = dev.record_event(d2h)
+        with sw.lock:
+            item.d2h_done = done
+            item.sent = data  # alive until the copy completes
+            item.header, item.moved, item.tail = header, sent, tail
+            if item.freed:  # every save died meanwhile: the buffer goes back after the copy
+                sw.pool.release(host, done, dev)
+            else:
+                item.host = host
+        sw.stats.add("offloaded_tensors")
+        sw.stats.add("offloaded_bytes", item.info.nbytes)
+        sw.stats.add("transferred_bytes", sent)
+        if header is not None:
+            sw.stats.add("compressed_tensors")
+
+    def _prepare(self, item: Item, src: torch.Tensor, stream):
+        """On the compression stream: (bytes to send, header or None)."""
+        dev = item.device
+        dense = src.permute(item.perm) if item.perm is not None else src
+        if item.codec is not None:
+            try:
+                payload, header = codecs.get(item.codec).encode(
+                    dense, config=self.sw.codec_configs.get(item.codec), alloc=lambda n: dev.empty(n, stream))
+            except torch.OutOfMemoryError:  # no room to compress into: send it as it is
+                self.sw.stats.add("compress_oom")
+            else:
+                if header.header_nbytes + payload.numel() < item.info.nbytes:
+                    return payload, header
+                # compression that does not shrink is not sent
+        if item.perm is not None:
+            return flat_bytes(dense), None
+        gathered = dev.empty(item.info.nbytes, stream)  # not dense: sent (and restored) contiguous
+        gathered.view(src.dtype).view(src.shape).copy_(src)
+        return gathered, None
+
+    # -- the releaser's part --------------------------------------------------------------------
+
+    def finish(self, item: Item) -> None:
+        """Wait for the item's copy out, then release it; never raises."""
+        try:
+            if item.d2h_done is not None:
+                item.device.event_synchronize(item.d2h_done, at="release.copy_done")
+        except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
+            self.sw.fail(exc, item)
+        self.release(item)
+
+    def release(self, item: Item) -> None:
+        """The copy out is complete (or never happened): drop the device tensor."""
+        sw = self.sw
+        with sw.lock:
+            if item.released:
+                return
+            item.released = True
+            src, sent = item.src, item.sent
+            item.src = item.sent = None
+            sw.unstash(item)
+            host_zvc = sw.mode == "vdnnpp" and item.host is not None and item.header is None \
+                and not item.freed and item.failure is None
+        if host_zvc:
+            if self._host_threads is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._host_threads = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2),
+                                                        thread_name_prefix="cswap-host-zvc")
+            self._host_threads.submit(self._host_compress, item, item.host)
+        del src, sent  # the device memory goes here (unless the user still holds the tensor)
+
+    def _host_compress(self, item: Item, host: torch.Tensor) -> None:
+        """vdnnpp: ZVC the host copy on the CPU and give the pinned buffer back."""
+        sw = self.sw
+        try:
+            words = host[: item.moved]
+            item.device.host_access(words, write=False)
+            blob = codecs.get("zvc").compress(words.view(item.info.dtype), backend="torch")
+            expected = None
+            if sw.checksum:  # it lives in the pinned buffer, which goes back now
+                total = host[item.tail: item.tail + 8]
+                item.device.host_access(total, write=False)
+                expected = int(total.view(torch.int64)[0])
+        except Exception as exc:  # noqa: BLE001 - the pinned copy stays; nothing is lost
+            sw.notice("host-zvc", f"cswap: host compression failed ({type(exc).__name__}: {exc}); the "
+                                  f"uncompressed host copy is kept")
+            return
+        with sw.lock:
+            if item.host is not host or item.freed or item.busy or blob.nbytes >= item.moved:
+                return
+            item.host_blob, item.host, item.expected_sum = blob, None, expected
+            sw.pool.release(host, item.last_read or item.d2h_done, item.device)
+        sw.stats.add("host_compressed_tensors")
+
+
+def _stop_queues(jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+    jobs.put(_STOP)
+    done.put(_STOP)

@@ -1,0 +1,272 @@
+"""Restore for backward: prefetch, copy in, decode, verify.
+
+Backward unpacks items in roughly reverse pack order. On the first unpack of
+item k, the copies in (and decoding) of items k-1, k-2, ... start on the H2D
+stream, up to the prefetch limit ahead; then item k's own verdict is checked,
+and compute waits for item k's copy only. An item not prefetched is fetched
+on demand, and the time compute waits for it is measured with events (no host
+sync just to time it).
+
+An item whose tensor is still on the device (not yet released: the last
+tensors of forward) is served from it: no round trip.
+
+Memory. A restored tensor is allocated on the compute stream, where backward
+uses and frees it, so the caching allocator can give its memory to compute
+afterwards; the copy-in stream first waits for compute (the block may have
+been freed by compute work still queued), and the tensor is
+record_stream()ed to it, so a restore dropped unused (out of memory, an
+exception in backward) is not recycled while its copy runs. Staging buffers
+live on the copy-in stream only. Only released items are restored, and
+release waited for the copy out, so the copy in needs no wait for it.
+
+Integrity. A compressed host copy's header bytes must equal those written,
+and the decoder's consistency flag (and with checksum=True, the checksum of
+the bytes that came back) land in the host buffer with the restore; unpack
+reads them after its item's copy in, and a corrupt copy raises
+CorruptDataError naming the layer, never gradients from wrong values.
+
+Out of memory. A prefetch that runs out stops prefetching (the item is
+fetched on demand later); an on-demand restore that runs out gives back the
+prefetched tensors backward has not used yet (their host copies stay) and
+retries once (CUDA's allocator waits for pending frees itself before it
+reports out of memory), and only then raises. No tensor is ever dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import codecs
+from ..codecs.container import Compressed, unpack_header
+from ..errors import CorruptDataError
+from . import integrity
+from .items import Handle, Item, flat_bytes, inverse
+
+__all__ = ["Restorer"]
+
+MiB = 1 << 20
+
+
+class Restorer:
+    """The restore half of a Swapper (see the module docstring)."""
+
+    def __init__(self, swapper):
+        self.sw = swapper
+
+    def unpack(self, handle: Handle) -> torch.Tensor:
+        sw, item = self.sw, handle.item
+        sw.check_version(item)
+        if sw.observer is not None:
+            sw.observer.on_unpack(item.key)
+        if item.error is not None:  # a prefetch found its host copy corrupt
+            raise item.error
+        dev = item.device
+        compute = dev.compute_stream()
+        if item.restored is None:  # not prefetched: backward waits for this copy
+            asked = dev.record_event(compute, timing=True)
+            if self.on_demand(item):
+                sw.stats.add("on_demand")
+                sw.note_stall(dev, asked, item.h2d_done)
+        with sw.lock:
+            first, round_ = item.unpacked == 0, item.round
+        if first:
+            self.prefetch(item, round_)  # issue the next restores before checking this one
+        self.verify(item)
+        out = item.restored
+        if item.h2d_done is not None:  # compute waits for its own item only
+            dev.wait_event(compute, item.h2d_done, at="unpack.compute_after_copy_in")
+        dev.on_use(out)
+        with sw.lock:
+            if handle.served_round != item.round:
+                handle.served_round = item.round
+                item.unpacked += 1
+            sw.uncount_prefetch(item)
+            sw.end_round_if_served(item)
+        return out if handle.view is None else out.as_strided(*handle.view)
+
+    def prefetch(self, item: Item, round_: int) -> None:
+        """Start restoring the items backward will want next, up to the prefetch limit
+        (at least the next one; prefetch_bytes=0 turns prefetch off), skipping those
+        already served in this backward (round_: item's round in it). Eager backward
+        unpacks in reverse pack order; a compiled graph's backward unpacks its saved
+        tensors in forward order: the direction follows what was served."""
+        items = item.pass_.items
+        before = items[item.index - 1] if item.index > 0 else None
+        ascending = before is not None and not before.freed and before.round != round_
+        order = range(item.index + 1, len(items)) if ascending else range(item.index - 1, -1, -1)
+        budget = self.sw.prefetch_limit()
+        for n, j in enumerate(order):
+            if budget <= 0:
+                break
+            other = items[j]
+            if other.freed or other.round != round_:  # gone, or already served in this backward
+                continue
+            if other.restored is None and other.error is None and other.failure is None:
+                if budget < other.info.nbytes and n > 0:
+                    break
+                try:
+                    if self.restore(other):
+                        self.sw.stats.add("prefetched")
+                except torch.OutOfMemoryError:  # no room now: backward fetches it on demand
+                    self.sw.stats.add("prefetch_oom")
+                    break
+                except CorruptDataError as exc:  # raised when backward reaches that item
+                    other.error = exc
+            budget -= other.info.nbytes
+
+    def on_demand(self, item: Item) -> bool:
+        """`restore`; when the device is out of memory, give back the prefetched
+        restores backward has not used yet (their host copies stay) and retry once."""
+        try:
+            return self.restore(item)
+        except torch.OutOfMemoryError:
+            self.sw.stats.add("oom_retries")
+            self.drop_unused_prefetches(item)
+            try:
+                return self.restore(item)
+            except torch.OutOfMemoryError as exc:
+                raise torch.OutOfMemoryError(
+                    f"cswap: restoring the {item.info.nbytes / MiB:.1f} MiB {item.info.op} output of "
+                    f"{item.info.where} for backward ran out of device memory, even after giving back prefetched "
+                    f"tensors; its host copy is kept. Lower prefetch_bytes or the batch size ({exc})") from exc
+
+    def drop_unused_prefetches(self, keep: Item) -> None:
+        sw = self.sw
+        with sw.lock:
+            for other in keep.pass_.items:
+                if other is not keep and other.h2d_done is not None and other.unpacked == 0:
+                    sw.uncount_prefetch(other)
+                    other.restored = other.h2d_done = None
+                    other.verdict_pending = False
+
+    def restore(self, item: Item) -> bool:
+        """Bring the item back into item.restored (asynchronously); False when no copy
+        was needed (kept on the device, or still there)."""
+        sw = self.sw
+        item.issued.wait()  # the worker sets it whatever happens, even when it stops
+        if item.failure is not None:
+            raise sw.offload_failed(item, item.failure)
+        if item.fallback is not None:
+            item.restored = item.fallback
+            return False
+        with sw.lock:
+            if item.src is not None:  # not released yet: the tensor itself is still on the device
+                item.restored = item.src
+                sw.stats.add("served_from_device")
+                return False
+            blob, host = item.host_blob, item.host
+            item.busy = True  # vdnnpp's host compression leaves this buffer alone for now
+        try:
+            y = self._copy_in(item, blob, host)
+        finally:
+            item.busy = False
+        with sw.lock:
+            item.restored = y
+            sw.count_prefetch(item)
+        sw.stats.add("restored_tensors")
+        return True
+
+    def _copy_in(self, item: Item, blob, host: torch.Tensor) -> torch.Tensor:
+        sw, dev, info = self.sw, item.device, item.info
+        compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
+        shape = [info.shape[p] for p in item.perm] if item.perm is not None else list(info.shape)
+        y_bytes = dev.empty(info.nbytes, compute)  # where backward uses and frees it
+        dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
+        if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer
+            try:
+                raw = flat_bytes(codecs.get("zvc").decompress(blob, backend="torch"))
+            except CorruptDataError as exc:
+                raise self.corrupt(item, str(exc)) from exc
+            if sw.checksum and int(integrity.checksum(raw)) != item.expected_sum:
+                raise self.corrupt(item, "its checksum differs from the one taken before the offload")
+            staging = sw.pool.acquire(raw.numel(), dev)
+            source = raw
+            if staging is not None:
+                source = staging[: raw.numel()]
+                dev.host_access(source, write=True)
+                source.copy_(raw)
+            dev.copy(y_bytes, source, h2d)
+            if staging is not None:
+                sw.pool.release(staging, dev.record_event(h2d), dev)
+        elif item.header is not None:
+            self.check_header(item, host)
+            hsize = item.header.header_nbytes
+            payload = dev.empty(item.moved - hsize, h2d)
+            dev.copy(payload, host[hsize: item.moved], h2d)
+            verdict = dev.empty(16, h2d)
+            codec, header, config = codecs.get(item.codec), item.header, sw.codec_configs.get(item.codec)
+
+            def decode():
+                check = codec.decode(payload, header, out=y_bytes, config=config)[1]
+                words = verdict.view(torch.int64)
+                words[0] = check.bad
+                words[1] = integrity.checksum(payload) if sw.checksum else 0
+
+            dev.launch(h2d, decode, reads=[payload], writes=[y_bytes, verdict])
+            dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
+            item.verdict_pending = True
+        else:
+            dev.copy(y_bytes, host[: info.nbytes], h2d)
+            if sw.checksum:
+                verdict = dev.empty(16, h2d)
+
+                def check():
+                    words = verdict.view(torch.int64)
+                    words[0] = 0
+                    words[1] = integrity.checksum(y_bytes)
+
+                dev.launch(h2d, check, reads=[y_bytes], writes=[verdict])
+                dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
+                item.verdict_pending = True
+        dev.record_stream(y_bytes, h2d, at="restore.record_restored")
+        item.h2d_done = item.last_read = dev.record_event(h2d, timing=True)
+        y = y_bytes.view(info.dtype).view(shape)
+        return y.permute(inverse(item.perm)) if item.perm is not None else y
+
+    # -- integrity ------------------------------------------------------------------------
+
+    def check_header(self, item: Item, host: torch.Tensor) -> None:
+        """The host copy's header must be the one written (the host wrote it: no sync)."""
+        dev = item.device
+        dev.host_access(host[: item.header.header_nbytes], write=False)
+        try:
+            header = unpack_header(lambda n: host[:n].numpy().tobytes(), item.moved)
+            problem = None if header == item.header else "its header differs from the one written"
+        except CorruptDataError as exc:
+            problem = str(exc)
+        if problem is not None:
+            raise self.corrupt(item, problem)
+
+    def verify(self, item: Item) -> None:
+        """Read the restore's verdict (after its own copy in) and raise on a corrupt copy."""
+        if not item.verdict_pending:
+            return
+        item.verdict_pending = False
+        dev = item.device
+        dev.event_synchronize(item.h2d_done, at="unpack.verdict_landed")
+        words = item.host[item.tail: item.tail + 24]
+        dev.host_access(words, write=False)
+        expected, bad, total = words.view(torch.int64).tolist()
+        if bad:
+            raise self.corrupt(item, self.diagnose(item))
+        if self.sw.checksum and total != expected:
+            raise self.corrupt(item, "its checksum differs from the one taken before the offload")
+
+    def diagnose(self, item: Item) -> str:
+        """The decoder's own words on what is wrong, from decoding the host copy on the CPU."""
+        try:
+            blob = Compressed(item.host[: item.moved], item.header)
+            codecs.get(item.codec).decompress(blob, backend="torch")
+        except CorruptDataError as exc:
+            return str(exc)
+        return "the decoder found it inconsistent on the device while the host copy decodes cleanly " \
+               "(it was altered on the way in)"
+
+    def corrupt(self, item: Item, problem: str) -> CorruptDataError:
+        info = item.info
+        hint = "" if self.sw.checksum else " checksum=True (cswap.patch option) checks every byte end to end."
+        return CorruptDataError(
+            f"cswap: the offloaded copy of the {info.op} output of {info.where} "
+            f"[{str(info.dtype).removeprefix('torch.')} {list(info.shape)}] is corrupt: {problem}. Backward "
+            f"stops here rather than compute gradients from wrong values; the host memory or the PCIe link altered "
+            f"it (check the machine: ECC errors, dmesg).{hint}")

@@ -1,0 +1,483 @@
+"""The swapper: autograd's saved tensors go to host memory and come back.
+
+`Swapper.pack` and `Swapper.unpack` are the two `saved_tensors_hooks`. This
+module decides, per saved tensor, whether and how it leaves the device (pack),
+and keeps the books; the work itself is in two halves:
+
+- cswap.runtime.offload: the copy out (worker thread) and the release of the
+  device tensor once its copy has completed (releaser thread);
+- cswap.runtime.restore: prefetch, copy in, decode and verify for backward.
+
+Every device operation goes through the device seam (cswap.runtime.device):
+CUDA, or the emulated asynchronous device on CPU. The code path is the same.
+
+In flight. An offloaded tensor stays on the device until its copy completes.
+pack() admits a tensor only while the bytes in flight stay within the stash
+limit (else it waits for the oldest copy), and prefetch keeps at most the
+prefetch limit of restored bytes ahead of backward. By default both limits
+are an eighth of the bytes the previous forward pass offloaded (at least its
+largest tensor): the device holds that little more than what stays, at any
+model size, and the copy pipeline still holds several tensors.
+
+Dedup: a tensor saved by several ops is offloaded once; later saves of the
+same tensor object at the same version share the first item. A weak
+reference identifies the object, so a new tensor that reuses freed memory is
+never mistaken for an old one.
+
+In-place checks: with hooks installed autograd no longer checks saved
+tensors' versions, so the swapper does, as stock autograd would.
+
+Failures in the background threads are raised in the user's thread, at the
+next pack or unpack (the training step stops; the next one starts clean), and
+their warnings are given there too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from typing import Callable
+
+import torch
+
+from .. import codecs
+from . import emulator
+from .candidates import COMPILED_GRAPH, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer, \
+    saved_by_compiled_graph
+from .device import Device, device_of
+from .host_pool import HostPool
+from .items import Handle, Item, Kept, Pass, dense_permutation, modified_error
+from .offload import Offloader
+from .restore import Restorer
+from .stats import SwapStats
+
+__all__ = ["Swapper", "check_policy", "default_max_host_bytes", "held_for_backward"]
+
+MiB = 1 << 20
+AUTO_FRACTION = 8  # default stash and prefetch limits: this fraction of the previous pass's offloaded bytes
+
+
+def default_max_host_bytes(fraction: float = 0.5) -> int:
+    """A fraction of the host memory available now (8 GiB when it cannot be read)."""
+    try:
+        return int(fraction * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def held_for_backward(t: torch.Tensor) -> bool:
+    """A saved tensor the device keeps only for backward: not a parameter (nor a view of one)."""
+    base = t._base if t._is_view() and t._base is not None else t
+    return not (base.is_leaf and base.requires_grad)
+
+
+def _check_codec_configs(configs) -> None:
+    from ..kernels.launch import LaunchConfig
+
+    if configs is None:
+        return
+    if not isinstance(configs, dict):
+        raise TypeError(f"cswap: codec_configs must be a dict {{codec name: LaunchConfig}}, got "
+                        f"{type(configs).__name__}")
+    for name, config in configs.items():
+        if name not in codecs.names():
+            raise ValueError(f"cswap: codec_configs has an unknown codec {name!r}; codecs are "
+                             f"{', '.join(codecs.names())}")
+        if config is not None and not isinstance(config, LaunchConfig):
+            raise TypeError(f"cswap: codec_configs[{name!r}] must be a cswap.LaunchConfig(grid, block) or None, "
+                            f"got {config!r}")
+
+
+def check_policy(mode: str, policy) -> None:
+    """A user's policy must be callable and only goes with mode 'cswap'."""
+    if policy is None:
+        return
+    if not callable(policy):
+        raise TypeError(f"cswap: policy must be callable(info) -> codec name or None, got {type(policy).__name__}")
+    if mode != "cswap":
+        raise ValueError(f"cswap: a policy decides only in mode='cswap' (got mode={mode!r}); drop the "
+                         f"mode argument or the policy")
+
+
+class Swapper:
+    """Offloads saved activations; see the module docstring.
+
+    mode: "none" (hooks only), "vdnn" (offload, no compression), "sc" (ZVC on
+    every candidate), "cswap" (policy(info) -> codec name or None), "vdnnpp"
+    (offload uncompressed, then ZVC-compress on the host with CPU threads to
+    shrink the pinned footprint, and decompress on the host before the
+    prefetch: vDNN++ as the CSWAP paper emulates it), "save_on_cpu" (the
+    caller installs PyTorch's save_on_cpu instead of these hooks: a baseline).
+    stash_bytes / prefetch_bytes: None (the default) for an eighth of the
+    previous pass's offloaded bytes, or a number of bytes.
+    """
+
+    MODES = ("none", "vdnn", "sc", "cswap", "vdnnpp", "save_on_cpu")
+
+    def __init__(self, mode: str | None = None, policy: Callable[[SwapInfo], str | None] | None = None, *,
+                 candidates: str = "sparse", min_bytes: int | None = None, stash_bytes: int | None = None,
+                 prefetch_bytes: int | None = None, max_host_bytes: int | None = None, pin_memory: bool = True,
+                 codec_configs: dict | None = None, checksum: bool = False, layer=None, observer=None):
+        if mode is None:
+            mode = "vdnn" if policy is None else "cswap"
+        if mode not in self.MODES:
+            raise ValueError(f"cswap: mode must be one of {self.MODES}, got {mode!r}")
+        check_policy(mode, policy)
+        if mode == "cswap" and policy is None:
+            raise ValueError("cswap: mode='cswap' needs policy=callable(info) -> codec name or None")
+        if candidates not in ("sparse", "all"):
+            raise ValueError(f"cswap: candidates must be 'sparse' (ReLU and pooling outputs) or 'all' "
+                             f"(every saved activation), got {candidates!r}")
+        for name, value in (("min_bytes", min_bytes), ("stash_bytes", stash_bytes),
+                            ("prefetch_bytes", prefetch_bytes), ("max_host_bytes", max_host_bytes)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"cswap: {name} must be a non-negative int of bytes (or None for the default), "
+                                 f"got {value!r}")
+        for name, value in (("pin_memory", pin_memory), ("checksum", checksum)):
+            if not isinstance(value, bool):
+                raise TypeError(f"cswap: {name} must be True or False, got {value!r}")
+        _check_codec_configs(codec_configs)
+        self.mode = mode
+        self.policy = policy
+        self.candidates = candidates
+        self.min_bytes = min_bytes
+        self.stash_bytes = stash_bytes
+        self.prefetch_bytes = prefetch_bytes
+        self.codec_configs = dict(codec_configs or {})
+        self.checksum = checksum
+        self.layer = layer or (lambda: ("", ""))
+        self.observer = observer  # a TensorProfiler (begin_pass, on_pack, end_forward, on_unpack), or None
+        self.lock = threading.RLock()
+        self._warned: set[str] = set()
+        self._notices: list[str] = []
+        self.pool = HostPool(default_max_host_bytes() if max_host_bytes is None else max_host_bytes, pin_memory,
+                             warn=self.notice)
+        self.offloader = Offloader(self)
+        self.restorer = Restorer(self)
+        self.device: Device | None = None  # where the latest offload came from (for memory stats)
+        self._inflight: deque[Item] = deque()  # admitted, not yet released, in pack order
+        self._offload_bytes = 0                # their bytes (the stash)
+        self._prefetch_bytes = 0               # restored ahead of use, not yet served
+        self._largest = 0                      # the largest tensor offloaded so far
+        self._pass_bytes = 0                   # offloaded in this pass
+        self._previous_pass_bytes = 0          # offloaded in the previous one
+        self._failure: tuple[BaseException, Item | None] | None = None
+        self._stalls: list = []                # (device, asked, restored) events of on-demand restores
+        self._pass: Pass | None = None
+        self._seen: dict[int, tuple[weakref.ref, int, Item]] = {}
+        self.stats = SwapStats(self)
+
+    # -- passes -------------------------------------------------------------------------
+
+    def begin_pass(self) -> None:
+        """A new forward pass: new pack order, new dedup table."""
+        self.surface()
+        self._pass = Pass()
+        self._seen.clear()
+        if self._pass_bytes:
+            self._previous_pass_bytes, self._pass_bytes = self._pass_bytes, 0
+        if self.observer is not None:
+            self.observer.begin_pass()
+
+    def end_pass(self) -> None:
+        self._seen.clear()
+        if self.observer is not None:
+            self.observer.end_forward()
+
+    def stash_limit(self) -> int:
+        if self.stash_bytes is not None:
+            return self.stash_bytes
+        return max(self._largest, self._previous_pass_bytes // AUTO_FRACTION)
+
+    def prefetch_limit(self) -> int:
+        if self.prefetch_bytes is not None:
+            return self.prefetch_bytes
+        return max(self._largest, self._previous_pass_bytes // AUTO_FRACTION)
+
+    # -- pack -------------------------------------------------------------------------
+
+    def pack(self, t: torch.Tensor):
+        self.surface()
+        dev = device_of(t) if isinstance(t, torch.Tensor) else None
+        if dev is not None and held_for_backward(t):
+            dev.on_saved(t)
+        op = None
+        if self.mode not in ("none", "save_on_cpu") and dev is not None:
+            op = self._candidate_op(t, dev, sys._getframe(1))
+        if op is None:
+            return Kept(t)
+        shared = self._already_offloaded(t)
+        if shared is not None:
+            self.stats.add("deduplicated")
+            return shared
+        if self._pass is None:
+            self._pass = Pass()
+        if emulator.is_default(dev):
+            self._warn_now("cpu", "cswap: offloading CPU tensors to host memory saves no memory; cswap runs its "
+                                  "full pipeline on CPU (against a zero-delay emulated device) only for testing "
+                                  "and development")
+        layer, layer_type = self.layer()
+        info = SwapInfo(op=op, shape=tuple(t.shape), dtype=t.dtype, nbytes=t.numel() * t.element_size(),
+                        device=t.device, layer=layer, layer_type=layer_type, index=len(self._pass.items))
+        codec = self._choose_codec(info)
+        item = Item(t, info, codec, dense_permutation(t), self._pass, dev)
+        item.ready = dev.record_event(dev.compute_stream())
+        self.device = dev
+        self._admit(item)
+        self._pass.items.append(item)
+        self._seen[id(t)] = (item.weak, item.version, item)
+        if self.observer is not None:
+            self.observer.on_pack(item.key, t, info, dev)
+        self.offloader.submit(item)
+        return Handle(item, self)
+
+    def _admit(self, item: Item) -> None:
+        """Count the item in flight; while that would exceed the stash limit, wait for
+        the oldest copy out to complete and release it (no polling)."""
+        nbytes = item.info.nbytes
+        self._largest = max(self._largest, nbytes)
+        self._pass_bytes += nbytes
+        limit = self.stash_limit()
+        waited_since = None
+        while True:
+            with self.lock:
+                if not self._inflight or self._offload_bytes + nbytes <= limit:
+                    self._offload_bytes += nbytes
+                    item.stashed = True
+                    self._inflight.append(item)
+                    self.stats.peak("peak_offload_bytes", self._offload_bytes)
+                    break
+                oldest = self._inflight[0]
+            waited_since = waited_since or time.perf_counter()
+            self._wait_released(oldest, at="pack.stash_full")
+        if waited_since is not None:
+            self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
+        self.surface()
+
+    def _wait_released(self, item: Item, at: str) -> None:
+        """Wait for the item's copy out, then release it."""
+        item.issued.wait()  # the worker sets it whatever happens, even when it stops
+        if item.d2h_done is not None:
+            try:
+                item.device.event_synchronize(item.d2h_done, at=at)
+            except Exception as exc:  # noqa: BLE001 - the copy failed: raised by surface()
+                self.fail(exc, item)
+        self.offloader.release(item)
+
+    def unstash(self, item: Item) -> None:
+        """The item is released (called under the lock)."""
+        if item.stashed:
+            item.stashed = False
+            self._offload_bytes -= item.info.nbytes
+            self._inflight.remove(item)
+
+    def _already_offloaded(self, t: torch.Tensor) -> Handle | None:
+        """A handle on this pass's item for `t`, or for the tensor `t` is a view of
+        (a flatten after pooling): the same bytes are never sent twice."""
+        entry = self._seen.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version and not entry[2].freed:
+            return Handle(entry[2], self)
+        base = t._base if t._is_view() else None
+        entry = self._seen.get(id(base)) if base is not None else None
+        if entry is not None and entry[0]() is base and entry[1] == t._version and not entry[2].freed \
+                and entry[2].perm is not None:
+            # The restored base has the original strides from storage offset 0.
+            view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
+            return Handle(entry[2], self, view)
+        return None
+
+    def _candidate_op(self, t: torch.Tensor, dev: Device, caller) -> str | None:
+        """The op that produced `t` when `t` is to be offloaded, else None. `caller`:
+        the frame that saved it (a compiled graph's saves count whatever `candidates`
+        says: the graph hides which op made them)."""
+        if isinstance(t, torch.nn.Parameter) or t.is_sparse or t.layout != torch.strided or t.numel() == 0:
+            return None
+        if t.dtype.itemsize not in (1, 2, 4, 8) or t.is_complex():
+            return None
+        floor = self.min_bytes if self.min_bytes is not None else (MiB if dev.kind == "cuda" else 0)
+        if t.numel() * t.element_size() < floor:
+            return None
+        if not is_activation(t):
+            # A compiled backward may assert its saved tensors' strides: only dense
+            # ones, which come back with the same strides, leave the device.
+            compiled = saved_by_compiled_graph(t, caller) and dense_permutation(t) is not None
+            return COMPILED_GRAPH if compiled else None
+        name = producer(t)
+        return op_name(name or "") if self.candidates == "all" or name in SPARSE_PRODUCERS else None
+
+    def _choose_codec(self, info: SwapInfo) -> str | None:
+        if self.mode in ("vdnn", "vdnnpp"):  # vdnnpp compresses on the host, after the transfer
+            return None
+        if self.mode == "sc":
+            return "zvc"
+        codec = self.policy(info)
+        if codec is not None and codec not in codecs.names():
+            raise ValueError(f"cswap: policy returned {codec!r} for {info.where}; expected None or one of "
+                             f"{', '.join(codecs.names())}")
+        return codec
+
+    # -- unpack ---------------------------------------------------------------------------
+
+    def unpack(self, packed):
+        self.surface()
+        if isinstance(packed, Kept):
+            t = packed.tensor
+            if t._version != packed.version:
+                raise modified_error(f"[{t.dtype} {list(t.shape)}]", packed.version, t._version)
+            return t
+        return self.restorer.unpack(packed)
+
+    def check_version(self, item: Item) -> None:
+        now = item.version_alias._version
+        if now != item.version:
+            raise modified_error(f"[{item.info.dtype} {list(item.info.shape)}], saved by {item.info.where} as "
+                                 f"output of {item.info.op},", item.version, now)
+
+    def end_round_if_served(self, item: Item) -> None:
+        """Every live save of the item was unpacked: drop the restored tensor (backward
+        owns it now); a later backward (retain_graph) restores it again. Under the lock."""
+        if item.handles > 0 and item.unpacked >= item.handles:
+            item.round += 1
+            item.unpacked = 0
+            item.restored = item.h2d_done = None
+            item.verdict_pending = False
+            self.uncount_prefetch(item)
+
+    def count_prefetch(self, item: Item) -> None:
+        """A restore was issued (under the lock): in flight until served."""
+        if not item.prefetch_counted:
+            item.prefetch_counted = True
+            self._prefetch_bytes += item.info.nbytes
+            self.stats.peak("peak_prefetch_bytes", self._prefetch_bytes)
+
+    def uncount_prefetch(self, item: Item) -> None:
+        if item.prefetch_counted:
+            item.prefetch_counted = False
+            self._prefetch_bytes -= item.info.nbytes
+
+    def note_stall(self, dev: Device, asked, restored) -> None:
+        """An on-demand restore: compute asked at `asked` and waits for `restored`."""
+        if restored is not None:
+            with self.lock:
+                self._stalls.append((dev, asked, restored))
+
+    # -- failures and warnings from the background ----------------------------------------
+
+    def fail(self, exc: BaseException, item: Item | None = None) -> None:
+        """Record a background failure: raised in the user's thread by surface()."""
+        with self.lock:
+            if item is not None and item.failure is None:
+                item.failure = exc
+            if self._failure is None:
+                self._failure = (exc, item)
+
+    def offload_failed(self, item: Item | None, exc: BaseException) -> RuntimeError:
+        what = f"the {item.info.op} output of {item.info.where}" if item is not None else "a saved tensor"
+        error = RuntimeError(f"cswap: offloading {what} failed ({type(exc).__name__}: {exc}); the training step "
+                             f"stops here rather than lose it, and the next one starts clean")
+        error.__cause__ = exc
+        return error
+
+    def notice(self, key: str, message: str) -> None:
+        """A warning from any thread, given once, in the user's thread."""
+        with self.lock:
+            if key not in self._warned:
+                self._warned.add(key)
+                self._notices.append(message)
+
+    def _warn_now(self, key: str, message: str) -> None:
+        self.notice(key, message)
+        self.surface()
+
+    def surface(self) -> None:
+        """Give pending warnings and raise a background failure (once) in this thread."""
+        if not (self._notices or self._failure):
+            return
+        with self.lock:
+            notices, self._notices = self._notices, []
+            failure, self._failure = self._failure, None
+        for message in notices:
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+        if failure is not None:
+            exc, item = failure
+            raise self.offload_failed(item, exc)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def drop_handle(self, handle: Handle) -> None:
+        item = handle.item
+        with self.lock:  # handles die in whichever thread the garbage collector runs
+            item.handles -= 1
+            if handle.served_round == item.round:  # it was counted in this round
+                item.unpacked -= 1
+            if item.handles > 0:
+                self.end_round_if_served(item)
+                return
+            if item.freed:
+                return
+            item.freed = True
+            self.uncount_prefetch(item)
+            item.restored = item.h2d_done = None
+            item.fallback = None
+            item.host_blob = None
+            # Not yet issued: the worker may be copying into the buffer; it returns it.
+            if item.host is not None and item.issued.is_set():
+                host, item.host = item.host, None
+                self.pool.release(host, item.last_read or item.d2h_done, item.device)
+
+    def synchronize(self) -> None:
+        """Wait until every admitted offload has been copied out and released."""
+        while True:
+            with self.lock:
+                if not self._inflight:
+                    return
+                oldest = self._inflight[0]
+            self._wait_released(oldest, at="release.copy_done")
+
+    def trim_host_pool(self) -> int:
+        """Give back host buffers unused since the last call (at each epoch end)."""
+        return self.pool.trim_idle()
+
+    def close(self) -> None:
+        """Finish queued offloads, stop the threads, drop idle host buffers."""
+        try:
+            self.synchronize()
+        finally:
+            self.offloader.stop()
+            self.pool.clear()
+
+    # -- stats ------------------------------------------------------------------------------
+
+    def on_stats_reset(self) -> None:
+        self.pool.peak_reserved_bytes = self.pool.reserved_bytes
+        with self.lock:
+            self._stalls.clear()
+        if self.device is not None:
+            self.device.reset_peak()
+
+    def live_stat(self, name: str):
+        if name == "prefetch_stall_s":
+            with self.lock:
+                pending, self._stalls = self._stalls, []
+            for dev, asked, restored in pending:
+                seconds = dev.elapsed_s(asked, restored)
+                if seconds is None:
+                    with self.lock:
+                        self._stalls.append((dev, asked, restored))
+                else:
+                    self.stats.add("prefetch_stall_s", max(seconds, 0.0))
+            return self.stats.counted("prefetch_stall_s")
+        if name == "host_pool_bytes":
+            return self.pool.reserved_bytes
+        if name == "peak_host_pool_bytes":
+            return self.pool.peak_reserved_bytes
+        if self.device is None:
+            return 0
+        if name == "peak_gpu_reserved_bytes":
+            return self.device.max_memory_reserved()
+        return self.device.max_memory_allocated()

@@ -1,0 +1,65 @@
+"""The runtime's synchronisation points, by name, each switchable off for tests.
+
+Every wait, event synchronize or query, and record_stream the runtime relies
+on for correctness goes through the device seam with one of these names
+(`at=`). A test can switch one off (`switched_off(name)`) and check that an
+emulator test then fails: a point no test misses is either redundant or
+untested. Registering a name here is the only way to add a point, and the
+mutation test lists these names, so a new point cannot go untested.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+__all__ = ["POINTS", "active", "switched_off"]
+
+POINTS = {
+    "offload.compress_after_ready":
+        "the compression stream waits for the event recorded at pack: the tensor has been computed",
+    "offload.copy_after_ready":
+        "the copy-out stream waits for the event recorded at pack before copying a raw tensor",
+    "offload.copy_after_compress":
+        "the copy-out stream waits for the compression of the tensor it copies",
+    "release.copy_done":
+        "the releaser drops a saved tensor only after its copy out has completed",
+    "pack.stash_full":
+        "pack, with the stash full, waits for the oldest copy out to complete before going on",
+    "restore.copy_in_after_compute":
+        "the copy-in stream waits for compute before writing memory allocated on compute (recycled blocks)",
+    "restore.copy_in_after_copy_out":
+        "the copy-in stream waits for the item's copy out: the host copy is complete",
+    "restore.record_restored":
+        "a restored tensor is record_stream()ed to the copy-in stream, so one dropped unused is not "
+        "recycled while its copy runs",
+    "unpack.compute_after_copy_in":
+        "compute waits for the item's copy in before backward uses the tensor",
+    "unpack.verdict_landed":
+        "the host waits for the item's copy in before reading its decoder and checksum verdict",
+    "unpack.expected_sum_landed":
+        "the host waits for the item's copy out before reading the checksum taken before it",
+    "host_pool.buffer_free":
+        "a host buffer is reused only once the last copy that read or wrote it has completed",
+    "oom.wait_for_frees":
+        "after a device out-of-memory error, wait for the device (pending frees) before retrying",
+}
+
+_off: set[str] = set()
+
+
+def active(name: str) -> bool:
+    """Whether the point `name` synchronises (always, outside tests)."""
+    if name not in POINTS:
+        raise KeyError(f"cswap.runtime.sync: unknown synchronisation point {name!r}; register it in POINTS")
+    return name not in _off
+
+
+@contextmanager
+def switched_off(name: str):
+    """Skip the synchronisation at `name` inside this block (a mutation test)."""
+    active(name)
+    _off.add(name)
+    try:
+        yield
+    finally:
+        _off.discard(name)
