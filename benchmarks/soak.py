@@ -18,7 +18,8 @@ that the advisor's decisions and the profiler's samples are refreshed too) and e
     python_objects         objects the garbage collector tracks
     live_tensors           of those, torch.Tensor objects
     threads                threading.active_count()
-    offloaded_tensors, compressed_tensors, restored_tensors, offloaded_bytes, transferred_bytes, kept_on_gpu
+    offloaded_tensors, compressed_tensors, restored_tensors, served_from_device, offloaded_bytes,
+                           transferred_bytes, kept_on_gpu
                            cswap.stats(model) counters, cumulative
 
 The verdict compares, for each series, the last sample with the first one at or after
@@ -77,8 +78,8 @@ from common import environment, format_row, synchronize, write_results
 
 MiB = 1 << 20
 QUIET = ("cswap: offloading CPU tensors", "cswap: no profile for this device")
-COUNTERS = ("offloaded_tensors", "compressed_tensors", "restored_tensors", "offloaded_bytes", "transferred_bytes",
-            "kept_on_gpu")
+COUNTERS = ("offloaded_tensors", "compressed_tensors", "restored_tensors", "served_from_device", "offloaded_bytes",
+            "transferred_bytes", "kept_on_gpu")
 GPU_SERIES = ("gpu_allocated_bytes", "gpu_window_peak_bytes", "gpu_reserved_bytes")
 
 
@@ -243,8 +244,9 @@ COLUMNS = [
     ("gpu_reserved_mib", "resv MiB", "{:.1f}"), ("python_objects", "objects", "{}"),
     ("live_tensors", "tensors", "{}"), ("threads", "thr", "{}"), ("offloaded_tensors", "offloaded", "{}"),
     ("compressed_tensors", "compressed", "{}"), ("restored_tensors", "restored", "{}"),
+    ("served_from_device", "served", "{}"),
 ]
-WIDTHS = [6, 6, 6, 9, 9, 9, 9, 9, 8, 8, 4, 10, 11, 9]
+WIDTHS = [6, 6, 6, 9, 9, 9, 9, 9, 8, 8, 4, 10, 11, 9, 7]
 _MIB_COLUMNS = {"rss_mib": "rss_bytes", "pool_mib": "host_pool_bytes", "gpu_alloc_mib": "gpu_allocated_bytes",
                 "gpu_peak_mib": "gpu_window_peak_bytes", "gpu_reserved_mib": "gpu_reserved_bytes"}
 

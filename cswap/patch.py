@@ -40,6 +40,7 @@ class _Patch:
         self.hooks_ctx = None
         self.traced = False          # a forward of this model was traced by torch.compile
         self.warned_traced = False
+        self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
         self.handles = [
             model.register_forward_pre_hook(self._enter, prepend=True),
             model.register_forward_hook(self._exit, always_call=True),
@@ -192,7 +193,12 @@ def epoch_end(model: nn.Module, metrics: dict | None = None) -> "EpochReport":
     if entry is None:
         raise ValueError(f"cswap.epoch_end: {type(model).__name__} is not patched; call cswap.patch(model) first")
     entry.warn_if_traced()
+    entry.swapper.surface()  # warnings from the background threads, in the user's thread
     entry.swapper.trim_host_pool()  # sizes this epoch did not use (see HostPool.trim_idle)
+    kept = entry.swapper.stats["kept_on_gpu"]
+    since = kept - entry.kept_before if kept >= entry.kept_before else kept  # (stats reset mid-epoch)
+    metrics = {**(metrics or {}), "kept_on_gpu": since}  # candidates left on the device this epoch
+    entry.kept_before = kept
     return entry.controller.epoch_end(metrics)
 
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import cswap
 from cswap import models
 
-__all__ = ["main", "load_data"]
+__all__ = ["main", "load_data", "select_device"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -164,9 +164,17 @@ def evaluate(model, x, y, device, batch_size) -> tuple[float, float]:
     return loss / len(y), correct / len(y)
 
 
+def select_device(device: torch.device) -> None:
+    """Make a CUDA device current, so that work cswap and PyTorch start without naming
+    a device (the caching allocator's streams, pinned memory's context) lands there."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 def run(args) -> list:
     from tqdm.auto import tqdm
 
+    select_device(args.device)
     torch.manual_seed(args.seed)
     x_train, y_train, x_test, y_test, classes = load_data(args.data, 32, args.seed, args.samples)
     model = models.build(args.model, dataset="cifar10", num_classes=classes).to(args.device)

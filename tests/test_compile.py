@@ -27,9 +27,10 @@ import torch
 
 import cswap
 import nets
-from cswap.candidates import COMPILED_GRAPH
+from cswap.runtime.candidates import COMPILED_GRAPH
 from cswap.patch import _PATCHED
-from cswap.swapper import Swapper
+from cswap.runtime.device import device_of
+from cswap.runtime.swapper import Swapper
 from test_runtime import Recorder, assert_same, record_offloaded, train
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning"),
@@ -77,7 +78,7 @@ def test_patching_a_compiled_model_offloads_at_graph_boundaries(name, mode):
         stats = cswap.stats(model)
     assert_same(got, expected)
     assert stats["offloaded_tensors"] > 0 and stats["compressed_tensors"] > 0
-    assert stats["restored_tensors"] == stats["offloaded_tensors"]  # each restored once
+    assert stats["restored_tensors"] + stats["served_from_device"] == stats["offloaded_tensors"]  # each once
     # The compiled backward unpacks in forward order; prefetch follows it: per step
     # only the first two items are fetched on demand.
     assert stats["on_demand"] <= 2 * 2 and stats["prefetched"] == stats["restored_tensors"] - stats["on_demand"]
@@ -157,15 +158,19 @@ def test_compiled_graph_candidates():
                                f_back=None)
 
     swapper = Swapper("vdnn", min_bytes=0)
+
+    def candidate_op(t, frame):
+        return swapper._candidate_op(t, device_of(t), frame)
+
     param, x = torch.nn.Parameter(torch.randn(4, 4)), torch.randn(4, 4)
     intermediate = torch.randn(4, 8)
-    assert swapper._candidate_op(intermediate, caller(fake_compiled, (param, x))) == COMPILED_GRAPH
-    assert swapper._candidate_op(intermediate.t(), caller(fake_compiled, (param, x))) == COMPILED_GRAPH
-    assert swapper._candidate_op(x, caller(fake_compiled, (param, x))) is None            # a graph input
-    assert swapper._candidate_op(x.t(), caller(fake_compiled, (param, x))) is None        # a view of one
-    assert swapper._candidate_op(param, caller(fake_compiled, (param, x))) is None
-    assert swapper._candidate_op(intermediate[:, ::2], caller(fake_compiled)) is None     # not dense
-    assert swapper._candidate_op(intermediate, caller(user_function)) is None             # not compiled
-    assert swapper._candidate_op(intermediate, caller(fake_compiled, name="forward")) is None
-    assert swapper._candidate_op(intermediate, None) is None
+    assert candidate_op(intermediate, caller(fake_compiled, (param, x))) == COMPILED_GRAPH
+    assert candidate_op(intermediate.t(), caller(fake_compiled, (param, x))) == COMPILED_GRAPH
+    assert candidate_op(x, caller(fake_compiled, (param, x))) is None            # a graph input
+    assert candidate_op(x.t(), caller(fake_compiled, (param, x))) is None        # a view of one
+    assert candidate_op(param, caller(fake_compiled, (param, x))) is None
+    assert candidate_op(intermediate[:, ::2], caller(fake_compiled)) is None     # not dense
+    assert candidate_op(intermediate, caller(user_function)) is None             # not compiled
+    assert candidate_op(intermediate, caller(fake_compiled, name="forward")) is None
+    assert candidate_op(intermediate, None) is None
     swapper.close()

@@ -48,7 +48,7 @@ VARIANTS = {
     "after-sc": ("after", {"mode": "sc"}),
     "before-cswap": ("before", {"mode": "cswap", "policy": zvc_policy}),
     "after-cswap": ("after", {"mode": "cswap", "policy": zvc_policy}),
-    "after-cswap-worker": ("after", {"mode": "cswap", "policy": zvc_policy, "asynchronous": True}),
+    "after-cswap-no-stash": ("after", {"mode": "cswap", "policy": zvc_policy, "stash_bytes": 0}),
 }
 PATCHED = [name for name, (order, _) in VARIANTS.items() if order is not None]
 REPORTED = ["before-sc", "after-cswap"]  # with a per-rank report_dir (writing the plots takes ~0.5 s a run)

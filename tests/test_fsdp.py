@@ -43,9 +43,9 @@ from torch import nn  # noqa: E402
 
 import cswap  # noqa: E402
 import nets  # noqa: E402
-from cswap.candidates import is_activation  # noqa: E402
+from cswap.runtime.candidates import is_activation  # noqa: E402
 from cswap.patch import _PATCHED  # noqa: E402
-from cswap.swapper import _Kept  # noqa: E402
+from cswap.runtime.items import Kept  # noqa: E402
 from ranks import assert_same, run_rank, spawn  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
@@ -76,7 +76,7 @@ VARIANTS = {
     "fsdp2-vgg-after-sc": ("fsdp2", "vgg", "after", {"mode": "sc", **_ALL}),
     "fsdp2-vgg-before-cswap": ("fsdp2", "vgg", "before", _CSWAP),
     "fsdp2-vgg-after-cswap": ("fsdp2", "vgg", "after", _CSWAP),
-    "fsdp2-vgg-after-cswap-worker": ("fsdp2", "vgg", "after", {**_CSWAP, "asynchronous": True}),
+    "fsdp2-vgg-after-cswap-no-stash": ("fsdp2", "vgg", "after", {**_CSWAP, "stash_bytes": 0}),
     # BatchNorm: candidates="all" also offloads the (dense) convolution outputs BN saves
     "fsdp2-resnet-unpatched": ("fsdp2", "resnet", None, {}),
     "fsdp2-resnet-before-sc": ("fsdp2", "resnet", "before", {"mode": "sc", **_ALL}),
@@ -169,7 +169,7 @@ class PackRecorder:
         shared = [name for name, (lo, hi) in spans if mine is not None and lo < mine[1] and mine[0] < hi]
         if shared:
             self.parameter_saves += 1
-        if not isinstance(packed, _Kept):
+        if not isinstance(packed, Kept):
             self.offloaded += 1
             self.offloaded_bytes += t.numel() * t.element_size()
             what = f"{type(t).__name__} {t.dtype} {list(t.shape)} (grad_fn {type(t.grad_fn).__name__})"

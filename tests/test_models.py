@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from cswap import models
-from cswap.candidates import SPARSE_PRODUCERS, producer
+from cswap.runtime.candidates import SPARSE_PRODUCERS, producer
 
 SIDE = {"cifar10": 32, "imagenet": 224}
 CLASSES = {"cifar10": 10, "imagenet": 1000}

@@ -1,8 +1,10 @@
 """Runtime on CPU: patch/unpatch/offload/stats, the swapper's pipeline and the host pool.
 
-Without CUDA the swapper runs its whole pipeline synchronously on CPU (and on a
-worker thread with asynchronous=True): every path but the stream plumbing.
-Gradients are compared bit for bit (torch.equal) with stock autograd.
+Without CUDA the swapper runs the code a GPU runs (worker and releaser threads,
+side streams, events, pinned buffers) against an emulated device: a zero-delay
+one by default, a slow and jittery one where a test says so (the ordering
+tests proper are in test_emulated_runtime.py). Gradients are compared bit for
+bit (torch.equal) with stock autograd.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from torch.utils.checkpoint import checkpoint
 
 import cswap
 import nets
-from cswap.candidates import SPARSE_PRODUCERS, op_name
-from cswap.host_pool import HostPool, size_class
+from cswap.runtime.emulator import EmulatedDevice
+from cswap.runtime.candidates import SPARSE_PRODUCERS, op_name
+from cswap.runtime.host_pool import HostPool, size_class
 from cswap.patch import _PATCHED
-from cswap.swapper import Swapper, _Handle
+from cswap.runtime.items import Handle
+from cswap.runtime.swapper import Swapper
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
 
@@ -117,7 +121,7 @@ def saved_tensor_hooks_installed() -> bool:
 
 
 def offload_threads():
-    return [t for t in threading.enumerate() if t.name == "cswap-offload" and t.is_alive()]
+    return {t for t in threading.enumerate() if t.name in ("cswap-offload", "cswap-release") and t.is_alive()}
 
 
 def record_offloaded(swapper):
@@ -127,7 +131,7 @@ def record_offloaded(swapper):
 
     def recording_pack(t):
         packed = pack(t)
-        if isinstance(packed, _Handle) and packed.view is None and packed.item.weak() is t \
+        if isinstance(packed, Handle) and packed.view is None and packed.item.weak() is t \
                 and all(s is not t for s in seen):
             seen.append(t)
         return packed
@@ -173,24 +177,26 @@ def test_gradients_equal_unpatched(name, mode):
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", ["vgg", "resnet"])
-def test_gradients_equal_unpatched_with_worker_thread(name, mode):
+def test_gradients_equal_unpatched_on_a_slow_emulated_device(name, mode):
     make, shape = nets.MODELS[name]
-    model = cswap.patch(make(), min_bytes=0, asynchronous=True, **MODES[mode])
-    try:
-        got = train(model, shape)
-        assert_same(got, reference(name))
-        if mode != "none":
-            assert cswap.stats(model)["offloaded_tensors"] > 0
-            assert swapper_of(model)._worker is not None  # the worker thread really ran
-    finally:
-        cswap.unpatch(model)  # stops the worker
+    with cswap.testing.emulated_device(bandwidth_gbps=0.05, jitter=0.0005) as dev:
+        model = cswap.patch(make(), min_bytes=0, **MODES[mode])
+        try:
+            got = train(model, shape)
+            assert_same(got, reference(name))
+            if mode != "none":
+                assert cswap.stats(model)["offloaded_tensors"] > 0
+                assert dev.copies  # the copies really went through the emulated link
+        finally:
+            cswap.unpatch(model)
+    assert dev.hazards == []
 
 
 @pytest.mark.parametrize("name", ["functional", "transformer"])
-def test_worker_thread_with_a_one_byte_stash(name):
-    """stash_bytes=1: forward waits for the worker after every tensor; still exact."""
+def test_a_one_byte_stash(name):
+    """stash_bytes=1: forward waits for the copy out after every tensor; still exact."""
     make, shape = nets.MODELS[name]
-    model = cswap.patch(make(), mode="cswap", policy=cycling_policy, min_bytes=0, asynchronous=True,
+    model = cswap.patch(make(), mode="cswap", policy=cycling_policy, min_bytes=0,
                         stash_bytes=1, prefetch_bytes=0)
     try:
         assert_same(train(model, shape), reference(name))
@@ -230,8 +236,13 @@ def test_every_codec_compresses_and_round_trips_in_training(codec):
 # -- 2. stats -----------------------------------------------------------------------------------------
 
 def one_step(model, shape=nets.IMAGE, **backward):
+    """One forward and backward; a patched model's copies out complete in between,
+    so counts do not depend on thread timing (every item is restored, none is
+    served from the device)."""
     x, y = nets.batches(shape, 1)[0]
     loss = F.cross_entropy(model(x), y)
+    if model in _PATCHED:
+        swapper_of(model).synchronize()
     loss.backward(**backward)
     return loss
 
@@ -248,7 +259,8 @@ def test_stats_count_offload_and_restore_vdnn():
     assert s["restored_tensors"] == s["prefetched"] + s["on_demand"]
     assert s["on_demand"] >= 1                                     # the first unpack cannot be prefetched
     assert s["peak_host_pool_bytes"] >= s["host_pool_bytes"] > 0
-    assert s["peak_gpu_bytes"] == 0                                # no CUDA here
+    device = swapper_of(model).device                              # the zero-delay emulator here
+    assert s["peak_gpu_bytes"] == device.max_memory_allocated() > 0
     assert isinstance(s, cswap.SwapStats) and set(s) == set(cswap.SwapStats.fields) and len(s) == len(s.fields)
     assert "offloaded_tensors=" in repr(s)
     with pytest.raises(KeyError, match="no field"):
@@ -559,7 +571,7 @@ def test_checkpoint_inside_patched_model(ckpt):
     s = cswap.stats(model)
     # the checkpointed block's saves belong to checkpoint (recomputed), not to cswap
     assert 0 < s["offloaded_tensors"] < cswap.stats(plain)["offloaded_tensors"]
-    assert s["restored_tensors"] == s["offloaded_tensors"]
+    assert s["restored_tensors"] + s["served_from_device"] == s["offloaded_tensors"]
 
 
 def test_no_grad_offloads_nothing():
@@ -595,7 +607,7 @@ def test_channels_last(name, mode):
 
     def spy(t):
         packed = pack(t)
-        if isinstance(packed, _Handle):
+        if isinstance(packed, Handle):
             perms.append(packed.item.perm)
         return packed
 
@@ -669,13 +681,12 @@ def test_double_backward_inside_offload_region():
     assert_same(got, expected)
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
 @pytest.mark.parametrize("name", ["vgg", "resnet"])
-def test_retain_graph_two_backwards(name, asynchronous):
+def test_retain_graph_two_backwards(name):
     make, shape = nets.MODELS[name]
     stock = make()
     one_step(stock, shape, retain_graph=True).backward()
-    model = cswap.patch(make(), mode="sc", min_bytes=0, asynchronous=asynchronous)
+    model = cswap.patch(make(), mode="sc", min_bytes=0, stash_bytes=0)
     try:
         loss = one_step(model, shape, retain_graph=True)
         sw = swapper_of(model)
@@ -683,7 +694,7 @@ def test_retain_graph_two_backwards(name, asynchronous):
         loss.backward()
         assert_same(snapshot(model), snapshot(stock))
         s = cswap.stats(model)
-        assert s["restored_tensors"] >= 2 * s["offloaded_tensors"] > 0
+        assert s["restored_tensors"] + s["served_from_device"] >= 2 * s["offloaded_tensors"] > 0
         del loss
         gc.collect()
         assert sw.pool.idle_bytes == sw.pool.reserved_bytes
@@ -767,11 +778,10 @@ def inplace_case(kind, region):
 def make_region(swap):
     if swap == "stock":
         return nullcontext()
-    mode, _, asy = swap.partition("_")
-    return cswap.offload(mode=mode, min_bytes=0, asynchronous=bool(asy))
+    return cswap.offload(mode=swap, min_bytes=0)
 
 
-@pytest.mark.parametrize("swap", ["stock", "none", "vdnn", "sc", "vdnn_async", "sc_async"])
+@pytest.mark.parametrize("swap", ["stock", "none", "vdnn", "sc"])
 @pytest.mark.parametrize("kind", ["candidate", "kept"])
 @pytest.mark.parametrize("how", ["direct", "view", "view_after_del"])
 def test_inplace_change_after_save_raises(kind, swap, how):
@@ -866,17 +876,16 @@ def test_unpatch_restores_stock_behaviour():
 
 
 def test_graph_built_while_patched_survives_unpatch():
-    for asynchronous in (False, True):
-        stock = nets.vgg_like()
-        one_step(stock)
-        model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0, asynchronous=asynchronous)
-        x, y = nets.batches(nets.IMAGE, 1)[0]
-        loss = F.cross_entropy(model(x), y)
-        sw = swapper_of(model)
-        cswap.unpatch(model)
-        assert sw._worker is None  # unpatch stopped the worker
-        loss.backward()
-        assert_same(snapshot(model), snapshot(stock))
+    stock = nets.vgg_like()
+    one_step(stock)
+    model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    loss = F.cross_entropy(model(x), y)
+    sw = swapper_of(model)
+    cswap.unpatch(model)
+    assert not sw.offloader._threads  # unpatch stopped the worker and the releaser
+    loss.backward()
+    assert_same(snapshot(model), snapshot(stock))
 
 
 def test_patch_twice_is_harmless():
@@ -960,33 +969,24 @@ def test_offload_region_closed_by_an_exception():
     assert s.stats["offloaded_tensors"] == 1
 
 
-def test_async_offload_region_leaves_no_worker_behind():
-    before = len(offload_threads())
+def test_offload_region_leaves_no_thread_behind():
+    before = offload_threads()
     refs = []
     w = torch.randn(16, 16, requires_grad=True)
     for _ in range(2):
-        with cswap.offload(mode="vdnn", min_bytes=0, asynchronous=True) as s:
+        with cswap.offload(mode="vdnn", min_bytes=0) as s:
             loss = (F.relu(torch.randn(4, 16) @ w) * 2).sum()
         loss.backward()
         refs.append(weakref.ref(s))
         del s, loss
     gc.collect()
     time.sleep(0.05)
-    assert len(offload_threads()) == before
+    assert not offload_threads() - before  # each region stopped its worker and releaser
     assert all(r() is None for r in refs)
 
 
 def test_patched_model_dropped_without_unpatch_frees_its_swapper():
     model = cswap.patch(nets.tiny(), mode="vdnn", min_bytes=0)
-    one_step(model, shape=(2, 3, 8, 8))
-    ref = weakref.ref(swapper_of(model))
-    del model
-    gc.collect()
-    assert ref() is None
-
-
-def test_async_patched_model_dropped_without_unpatch_frees_its_swapper():
-    model = cswap.patch(nets.tiny(), mode="vdnn", min_bytes=0, asynchronous=True)
     one_step(model, shape=(2, 3, 8, 8))
     ref = weakref.ref(swapper_of(model))
     del model
@@ -997,10 +997,9 @@ def test_async_patched_model_dropped_without_unpatch_frees_its_swapper():
 
 # -- 9. memory lifetime ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("asynchronous", [False, True])
 @pytest.mark.parametrize("mode", ["vdnn", "sc"])
-def test_host_pool_buffers_reused_across_iterations(mode, asynchronous):
-    model = cswap.patch(nets.resnet_like(), mode=mode, min_bytes=0, asynchronous=asynchronous)
+def test_host_pool_buffers_reused_across_iterations(mode):
+    model = cswap.patch(nets.resnet_like(), mode=mode, min_bytes=0)
     try:
         sw = swapper_of(model)
         # sc: fixed weights (no step) and data, so compressed sizes repeat exactly
@@ -1026,16 +1025,17 @@ def test_everything_freed_after_backward():
     sw = swapper_of(model)
     x, y = nets.batches(nets.IMAGE, 1)[0]
     out = model(x)
+    sw.synchronize()
     items = list(sw._pass.items)
     assert items and not any(i.freed for i in items)
     assert sw.pool.idle_bytes < sw.pool.reserved_bytes  # lent to the items
-    assert all(i.src is None for i in items)             # synchronous: the source tensors are dropped
+    assert all(i.src is None for i in items)             # copied out: the source tensors are dropped
     loss = F.cross_entropy(out, y)
     loss.backward()
     # backward released every node's saved tensors: items freed even while `loss` is alive
     assert all(i.freed and i.host is None and i.restored is None for i in items)
     assert sw.pool.idle_bytes == sw.pool.reserved_bytes
-    assert not sw._inflight and sw._stash_bytes == 0
+    assert not sw._inflight and sw._offload_bytes == 0
 
 
 def test_graph_dropped_without_backward_frees_items():
@@ -1049,21 +1049,21 @@ def test_graph_dropped_without_backward_frees_items():
     assert sw.pool.idle_bytes == sw.pool.reserved_bytes
 
 
-def test_async_graph_dropped_before_the_worker_copies_returns_its_buffer(monkeypatch):
+def test_graph_dropped_before_the_worker_copies_returns_its_buffer(monkeypatch):
     torch.manual_seed(0)
     # leaky_relu's output is saved only by the next Linear, so the item's one handle lives in that
     # Linear's node (not in the output's own grad_fn, which the swapper holds until the copy)
     model = cswap.patch(nn.Sequential(nn.Linear(16, 16), nn.LeakyReLU(), nn.Linear(16, 4)),
-                        mode="cswap", policy=lambda info: "zvc", min_bytes=0, asynchronous=True)
+                        mode="cswap", policy=lambda info: "zvc", min_bytes=0)
     sw = swapper_of(model)
     zvc = cswap.codecs.get("zvc")
-    compress, gate = zvc.compress, threading.Event()
+    encode, gate = zvc.encode, threading.Event()
 
-    def slow_compress(*args, **kwargs):
+    def slow_encode(*args, **kwargs):
         gate.wait(5)
-        return compress(*args, **kwargs)
+        return encode(*args, **kwargs)
 
-    monkeypatch.setattr(zvc, "compress", slow_compress)
+    monkeypatch.setattr(zvc, "encode", slow_encode)
     try:
         for _ in range(3):
             gate.clear()
@@ -1078,9 +1078,8 @@ def test_async_graph_dropped_before_the_worker_copies_returns_its_buffer(monkeyp
         cswap.unpatch(model)
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_host_limit_keeps_tensors_in_place(asynchronous):
-    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=0, asynchronous=asynchronous)
+def test_host_limit_keeps_tensors_in_place():
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=0)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -1109,7 +1108,7 @@ def test_host_limit_partly_reached():
 
 
 def test_stats_count_no_restores_for_tensors_kept_in_place():
-    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=0, asynchronous=True)
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=0)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -1123,35 +1122,33 @@ def test_stats_count_no_restores_for_tensors_kept_in_place():
 
 # -- 10. failures --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_failing_compression_falls_back_exactly(monkeypatch, asynchronous):
-    def broken(*args, **kwargs):
-        raise RuntimeError("codec exploded")
-
-    monkeypatch.setattr(cswap.codecs.get("zvc"), "compress", broken)
-    model = cswap.patch(nets.resnet_like(), mode="sc", min_bytes=0, asynchronous=asynchronous)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            got = train(model, nets.IMAGE)
-            swapper_of(model).synchronize()
-        failed = [w for w in caught if "failed" in str(w.message)]
-        assert len(failed) == 1 and "codec exploded" in str(failed[0].message)
-        assert_same(got, reference("resnet"))
-        assert cswap.stats(model)["offloaded_tensors"] == 0
-    finally:
-        cswap.unpatch(model)
-
-
-def test_failing_compression_of_some_tensors_only(monkeypatch):
-    """The policy mixes a broken codec with working ones: the rest still offload."""
-    monkeypatch.setattr(cswap.codecs.get("rle"), "compress",
-                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("rle down")))
+def test_a_broken_codec_stops_the_training_step_and_the_next_starts_clean(monkeypatch):
+    """A codec that raises is a bug, not a reason to keep tensors on the device
+    quietly: the step that met it raises, naming the layer; the next one is exact."""
+    rle = cswap.codecs.get("rle")
+    encode = rle.encode
+    monkeypatch.setattr(rle, "encode", lambda *a, **k: (_ for _ in ()).throw(ValueError("rle down")))
     model = cswap.patch(nets.vgg_like(), policy=cycling_policy, min_bytes=0)
-    with pytest.warns(RuntimeWarning, match="rle down"):
-        got = train(model, nets.IMAGE)
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    with pytest.raises(RuntimeError, match=r"cswap: offloading the \w+ output of .* failed \(ValueError: rle down\)") \
+            as raised:
+        F.cross_entropy(model(x), y).backward()
+    assert isinstance(raised.value.__cause__, ValueError)
+    monkeypatch.setattr(rle, "encode", encode)
+    got = train(model, nets.IMAGE)
     assert_same(got, reference("vgg"))
-    assert cswap.stats(model)["offloaded_tensors"] > 0
+
+
+def test_compression_out_of_memory_sends_the_tensor_uncompressed(monkeypatch):
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("no room for the compressed buffer")
+
+    monkeypatch.setattr(cswap.codecs.get("zvc"), "encode", no_room)
+    model = cswap.patch(nets.resnet_like(), mode="sc", min_bytes=0)
+    assert_same(train(model, nets.IMAGE), reference("resnet"))
+    s = cswap.stats(model)
+    assert s["compress_oom"] == s["offloaded_tensors"] > 0
+    assert s["compressed_tensors"] == 0 and s["kept_on_gpu"] == 0
 
 
 def test_unknown_codec_raises_value_error_naming_it():
@@ -1183,122 +1180,138 @@ def test_forward_exception_leaves_no_hooks():
 
 # -- 11. HostPool ----------------------------------------------------------------------------------------
 
+@pytest.fixture
+def dev():
+    device = EmulatedDevice(bandwidth_gbps=float("inf"))
+    yield device
+    device.close()
+
+
+def pending_event(dev):
+    """An event on a side stream that completes when the returned gate is set."""
+    gate = threading.Event()
+    stream = dev.side_stream("d2h")
+    dev.launch(stream, lambda: gate.wait(5))
+    return dev.record_event(stream), gate
+
+
 def test_size_class_rounding():
     sizes = list(range(0, 5000)) + [2 ** k + d for k in range(12, 34) for d in (-1, 0, 1, 2 ** (k - 3))]
-    sizes.sort()
-    last = 0
-    for n in sizes:
+    for n in sorted(sizes):
         c = size_class(n)
-        assert c >= max(n, 512)
-        assert c >= last, n  # monotonic
-        last = c
-        if n >= 512:
-            assert c - n <= n // 4, n  # at most 25% slack
-        assert size_class(c) == c  # a buffer's size is its class
+        assert c >= max(n, 512) and c & (c - 1) == 0, n  # a power of two: what pinning really takes
+        assert n < 512 or c < 2 * n, n
+        assert size_class(c) == c
     assert size_class(0) == size_class(1) == size_class(512) == 512
-    assert size_class(513) == 640 and size_class(1024) == 1024 and size_class(1025) == 1280
-    assert len({size_class(n) for n in range(512, 1 << 16)}) == 4 * 7 + 1  # 4 classes per octave
+    assert size_class(513) == 1024 and size_class(1025) == 2048
 
 
-def test_host_pool_acquire_release_reuse():
+def test_host_pool_acquire_release_reuse(dev):
     pool = HostPool(1 << 20, pin_memory=True)
-    assert not pool.pinned  # no CUDA: pageable memory
-    a = pool.acquire(1000)
+    a = pool.acquire(1000, dev)
     assert a.dtype == torch.uint8 and a.dim() == 1 and a.numel() == size_class(1000) == 1024
     assert pool.allocations == 1 and pool.reserved_bytes == 1024 and pool.idle_bytes == 0
     pool.release(a)
     assert pool.idle_bytes == 1024
-    b = pool.acquire(900)  # same class
+    b = pool.acquire(900, dev)  # same class
     assert b.data_ptr() == a.data_ptr() and pool.allocations == 1
-    c = pool.acquire(1100)  # another class: a new buffer
-    assert c.numel() == 1280 and pool.allocations == 2 and pool.reserved_bytes == 2304
-    assert pool.peak_reserved_bytes == 2304
+    c = pool.acquire(1100, dev)  # another class: a new buffer
+    assert c.numel() == 2048 and pool.allocations == 2 and pool.reserved_bytes == 3072
+    assert pool.peak_reserved_bytes == 3072
     pool.release(b)
     pool.release(c)
-    assert pool.idle_bytes == pool.reserved_bytes == 2304
+    assert pool.idle_bytes == pool.reserved_bytes == 3072
     pool.clear()
-    assert pool.reserved_bytes == pool.idle_bytes == 0 and pool.peak_reserved_bytes == 2304
+    assert pool.reserved_bytes == pool.idle_bytes == 0 and pool.peak_reserved_bytes == 3072
 
 
-def test_host_pool_waits_for_the_release_event():
-    class Event:
-        def __init__(self):
-            self.done = False
+def test_host_pool_counts_what_pinning_really_holds_and_gives_it_back(dev):
+    """F9: PyTorch's host allocator pins a power of two per request and caches freed
+    blocks; the pool counts exactly what is pinned, and trimming really unpins."""
+    pool = HostPool(1 << 24, pin_memory=True)
+    bufs = [pool.acquire(n, dev) for n in (600, 5000, 70_000, 70_000)]
+    held = 1024 + 8192 + 2 * 131072
+    assert pool.reserved_bytes == dev.pinned_bytes == held
+    for buf in bufs:
+        pool.release(buf)
+    del bufs, buf
+    assert pool.trim_idle() == 0  # used since the last trim: kept
+    assert dev.pinned_bytes == held
+    assert pool.trim_idle() == held
+    assert pool.reserved_bytes == dev.pinned_bytes == 0  # unpinned, not just cached by PyTorch
 
-        def query(self):
-            return self.done
 
+def test_host_pool_waits_for_the_release_event(dev):
     pool = HostPool(1 << 20)
-    a = pool.acquire(600)
-    event = Event()
-    pool.release(a, event)
-    b = pool.acquire(600)  # a is still being copied: not reused
+    a = pool.acquire(600, dev)
+    event, gate = pending_event(dev)
+    pool.release(a, event, dev)
+    b = pool.acquire(600, dev)  # a is still being copied: not reused
     assert b.data_ptr() != a.data_ptr() and pool.allocations == 2
     pool.clear()           # nor trimmed
-    assert pool.reserved_bytes == 2 * 640
-    event.done = True
-    c = pool.acquire(600)
+    assert pool.reserved_bytes == 2 * 1024
+    gate.set()
+    dev.event_synchronize(event, None)
+    c = pool.acquire(600, dev)
     assert c.data_ptr() == a.data_ptr() and pool.allocations == 2
 
 
-def test_host_pool_max_bytes_bound():
-    pool = HostPool(4096)
-    a = pool.acquire(4096)
+def test_host_pool_max_bytes_bound(dev):
+    warned = []
+    pool = HostPool(4096, warn=lambda key, message: warned.append(message))
+    a = pool.acquire(4096, dev)
     assert a is not None and pool.reserved_bytes == 4096
-    with pytest.warns(RuntimeWarning, match="host memory limit"):
-        assert pool.acquire(1) is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # warned once only
-        assert pool.acquire(600) is None
+    assert pool.acquire(1, dev) is None and "host memory limit" in warned[0]
+    assert pool.acquire(600, dev) is None
     assert pool.reserved_bytes == 4096 and pool.allocations == 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert HostPool(0).acquire(1) is None
+    assert HostPool(0).acquire(1, dev) is None
     with pytest.raises(ValueError):
         HostPool(-1)
 
 
-def test_host_pool_trims_idle_buffers():
-    pool = HostPool(4096)
-    small = [pool.acquire(1024) for _ in range(2)]
+def test_host_pool_trims_idle_buffers(dev):
+    pool = HostPool(8192)
+    small = [pool.acquire(1024, dev) for _ in range(2)]
     pool.release(small[0])
-    big = pool.acquire(2048)                 # fits beside the two small ones
+    big = pool.acquire(2048, dev)                 # fits beside the two small ones
     assert big is not None and pool.reserved_bytes == 4096
     pool.release(big)
-    huge = pool.acquire(3000)                # 3072: needs the idle 2048 and 1024 dropped
-    assert huge is not None and huge.numel() == 3072
-    assert pool.reserved_bytes == 3072 + 1024 and pool.idle_bytes == 0
+    assert pool.acquire(7000, dev) is None       # 8192: even with the idle ones dropped, small[1] is lent
     pool.release(small[1])
+    huge = pool.acquire(7000, dev)               # now every idle buffer can go
+    assert huge is not None and huge.numel() == 8192 and pool.reserved_bytes == 8192 and pool.idle_bytes == 0
     pool.release(huge)
     pool.clear()
     assert pool.reserved_bytes == 0
 
 
-def test_host_pool_trim_idle_frees_only_buffers_unused_since_the_last_trim():
+def test_host_pool_trim_idle_frees_only_buffers_unused_since_the_last_trim(dev):
     pool = HostPool(1 << 20)
-    first = pool.acquire(8192)      # e.g. the first epoch's larger batch
+    first = pool.acquire(16384, dev)  # e.g. the first epoch's larger batch
     pool.release(first)
-    assert pool.trim_idle() == 0    # used in this window: kept
-    steady = pool.acquire(2048)     # the sizes every later iteration uses (8192 is more than twice)
+    assert pool.trim_idle() == 0      # used in this window: kept
+    steady = pool.acquire(2048, dev)  # the sizes every later iteration uses (16384 is more than 4x)
+    lent = pool.acquire(512, dev)     # still lent at the trim: untouched
     pool.release(steady)
-    lent = pool.acquire(512)        # still lent at the trim: untouched
-    assert pool.trim_idle() == 8192 and pool.reserved_bytes == 2048 + 512
-    assert pool.acquire(2048) is steady  # the kept buffer serves the next request
+    assert pool.trim_idle() == 16384 and pool.reserved_bytes == 2048 + 512
+    assert pool.acquire(2048, dev) is steady  # the kept buffer serves the next request
     pool.release(steady)
     pool.release(lent)
     assert pool.trim_idle() == 512 and pool.reserved_bytes == 2048
 
 
-def test_host_pool_serves_a_request_from_an_idle_buffer_up_to_twice_its_size():
+def test_host_pool_serves_a_request_from_an_idle_buffer_up_to_four_times_its_size(dev):
+    """The first iteration sends tensors uncompressed: its buffers serve later
+    iterations that compress them up to 4x, with no new pinned allocation."""
     pool = HostPool(1 << 20)
-    big = pool.acquire(4096)
+    big = pool.acquire(8192, dev)
     pool.release(big)
-    assert pool.acquire(2048) is big           # 4096 <= 2 * 2048: no new allocation
+    assert pool.acquire(2048, dev) is big       # 8192 <= 4 * 2048: no new allocation
     pool.release(big)
-    other = pool.acquire(1024)                  # 4096 > 2 * 1024: a buffer of its own class
+    other = pool.acquire(1024, dev)              # 8192 > 4 * 1024: a buffer of its own class
     assert other is not big and other.numel() == 1024 and pool.allocations == 2
     pool.release(other)
-    assert pool.acquire(1024) is other          # its own class first, even with a larger one idle
+    assert pool.acquire(1024, dev) is other      # its own class first, even with a larger one idle
 
 
 def test_epoch_end_gives_back_host_buffers_of_sizes_no_longer_used():
@@ -1308,7 +1321,7 @@ def test_epoch_end_gives_back_host_buffers_of_sizes_no_longer_used():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     pools = []
     for epoch in range(3):
-        for x, y in nets.batches((8 if epoch == 0 else 2, 3, 16, 16), 2):
+        for x, y in nets.batches((32 if epoch == 0 else 2, 3, 16, 16), 2):
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
@@ -1319,33 +1332,31 @@ def test_epoch_end_gives_back_host_buffers_of_sizes_no_longer_used():
     assert pools[0] > pools[1] == pools[2] > 0
 
 
-def _failing_empty(monkeypatch, pinned_fails=True, pageable_fails=False):
-    """torch.empty as if cudaHostAlloc (and maybe host malloc) failed."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    real_empty = torch.empty
+class _FailingHost(EmulatedDevice):
+    """An emulated device whose pinned (and maybe pageable) host allocations fail."""
 
-    def empty(*args, pin_memory=False, **kwargs):
-        if (pin_memory and pinned_fails) or (not pin_memory and pageable_fails):
+    def __init__(self, pageable_fails=False):
+        super().__init__(bandwidth_gbps=float("inf"))
+        self.pageable_fails = pageable_fails
+
+    def host_empty(self, nbytes, pinned):
+        if pinned or self.pageable_fails:
             raise RuntimeError("out of memory")
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "empty", empty)
+        return super().host_empty(nbytes, pinned)
 
 
-def test_host_pool_falls_back_to_pageable_memory_with_one_warning(monkeypatch):
-    _failing_empty(monkeypatch)
-    pool = HostPool(1 << 20, pin_memory=True)
-    assert pool.pinned
-    with pytest.warns(RuntimeWarning, match="pageable") as record:
-        a, b = pool.acquire(1000), pool.acquire(5000)
-    assert len(record) == 1 and not pool.pinned
+def test_host_pool_falls_back_to_pageable_memory_with_one_warning():
+    warned = []
+    pool = HostPool(1 << 20, pin_memory=True, warn=lambda key, message: warned.append(key))
+    dev = _FailingHost()
+    a, b = pool.acquire(1000, dev), pool.acquire(5000, dev)
+    assert warned == ["pageable"] and not pool.pinned
     assert a is not None and b is not None and a.numel() >= 1000 and b.numel() >= 5000
 
 
-def test_host_pool_returns_none_when_host_memory_runs_out(monkeypatch):
-    _failing_empty(monkeypatch, pageable_fails=True)
+def test_host_pool_returns_none_when_host_memory_runs_out():
     pool = HostPool(1 << 20, pin_memory=False)
-    assert pool.acquire(1000) is None and pool.reserved_bytes == 0
+    assert pool.acquire(1000, _FailingHost(pageable_fails=True)) is None and pool.reserved_bytes == 0
 
 
 # -- the paper's other baselines ----------------------------------------------------------------
@@ -1361,13 +1372,13 @@ def test_baseline_modes_train_exactly(name, mode):
 
 def test_vdnnpp_compresses_host_copies_and_returns_pinned_buffers():
     make, shape = nets.MODELS["vgg"]
-    model = cswap.patch(make(), mode="vdnnpp", min_bytes=0, asynchronous=True)
+    model = cswap.patch(make(), mode="vdnnpp", min_bytes=0)
     sw = swapper_of(model)
     x, y = nets.batches(shape, 1)[0]
     loss = F.cross_entropy(model(x), y)
     sw.synchronize()
-    sw._host_threads.shutdown(wait=True)  # let every host compression finish
-    sw._host_threads = None
+    sw.offloader._host_threads.shutdown(wait=True)  # let every host compression finish
+    sw.offloader._host_threads = None
     s = cswap.stats(model)
     assert s["host_compressed_tensors"] > 0 and s["compressed_tensors"] == 0
     assert s["transferred_bytes"] == s["offloaded_bytes"]  # the link carried raw bytes

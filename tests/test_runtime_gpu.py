@@ -76,7 +76,7 @@ def test_gradients_equal_unpatched(mode):
 def test_race_with_a_slow_compute_stream():
     expected = grads_after_steps(deep_cnn(sleep=True), steps=2)
     for kw in ({"mode": "vdnn"}, {"mode": "sc"}, {"policy": cycle_policy()}):
-        model = cswap.patch(deep_cnn(sleep=True), min_bytes=0, prefetch_bytes=1, **kw)
+        model = cswap.patch(deep_cnn(sleep=True), min_bytes=0, prefetch_bytes=1 << 30, **kw)  # all ahead
         for a, b in zip(grads_after_steps(model, steps=2), expected):
             assert torch.equal(a, b), kw
 

@@ -121,7 +121,7 @@ class _Buffer:
     block ("device"), or a host block ("host")."""
 
     __slots__ = ("kind", "nbytes", "stream", "recorded", "accesses", "pending", "block", "storage",
-                 "counted", "free_vc", "frees_left", "pinned")
+                 "counted", "free_vc", "frees_left", "pinned", "in_use")
 
     def __init__(self, kind: str, nbytes: int, stream: EmulatedStream, block=None, storage=None):
         self.kind, self.nbytes, self.stream = kind, nbytes, stream
@@ -131,6 +131,7 @@ class _Buffer:
         self.block = block                                        # numpy memory (device, host)
         self.storage = storage                                    # weakref to a saved storage
         self.counted = False
+        self.in_use = 0                                           # bytes allocated from a device block
         self.free_vc: _Clock | None = None
         self.frees_left = 0
         self.pinned = False
@@ -200,7 +201,7 @@ class EmulatedDevice(Device):
     kind = "emulated"
 
     def __init__(self, bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int = 0,
-                 capacity_bytes: int | None = None, pin_latency_s: float = 0.0):
+                 capacity_bytes: int | None = None, pin_latency_s: float = 0.0, log: bool = True):
         if not bandwidth_gbps > 0:
             raise ValueError(f"cswap.testing: bandwidth_gbps must be > 0 (math.inf: instant copies), "
                              f"got {bandwidth_gbps!r}")
@@ -229,8 +230,11 @@ class EmulatedDevice(Device):
         self.peak_reserved_bytes = 0
         self.pinned_bytes = 0       # host memory pinned, cached blocks included
         self.hazards: list[str] = []
-        self.copies: deque = deque(maxlen=100_000)  # (stream, nbytes, start, end) per copy
-        self.waits: deque = deque(maxlen=100_000)   # (at, start, end, event time) per host wait
+        # Logs for tests (off for the process-wide zero-delay device, which runs for ever):
+        self.copies: deque = deque(maxlen=100_000 if log else 0)  # (stream, nbytes, start, end) per copy
+        # (at, start, end, event time, by) per wait the caller sat through; by: "host" (a host
+        # synchronization) or "compute" (the compute stream, which is the caller, waiting)
+        self.waits: deque = deque(maxlen=100_000 if log else 0)
 
     def __repr__(self) -> str:
         return (f"<cswap emulated device: {self.bandwidth / 1e9:g} GB/s, jitter {self.jitter:g} s, "
@@ -266,7 +270,7 @@ class EmulatedDevice(Device):
     def record_event(self, stream: EmulatedStream, timing: bool = False) -> EmulatedEvent:
         event = EmulatedEvent(self, stream)
         with self._lock:
-            if stream is self._compute:
+            if stream is self._compute or self._closed:  # (closed: everything has completed)
                 self._tick(stream)
                 event.vc.merge(stream.vc)
                 event.time = time.perf_counter()
@@ -323,7 +327,7 @@ class EmulatedDevice(Device):
         with self._lock:
             if merge:
                 self.host_vc.merge(event.vc)
-            self.waits.append((at, start, end, event.time))
+            self.waits.append((at, start, end, event.time, "host" if merge else "compute"))
 
     def elapsed_s(self, start: EmulatedEvent, end: EmulatedEvent) -> float | None:
         if not (start.done.is_set() and end.done.is_set()):
@@ -387,6 +391,15 @@ class EmulatedDevice(Device):
     # -- the side streams' threads ------------------------------------------------------------
 
     def _enqueue(self, stream: EmulatedStream, op: _Op) -> None:
+        if self._closed and not isinstance(op, (_Free, _Record)):
+            raise RuntimeError("cswap emulated device: the device is closed (its emulated_device() block has "
+                               "ended); run backward inside the block that ran forward")
+        if self._closed:  # nothing runs any more: a free needs no stream order now
+            if isinstance(op, _Free):
+                op.buf.frees_left -= 1
+                if op.buf.frees_left == 0:
+                    self._reclaim(op.buf)
+            return
         for ref in op.refs:
             ref.buf.pending[stream.sid] += 1
         stream.queue.append(op)
@@ -564,20 +577,25 @@ class EmulatedDevice(Device):
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.live_bytes + self.cached_bytes)
 
     def empty(self, nbytes: int, stream: EmulatedStream) -> torch.Tensor:
+        """Allocated bytes count the request rounded up to 512 (as CUDA's memory_allocated);
+        blocks come in powers of two, so that cached ones serve later requests of drifting
+        sizes (compressed buffers) as CUDA's block splitting would."""
         size = max(_BLOCK, -(-int(nbytes) // _BLOCK) * _BLOCK)
+        block = 1 << (size - 1).bit_length()
         with self._lock:
             if self.capacity_bytes is not None and self.live_bytes + size > self.capacity_bytes:
                 raise torch.OutOfMemoryError(
                     f"cswap emulated device: out of memory allocating {size} bytes ({self.live_bytes} of "
                     f"{self.capacity_bytes} bytes in use)")
-            free = self._free_blocks[(stream.sid, size)]
+            free = self._free_blocks[(stream.sid, block)]
             if free:
                 buf = free.pop()
-                self.cached_bytes -= size
+                self.cached_bytes -= block
             else:
-                buf = _Buffer("device", size, stream, block=np.full(size, POISON, dtype=np.uint8))
+                buf = _Buffer("device", block, stream, block=np.full(block, POISON, dtype=np.uint8))
                 self._buffers[buf.block.ctypes.data] = buf
             buf.recorded = set()
+            buf.in_use = size
             self._grow(size)
         return self._wrap(buf, nbytes, self._freed)
 
@@ -590,7 +608,7 @@ class EmulatedDevice(Device):
     def _freed(self, buf: _Buffer) -> None:
         """A device block's last tensor died: recycle it once the streams allow."""
         with self._lock:
-            self.live_bytes -= buf.nbytes
+            self.live_bytes -= buf.in_use
             buf.free_vc = _Clock(self.host_vc)
             waits = set(buf.recorded)
             if buf.stream is self._compute:
@@ -756,7 +774,7 @@ def current() -> EmulatedDevice:
         if _ACTIVE:
             return _ACTIVE[-1]
         if _DEFAULT is None:
-            _DEFAULT = EmulatedDevice(bandwidth_gbps=math.inf)
+            _DEFAULT = EmulatedDevice(bandwidth_gbps=math.inf, log=False)
         return _DEFAULT
 
 

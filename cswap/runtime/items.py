@@ -64,10 +64,11 @@ class Kept:
 class Pass:
     """The items offloaded during one forward pass, in pack order."""
 
-    __slots__ = ("items", "__weakref__")
+    __slots__ = ("items", "nbytes", "__weakref__")
 
     def __init__(self):
         self.items: list[Item] = []
+        self.nbytes = 0  # offloaded in this pass
 
 
 class Item:

@@ -52,7 +52,37 @@ def tail_offset(nbytes: int) -> int:
     return -(-nbytes // 8) * 8
 
 
-def _work(swapper_ref, jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+class _Jobs:
+    """The worker's queue; closed when the worker stops, so that nothing is put where no
+    one will take it (a closed queue refuses, and the caller starts a new worker)."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._open = True
+
+    def put(self, item) -> bool:
+        with self._lock:
+            if self._open:
+                self._queue.put(item)
+            return self._open
+
+    def get(self):
+        return self._queue.get()
+
+    def close(self) -> list:
+        """Refuse new items; the ones still queued."""
+        with self._lock:
+            self._open = False
+            left = []
+            while True:
+                try:
+                    left.append(self._queue.get_nowait())
+                except queue.Empty:
+                    return left
+
+
+def _work(swapper_ref, jobs: _Jobs, done: queue.SimpleQueue) -> None:
     """The offload worker: issue the queued items in order."""
     item = None
     try:
@@ -68,14 +98,14 @@ def _work(swapper_ref, jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None
             item = swapper = None
     finally:  # stopped, or died: whatever is still queued must not wait on this thread
         stranded = [] if item is None or item is _STOP or item.issued.is_set() else [item]
-        while True:
-            try:
-                stranded.append(jobs.get_nowait())
-            except queue.Empty:
-                break
+        stranded += jobs.close()
+        swapper = swapper_ref()
         for it in stranded:
             if it is not _STOP:
-                it.failure = it.failure or RuntimeError("cswap: the offload worker stopped before copying this tensor")
+                stopped = RuntimeError("cswap: the offload worker stopped before copying this tensor")
+                if swapper is not None:
+                    swapper.fail(stopped, it)  # raised in the training step at its next pack or unpack
+                it.failure = it.failure or stopped
                 it.issued.set()
                 done.put(it)
 
@@ -98,7 +128,7 @@ class Offloader:
 
     def __init__(self, swapper):
         self.sw = swapper
-        self._jobs: queue.SimpleQueue | None = None
+        self._jobs: _Jobs | None = None
         self._done: queue.SimpleQueue | None = None
         self._threads: list[threading.Thread] = []
         self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
@@ -106,12 +136,12 @@ class Offloader:
     # -- threads ----------------------------------------------------------------------------
 
     def submit(self, item: Item) -> None:
-        if not (self._threads and all(t.is_alive() for t in self._threads)):
-            self._start()
-        self._jobs.put(item)
+        if not (self._threads and all(t.is_alive() for t in self._threads) and self._jobs.put(item)):
+            self._start()  # first use, or a thread stopped: new ones (and a new queue)
+            self._jobs.put(item)
 
     def _start(self) -> None:
-        jobs, done = queue.SimpleQueue(), queue.SimpleQueue()
+        jobs, done = _Jobs(), queue.SimpleQueue()
         ref = weakref.ref(self.sw)  # the threads hold the swapper weakly and stop when it is collected
         self._threads = [threading.Thread(target=_work, args=(ref, jobs, done), name="cswap-offload", daemon=True),
                          threading.Thread(target=_release, args=(ref, done), name="cswap-release", daemon=True)]
@@ -268,13 +298,13 @@ class Offloader:
                                   f"uncompressed host copy is kept")
             return
         with sw.lock:
-            if item.host is not host or item.freed or item.busy or blob.nbytes >= item.moved:
+            if item.host is not host or item.freed or item.busy or item.verdict_pending or blob.nbytes >= item.moved:
                 return
             item.host_blob, item.host, item.expected_sum = blob, None, expected
             sw.pool.release(host, item.last_read or item.d2h_done, item.device)
         sw.stats.add("host_compressed_tensors")
 
 
-def _stop_queues(jobs: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+def _stop_queues(jobs: _Jobs, done: queue.SimpleQueue) -> None:
     jobs.put(_STOP)
     done.put(_STOP)

@@ -69,6 +69,7 @@ class Restorer:
                 sw.note_stall(dev, asked, item.h2d_done)
         with sw.lock:
             first, round_ = item.unpacked == 0, item.round
+            sw.uncount_prefetch(item)  # served now: no longer ahead of backward
         if first:
             self.prefetch(item, round_)  # issue the next restores before checking this one
         self.verify(item)
@@ -80,33 +81,33 @@ class Restorer:
             if handle.served_round != item.round:
                 handle.served_round = item.round
                 item.unpacked += 1
-            sw.uncount_prefetch(item)
             sw.end_round_if_served(item)
         return out if handle.view is None else out.as_strided(*handle.view)
 
     def prefetch(self, item: Item, round_: int) -> None:
-        """Start restoring the items backward will want next, up to the prefetch limit
-        (at least the next one; prefetch_bytes=0 turns prefetch off), skipping those
-        already served in this backward (round_: item's round in it). Eager backward
+        """Start restoring the items backward will want next while they fit in the
+        prefetch limit (prefetch_bytes=0 turns prefetch off; an item that does not fit
+        is fetched when backward asks), skipping those already served in this backward
+        (round_: item's round in it). Eager backward
         unpacks in reverse pack order; a compiled graph's backward unpacks its saved
         tensors in forward order: the direction follows what was served."""
         items = item.pass_.items
         before = items[item.index - 1] if item.index > 0 else None
         ascending = before is not None and not before.freed and before.round != round_
         order = range(item.index + 1, len(items)) if ascending else range(item.index - 1, -1, -1)
-        budget = self.sw.prefetch_limit()
-        for n, j in enumerate(order):
-            if budget <= 0:
-                break
+        budget = self.sw.prefetch_limit(item.pass_)
+        for j in order:
             other = items[j]
             if other.freed or other.round != round_:  # gone, or already served in this backward
                 continue
+            if other.info.nbytes > budget:
+                break
             if other.restored is None and other.error is None and other.failure is None:
-                if budget < other.info.nbytes and n > 0:
-                    break
                 try:
                     if self.restore(other):
                         self.sw.stats.add("prefetched")
+                        with self.sw.lock:
+                            self.sw.count_prefetch(other)
                 except torch.OutOfMemoryError:  # no room now: backward fetches it on demand
                     self.sw.stats.add("prefetch_oom")
                     break
@@ -160,9 +161,7 @@ class Restorer:
             y = self._copy_in(item, blob, host)
         finally:
             item.busy = False
-        with sw.lock:
-            item.restored = y
-            sw.count_prefetch(item)
+        item.restored = y
         sw.stats.add("restored_tensors")
         return True
 
@@ -241,12 +240,14 @@ class Restorer:
         """Read the restore's verdict (after its own copy in) and raise on a corrupt copy."""
         if not item.verdict_pending:
             return
-        item.verdict_pending = False
         dev = item.device
-        dev.event_synchronize(item.h2d_done, at="unpack.verdict_landed")
-        words = item.host[item.tail: item.tail + 24]
-        dev.host_access(words, write=False)
-        expected, bad, total = words.view(torch.int64).tolist()
+        try:  # the buffer stays the item's while a verdict is pending (vdnnpp's host compression waits)
+            dev.event_synchronize(item.h2d_done, at="unpack.verdict_landed")
+            words = item.host[item.tail: item.tail + 24]
+            dev.host_access(words, write=False)
+            expected, bad, total = words.view(torch.int64).tolist()
+        finally:
+            item.verdict_pending = False
         if bad:
             raise self.corrupt(item, self.diagnose(item))
         if self.sw.checksum and total != expected:
@@ -254,6 +255,8 @@ class Restorer:
 
     def diagnose(self, item: Item) -> str:
         """The decoder's own words on what is wrong, from decoding the host copy on the CPU."""
+        if item.header is None:
+            return "its check on the device failed"
         try:
             blob = Compressed(item.host[: item.moved], item.header)
             codecs.get(item.codec).decompress(blob, backend="torch")

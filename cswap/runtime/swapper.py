@@ -13,11 +13,12 @@ CUDA, or the emulated asynchronous device on CPU. The code path is the same.
 
 In flight. An offloaded tensor stays on the device until its copy completes.
 pack() admits a tensor only while the bytes in flight stay within the stash
-limit (else it waits for the oldest copy), and prefetch keeps at most the
-prefetch limit of restored bytes ahead of backward. By default both limits
-are an eighth of the bytes the previous forward pass offloaded (at least its
-largest tensor): the device holds that little more than what stays, at any
-model size, and the copy pipeline still holds several tensors.
+limit (else it waits for the oldest copy; one tensor is always admitted), and
+prefetch restores ahead of backward only what fits in the prefetch limit (a
+tensor that does not fit is fetched when backward asks). By default each limit
+is an eighth of what a forward pass offloads (the stash: the previous pass's;
+prefetch: the pass being restored): the device holds that little more than
+what stays, at any model size, and the copies still overlap compute.
 
 Dedup: a tensor saved by several ops is offloaded once; later saves of the
 same tensor object at the same version share the first item. A weak
@@ -164,8 +165,7 @@ class Swapper:
         self._offload_bytes = 0                # their bytes (the stash)
         self._prefetch_bytes = 0               # restored ahead of use, not yet served
         self._largest = 0                      # the largest tensor offloaded so far
-        self._pass_bytes = 0                   # offloaded in this pass
-        self._previous_pass_bytes = 0          # offloaded in the previous one
+        self._previous_pass_bytes = 0          # offloaded in the previous pass
         self._failure: tuple[BaseException, Item | None] | None = None
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
@@ -177,10 +177,11 @@ class Swapper:
     def begin_pass(self) -> None:
         """A new forward pass: new pack order, new dedup table."""
         self.surface()
+        self._count_stalls()
+        if self._pass is not None and self._pass.nbytes:
+            self._previous_pass_bytes = self._pass.nbytes
         self._pass = Pass()
         self._seen.clear()
-        if self._pass_bytes:
-            self._previous_pass_bytes, self._pass_bytes = self._pass_bytes, 0
         if self.observer is not None:
             self.observer.begin_pass()
 
@@ -194,10 +195,11 @@ class Swapper:
             return self.stash_bytes
         return max(self._largest, self._previous_pass_bytes // AUTO_FRACTION)
 
-    def prefetch_limit(self) -> int:
+    def prefetch_limit(self, pass_: Pass) -> int:
+        """Bytes restored ahead of backward's use, for the items of `pass_`."""
         if self.prefetch_bytes is not None:
             return self.prefetch_bytes
-        return max(self._largest, self._previous_pass_bytes // AUTO_FRACTION)
+        return pass_.nbytes // AUTO_FRACTION
 
     # -- pack -------------------------------------------------------------------------
 
@@ -229,22 +231,24 @@ class Swapper:
         item.ready = dev.record_event(dev.compute_stream())
         self.device = dev
         self._admit(item)
+        self.offloader.submit(item)  # at once: an admitted item is always on its way (pack may raise below)
         self._pass.items.append(item)
         self._seen[id(t)] = (item.weak, item.version, item)
         if self.observer is not None:
             self.observer.on_pack(item.key, t, info, dev)
-        self.offloader.submit(item)
         return Handle(item, self)
 
     def _admit(self, item: Item) -> None:
         """Count the item in flight; while that would exceed the stash limit, wait for
-        the oldest copy out to complete and release it (no polling)."""
+        the oldest copy out to complete and release it (no polling). A failure found
+        while waiting is raised before the item is counted."""
         nbytes = item.info.nbytes
         self._largest = max(self._largest, nbytes)
-        self._pass_bytes += nbytes
+        item.pass_.nbytes += nbytes
         limit = self.stash_limit()
         waited_since = None
         while True:
+            self.surface()
             with self.lock:
                 if not self._inflight or self._offload_bytes + nbytes <= limit:
                     self._offload_bytes += nbytes
@@ -257,7 +261,6 @@ class Swapper:
             self._wait_released(oldest, at="pack.stash_full")
         if waited_since is not None:
             self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
-        self.surface()
 
     def _wait_released(self, item: Item, at: str) -> None:
         """Wait for the item's copy out, then release it."""
@@ -349,7 +352,7 @@ class Swapper:
             self.uncount_prefetch(item)
 
     def count_prefetch(self, item: Item) -> None:
-        """A restore was issued (under the lock): in flight until served."""
+        """A prefetch was issued (under the lock): in flight until served."""
         if not item.prefetch_counted:
             item.prefetch_counted = True
             self._prefetch_bytes += item.info.nbytes
@@ -361,18 +364,36 @@ class Swapper:
             self._prefetch_bytes -= item.info.nbytes
 
     def note_stall(self, dev: Device, asked, restored) -> None:
-        """An on-demand restore: compute asked at `asked` and waits for `restored`."""
+        """An on-demand restore: compute asked at `asked` and waits for `restored`
+        (timed once both events completed: no sync just to time it)."""
         if restored is not None:
             with self.lock:
                 self._stalls.append((dev, asked, restored))
+            self._count_stalls()
+
+    def _count_stalls(self) -> None:
+        """Add the stalls whose events completed to prefetch_stall_s."""
+        with self.lock:
+            pending, self._stalls = self._stalls, []
+        waiting = []
+        for dev, asked, restored in pending:
+            seconds = dev.elapsed_s(asked, restored)
+            if seconds is None:
+                waiting.append((dev, asked, restored))
+            else:
+                self.stats.add("prefetch_stall_s", max(seconds, 0.0))
+        with self.lock:
+            self._stalls.extend(waiting)
 
     # -- failures and warnings from the background ----------------------------------------
 
     def fail(self, exc: BaseException, item: Item | None = None) -> None:
         """Record a background failure: raised in the user's thread by surface()."""
         with self.lock:
-            if item is not None and item.failure is None:
-                item.failure = exc
+            if item is not None:
+                if item.failure is exc:  # another waiter on the same event: reported already
+                    return
+                item.failure = item.failure or exc
             if self._failure is None:
                 self._failure = (exc, item)
 
@@ -462,15 +483,7 @@ class Swapper:
 
     def live_stat(self, name: str):
         if name == "prefetch_stall_s":
-            with self.lock:
-                pending, self._stalls = self._stalls, []
-            for dev, asked, restored in pending:
-                seconds = dev.elapsed_s(asked, restored)
-                if seconds is None:
-                    with self.lock:
-                        self._stalls.append((dev, asked, restored))
-                else:
-                    self.stats.add("prefetch_stall_s", max(seconds, 0.0))
+            self._count_stalls()
             return self.stats.counted("prefetch_stall_s")
         if name == "host_pool_bytes":
             return self.pool.reserved_bytes

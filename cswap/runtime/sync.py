@@ -27,8 +27,6 @@ POINTS = {
         "pack, with the stash full, waits for the oldest copy out to complete before going on",
     "restore.copy_in_after_compute":
         "the copy-in stream waits for compute before writing memory allocated on compute (recycled blocks)",
-    "restore.copy_in_after_copy_out":
-        "the copy-in stream waits for the item's copy out: the host copy is complete",
     "restore.record_restored":
         "a restored tensor is record_stream()ed to the copy-in stream, so one dropped unused is not "
         "recycled while its copy runs",
@@ -36,12 +34,8 @@ POINTS = {
         "compute waits for the item's copy in before backward uses the tensor",
     "unpack.verdict_landed":
         "the host waits for the item's copy in before reading its decoder and checksum verdict",
-    "unpack.expected_sum_landed":
-        "the host waits for the item's copy out before reading the checksum taken before it",
     "host_pool.buffer_free":
         "a host buffer is reused only once the last copy that read or wrote it has completed",
-    "oom.wait_for_frees":
-        "after a device out-of-memory error, wait for the device (pending frees) before retrying",
 }
 
 _off: set[str] = set()

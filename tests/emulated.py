@@ -1,0 +1,136 @@
+"""Shared pieces of the emulated-device tests: small networks, and the scenarios the
+mutation test runs with each synchronisation point switched off."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cswap
+import nets
+from cswap.models.small import SmallCNN
+
+# Copies slower than compute on these networks (16 KiB take about 0.8 ms at 20 MB/s,
+# a layer's compute a few tens of microseconds) and jittery.
+SLOW = {"bandwidth_gbps": 0.02, "jitter": 0.001}
+CODECS = ("zvc", "rle", "csr", "lz4")
+
+
+def cycling_policy(info):
+    """Every codec in turn, and None (offload uncompressed) every fifth tensor."""
+    return (*CODECS, None)[info.index % 5]
+
+
+MODES = {
+    "vdnn": {"mode": "vdnn"},
+    "sc": {"mode": "sc"},
+    "cswap": {"mode": "cswap", "policy": cycling_policy},
+    "vdnnpp": {"mode": "vdnnpp"},
+}
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    return SmallCNN(num_classes=10, image_size=16, width=8)
+
+
+def resnet_blocks():
+    """A stem and a stack of ResNet basic blocks (BatchNorm, in-place ReLU, shortcuts)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        nets.BasicBlock(8, 8), nets.BasicBlock(8, 16, stride=2), nets.BasicBlock(16, 16),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def transformer():
+    """torch's own nn.TransformerEncoder, activation "relu"."""
+    return nets.transformer_net()
+
+
+NETS = {
+    "small_cnn": (small_cnn, (2, 3, 16, 16)),
+    "resnet_blocks": (resnet_blocks, (2, 3, 16, 16)),
+    "transformer": (transformer, nets.SEQUENCE),
+}
+
+
+def gradients(model, x, y) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def exact(got: dict, expected: dict) -> bool:
+    return got.keys() == expected.keys() and all(torch.equal(got[k], expected[k]) for k in got)
+
+
+# -- the mutation scenarios: each returns "" when all is well, else what went wrong -------------------------
+
+def _steps(mode: str, steps: int = 2, make=nets.vgg_like, shape=nets.IMAGE, **options) -> str:
+    """Training steps on a slow device; the second step reuses the memory of the first."""
+    stock, model = make(), cswap.patch(make(), min_bytes=0, **MODES[mode], **options)
+    try:
+        with cswap.testing.emulated_device(**SLOW) as dev:
+            for x, y in nets.batches(shape, steps):
+                if not exact(gradients(model, x, y), gradients(stock, x, y)):
+                    return "wrong gradients"
+        return "; ".join(dev.hazards[:2])
+    finally:
+        cswap.unpatch(model)
+
+
+def _exception_in_backward() -> str:
+    """A user hook raises halfway through backward with restores in flight; the graph is
+    dropped, and the next step must be exact (its buffers are those of the failed one)."""
+    make, shape = nets.vgg_like, nets.IMAGE
+    stock, model = make(), cswap.patch(make(), min_bytes=0, mode="vdnn", prefetch_bytes=1 << 20)
+
+    def failing_hook(grad):
+        raise KeyError("user hook")
+
+    def add_failing_hook(module, args, out):
+        out.register_hook(failing_hook)  # returns None: the output stays as it is
+
+    batches = nets.batches(shape, 3)
+    try:
+        with cswap.testing.emulated_device(**SLOW) as dev:
+            gradients(model, *batches[0])
+            handle = model.features[5].register_forward_hook(add_failing_hook)
+            try:
+                gradients(model, *batches[1])
+            except KeyError:
+                pass
+            else:
+                return "the hook did not raise"
+            handle.remove()
+            if not exact(gradients(model, *batches[2]), gradients(stock, *batches[2])):
+                return "wrong gradients after the exception"
+        return "; ".join(dev.hazards[:2])
+    finally:
+        cswap.unpatch(model)
+
+
+SCENARIOS = {
+    "vdnn": lambda: _steps("vdnn"),
+    "sc": lambda: _steps("sc"),
+    "cswap": lambda: _steps("cswap"),
+    "checksum": lambda: _steps("vdnn", checksum=True),
+    "vdnnpp": lambda: _steps("vdnnpp"),
+    # Same-size activations one after another, restored one at a time: backward recycles
+    # the memory of a restore it has just freed for the next one.
+    "recycled": lambda: _steps("vdnn", make=resnet_blocks, prefetch_bytes=0),
+    "exception": _exception_in_backward,
+}
+
+
+def run_scenarios() -> dict[str, str]:
+    """Each scenario's problem ("" for none); an exception counts as a problem."""
+    out = {}
+    for name, scenario in SCENARIOS.items():
+        try:
+            out[name] = scenario()
+        except Exception as exc:  # noqa: BLE001 - a switched-off point may break things any way
+            out[name] = f"{type(exc).__name__}: {exc}"
+    return out
