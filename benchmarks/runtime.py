@@ -15,13 +15,24 @@ Trains VGG16 (from cswap.models) with SGD for a few iterations per provider:
                   provider's without it, minus one: checksum=True stays off by
                   default while that exceeds 2%
 
-and reports the median step time, peak GPU memory (torch.cuda.max_memory_allocated),
-bytes moved to the host, prefetch stalls, and ratios against unpatched and
+and reports the median step time, peak GPU memory allocated and reserved (the
+caching allocator's footprint: memory left in side streams' pools shows here),
+bytes moved to the host, forward's stall per offloaded tensor, compute's stall
+per restored tensor, tensors kept on the GPU, and ratios against unpatched and
 save_on_cpu. The first step's loss of every provider is checked to equal the
 unpatched one bit for bit.
 
+--emulate GBPS (or "measured": the PCIe bandwidth probed on this GPU) runs every
+provider a second time on the CPU against cswap.testing.emulated_device at that
+bandwidth and puts the emulator's prediction beside the measurement (columns
+"emu ..."): the peak of saved activations and cswap's buffers, as a fraction of
+unpatched, the stalls and the tensors kept. On a GPU this measures the
+emulator's fidelity; the emulated stalls use CPU compute, so compare them as
+"there or not", not in milliseconds.
+
     python benchmarks/runtime.py             # GPU: ImageNet-shaped VGG16, batch 64
     python benchmarks/runtime.py --quick     # CPU-friendly: CIFAR-shaped, batch 4
+    python benchmarks/runtime.py --dataset cifar10 --batch 32 --emulate measured   # fidelity
 
 Results: a printed table, and CSV + JSON under benchmarks/results/<device>/.
 On CPU nothing is saved (host memory is the device memory): the numbers only
@@ -51,7 +62,9 @@ PATCHED = ("none", "vdnn", "sc", "cswap", "cswap_timeline", "vdnn_checksum", "sc
 _CHECKSUM = "_checksum"
 
 
-def run_provider(name: str, args, device: torch.device) -> dict:
+def run_provider(name: str, args, device: torch.device, emulated=None) -> dict:
+    """One provider's run on `device`; with `emulated` (an EmulatedDevice, device CPU)
+    the memory figures are the emulator's."""
     torch.manual_seed(0)
     model = build(args.model, dataset=args.dataset).to(device)
     mode, checksum = name.removesuffix(_CHECKSUM), name.endswith(_CHECKSUM)
@@ -82,6 +95,8 @@ def run_provider(name: str, args, device: torch.device) -> dict:
         if i == args.warmup:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+            if emulated is not None:
+                emulated.reset_peak()
             if name in PATCHED:
                 cswap.stats(model).reset()
         synchronize(device)
@@ -96,6 +111,11 @@ def run_provider(name: str, args, device: torch.device) -> dict:
            "step_ms": 1e3 * statistics.median(times), "first_loss": float(first_loss)}
     if device.type == "cuda":
         row["peak_gpu_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        row["peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
+    if emulated is not None:  # saved activations and cswap's buffers only (what offloading changes)
+        row["peak_gpu_mib"] = emulated.peak_bytes / 2**20
+        row["peak_reserved_mib"] = emulated.max_memory_reserved() / 2**20
+        row["hazards"] = len(emulated.hazards)
     if name.startswith("cswap"):
         report = cswap.epoch_end(model)
         row["compressed_layers"] = report.totals["compressed_layers"]
@@ -111,6 +131,9 @@ def run_provider(name: str, args, device: torch.device) -> dict:
                    offloaded_mib_per_step=s["offloaded_bytes"] / args.iters / 2**20,
                    compressed_per_step=s["compressed_tensors"] / args.iters,
                    prefetch_stall_ms_per_step=1e3 * s["prefetch_stall_s"] / args.iters,
+                   offload_stall_ms_per_tensor=1e3 * s["offload_stall_s"] / max(s["offloaded_tensors"], 1),
+                   prefetch_stall_ms_per_tensor=1e3 * s["prefetch_stall_s"] / max(s["restored_tensors"], 1),
+                   kept_on_gpu=s["kept_on_gpu"], served_from_device=s["served_from_device"],
                    host_pool_mib=s["host_pool_bytes"] / 2**20)
         cswap.unpatch(model)
     del model, optimizer
@@ -122,10 +145,13 @@ def run_provider(name: str, args, device: torch.device) -> dict:
 COLUMNS = [
     ("provider", "provider", "{}"), ("step_ms", "step ms", "{:.1f}"), ("vs_unpatched", "x unpatch", "{:.2f}"),
     ("vs_save_on_cpu", "x s_o_cpu", "{:.2f}"), ("peak_gpu_mib", "peak MiB", "{:.0f}"),
-    ("peak_vs_unpatched", "peak x", "{:.2f}"), ("moved_mib_per_step", "moved MiB", "{:.1f}"),
-    ("prefetch_stall_ms_per_step", "stall ms", "{:.2f}"), ("compressed_layers", "compr.", "{}"),
-    ("decision_accuracy", "dec. acc", "{:.2f}"), ("loss_matches", "loss ==", "{}"),
-    ("checksum_cost", "chk cost", "{:+.1%}"),
+    ("peak_reserved_mib", "resv MiB", "{:.0f}"), ("peak_vs_unpatched", "peak x", "{:.2f}"),
+    ("moved_mib_per_step", "moved MiB", "{:.1f}"), ("offload_stall_ms_per_tensor", "fwd st/t", "{:.3f}"),
+    ("prefetch_stall_ms_per_tensor", "bwd st/t", "{:.3f}"), ("kept_on_gpu", "kept", "{}"),
+    ("compressed_layers", "compr.", "{}"), ("decision_accuracy", "dec. acc", "{:.2f}"),
+    ("loss_matches", "loss ==", "{}"), ("checksum_cost", "chk cost", "{:+.1%}"),
+    ("emu_peak_vs_unpatched", "emu peak x", "{:.2f}"), ("emu_offload_stall_ms_per_tensor", "emu fwd st", "{:.3f}"),
+    ("emu_kept_on_gpu", "emu kept", "{}"), ("emu_hazards", "emu haz.", "{}"),
 ]
 WIDTHS = [15] + [10] * (len(COLUMNS) - 1)
 
@@ -142,12 +168,29 @@ def parse_args(argv=None):
     p.add_argument("--profile", type=Path, help="device profile for the cswap modes (default: this device's)")
     p.add_argument("--check-decisions", type=int, default=0, metavar="N",
                    help="cswap modes: measure N tensors' real swaps and report decision accuracy")
+    p.add_argument("--emulate", metavar="GBPS",
+                   help="also run each provider against the emulated device at GBPS (or 'measured': this GPU's "
+                        "probed PCIe bandwidth) and report its prediction beside the measurement")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     args = p.parse_args(argv)
     args.dataset = args.dataset or ("cifar10" if args.quick else "imagenet")
     args.batch = args.batch or (4 if args.quick else 64)
     args.iters = args.iters or (2 if args.quick else 10)
     return args
+
+
+def emulation_bandwidth(option: str | None, device: torch.device) -> float | None:
+    """--emulate's GB/s: a number, or the slower direction probed on this GPU."""
+    if option is None:
+        return None
+    if option != "measured":
+        return float(option)
+    if device.type != "cuda":
+        raise SystemExit("--emulate measured needs a GPU to measure; give a bandwidth in GB/s instead")
+    from cswap.bandwidth import probe
+
+    link = probe(device, sizes=(64 << 20,), repeats=5)
+    return min(link["d2h_gbps"], link["h2d_gbps"])
 
 
 def main(argv=None) -> list[dict]:
@@ -158,10 +201,17 @@ def main(argv=None) -> list[dict]:
           f"torch {env['torch']}")
     print(format_row(COLUMNS, WIDTHS))
     rows = []
+    bandwidth = emulation_bandwidth(args.emulate, device)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="cswap: offloading CPU tensors")
         for name in args.providers:
             rows.append(run_provider(name, args, device))
+            if bandwidth is not None and name != "save_on_cpu":  # (its hooks are PyTorch's: nothing to see)
+                with cswap.testing.emulated_device(bandwidth_gbps=bandwidth) as emulated:
+                    emu = run_provider(name, args, torch.device("cpu"), emulated)
+                rows[-1].update({f"emu_{k}": v for k, v in emu.items() if k not in ("provider", "model", "dataset",
+                                                                                      "batch")})
+                rows[-1]["emu_bandwidth_gbps"] = bandwidth
     ref = {r["provider"]: r for r in rows}
     for row in rows:
         if "unpatched" in ref:
@@ -169,13 +219,16 @@ def main(argv=None) -> list[dict]:
             row["loss_matches"] = row["first_loss"] == ref["unpatched"]["first_loss"]
             if "peak_gpu_mib" in row:
                 row["peak_vs_unpatched"] = row["peak_gpu_mib"] / ref["unpatched"]["peak_gpu_mib"]
+            if "emu_peak_gpu_mib" in row and ref["unpatched"].get("emu_peak_gpu_mib"):
+                row["emu_peak_vs_unpatched"] = row["emu_peak_gpu_mib"] / ref["unpatched"]["emu_peak_gpu_mib"]
         if "save_on_cpu" in ref:
             row["vs_save_on_cpu"] = row["step_ms"] / ref["save_on_cpu"]["step_ms"]
         base = ref.get(row["provider"].removesuffix(_CHECKSUM))
         if row["provider"].endswith(_CHECKSUM) and base is not None:
             row["checksum_cost"] = row["step_ms"] / base["step_ms"] - 1
         print(format_row(COLUMNS, WIDTHS, row), flush=True)
-    write_results(rows, env, args, args.out, device, "runtime-quick" if args.quick else "runtime")
+    stem = "runtime-quick" if args.quick else "runtime"
+    write_results(rows, env, args, args.out, device, stem + ("-emulated" if args.emulate else ""))
     return rows
 
 

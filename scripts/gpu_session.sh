@@ -55,7 +55,12 @@ case "$stage" in
     sanitize) run compute-sanitizer --tool memcheck --error-exitcode 3 "$PY" -P -m pytest -q -x -p no:cacheprovider \
                   tests/test_fuzz.py -k triton || status=$? ;;
     codecs)   run "$PY" benchmarks/codecs.py || status=$? ;;
-    runtime)  run "$PY" benchmarks/runtime.py --check-decisions 16 || status=$? ;;
+    # runtime: the benchmark at ImageNet shapes, then the emulator's fidelity: the same run at
+    # CIFAR shapes measured on the GPU and predicted by the emulator at the probed PCIe
+    # bandwidth, side by side (peak allocated and reserved, stall per tensor, kept_on_gpu).
+    runtime)  run "$PY" benchmarks/runtime.py --check-decisions 16 || status=$?
+              run "$PY" benchmarks/runtime.py --dataset cifar10 --batch 32 --iters 5 --emulate measured \
+                  --providers unpatched vdnn sc cswap || status=$? ;;
     soak)     run "$PY" benchmarks/soak.py || status=$? ;;
     tune)     run cswap-tune --compare --out benchmarks/results/cswap-home/profile-tuned.json || status=$? ;;
     # shellcheck disable=SC2086  # MODELS is a list of names
