@@ -404,23 +404,27 @@ def test_a_failed_copy_surfaces_in_the_training_step():
     assert "offloading the" in str(error)  # names what was being offloaded
 
 
-def test_a_failing_decoder_surfaces_in_the_training_step(monkeypatch):
+def _break(monkeypatch, method: str, error: Exception):
+    """(inject, undo) for _fail_then_train: ZVC's `method` raises `error` between the two."""
     zvc = cswap.codecs.get("zvc")
-    decode = zvc.decode
-    error = _fail_then_train(
-        lambda dev, sw: monkeypatch.setattr(zvc, "decode", lambda *a, **k: (_ for _ in ()).throw(
-            ValueError("decoder bug"))),
-        mode="sc", undo=lambda: monkeypatch.setattr(zvc, "decode", decode))
+    working = getattr(zvc, method)
+
+    def broken(*args, **kwargs):
+        raise error
+
+    return (lambda dev, sw: monkeypatch.setattr(zvc, method, broken),
+            lambda: monkeypatch.setattr(zvc, method, working))
+
+
+def test_a_failing_decoder_surfaces_in_the_training_step(monkeypatch):
+    inject, undo = _break(monkeypatch, "decode", ValueError("decoder bug"))
+    error = _fail_then_train(inject, mode="sc", undo=undo)
     assert isinstance(error, ValueError) and "decoder bug" in str(error), error
 
 
 def test_a_failing_encoder_surfaces_in_the_training_step(monkeypatch):
-    zvc = cswap.codecs.get("zvc")
-    encode = zvc.encode
-    error = _fail_then_train(
-        lambda dev, sw: monkeypatch.setattr(zvc, "encode", lambda *a, **k: (_ for _ in ()).throw(
-            ValueError("encoder bug"))),
-        mode="sc", undo=lambda: monkeypatch.setattr(zvc, "encode", encode))
+    inject, undo = _break(monkeypatch, "encode", ValueError("encoder bug"))
+    error = _fail_then_train(inject, mode="sc", undo=undo)
     assert isinstance(error, RuntimeError) and isinstance(error.__cause__, ValueError), error
 
 

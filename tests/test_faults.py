@@ -56,6 +56,16 @@ def assert_clean_afterwards(model, name="vgg"):
     assert_same(train(model, nets.IMAGE), reference(name))
 
 
+def assert_grads_of_one_stock_step(model):
+    """The model's gradients equal stock autograd's for forward()'s batch, bit for bit."""
+    got = {name: p.grad for name, p in model.named_parameters()}
+    stock = nets.vgg_like()
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    F.cross_entropy(stock(x), y).backward()
+    for name, p in stock.named_parameters():
+        assert torch.equal(got[name], p.grad), name
+
+
 # -- checksum ------------------------------------------------------------------------------------------------
 
 def test_checksum_is_position_weighted_and_device_independent():
@@ -205,12 +215,7 @@ def test_on_demand_out_of_memory_retries(monkeypatch):
     loss.backward()
     monkeypatch.undo()
     assert cswap.stats(model)["oom_retries"] == 1
-    got = {name: p.grad for name, p in model.named_parameters()}
-    expected = nets.vgg_like()
-    x, y = nets.batches(nets.IMAGE, 1)[0]
-    F.cross_entropy(expected(x), y).backward()
-    for name, p in expected.named_parameters():
-        assert torch.equal(got[name], p.grad), name
+    assert_grads_of_one_stock_step(model)
 
 
 def test_the_retry_gives_back_unused_prefetches(monkeypatch):
@@ -235,12 +240,7 @@ def test_the_retry_gives_back_unused_prefetches(monkeypatch):
     assert [(item, failed) for _, item, failed in calls[:2]] == [(last, True), (last, False)]
     assert seen_at_retry == [None, None, None]  # given back before the retry
     assert cswap.stats(model)["oom_retries"] == 1
-    got = {name: p.grad for name, p in model.named_parameters()}
-    reference_model = nets.vgg_like()
-    x, y = nets.batches(nets.IMAGE, 1)[0]
-    F.cross_entropy(reference_model(x), y).backward()
-    for name, p in reference_model.named_parameters():
-        assert torch.equal(got[name], p.grad), name
+    assert_grads_of_one_stock_step(model)
 
 
 def test_persistent_out_of_memory_raises_naming_the_layer_and_keeps_the_copy(monkeypatch):

@@ -102,12 +102,11 @@ class Device:
         raise NotImplementedError
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        """A 1-D uint8 host buffer for copies (pinned, or pageable)."""
+        """A 1-D uint8 host buffer for copies (pinned, or pageable). PyTorch's caching host
+        allocator pins a power of two for any request (ATen/core/CachingHostAllocator.h,
+        PowerOf2Ceil) and keeps freed blocks until empty_host_cache(): the host pool asks
+        for powers of two, so what it counts is what is pinned."""
         raise NotImplementedError
-
-    def host_reserved_bytes(self, nbytes: int, pinned: bool) -> int:
-        """Host memory a host_empty(nbytes) buffer really holds."""
-        return nbytes
 
     def empty_host_cache(self) -> None:
         """Give freed pinned blocks cached by the host allocator back to the system."""
@@ -213,11 +212,6 @@ class CudaDevice(Device):
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-
-    def host_reserved_bytes(self, nbytes: int, pinned: bool) -> int:
-        # PyTorch's caching host allocator rounds every pinned block up to a power
-        # of two (ATen/core/CachingHostAllocator.h, PowerOf2Ceil) and caches it.
-        return 1 << max(int(nbytes) - 1, 0).bit_length() if pinned else nbytes
 
     def empty_host_cache(self) -> None:
         free = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)

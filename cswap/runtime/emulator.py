@@ -56,7 +56,7 @@ import torch
 from . import sync
 from .device import SIDE_STREAMS, Device
 
-__all__ = ["EmulatedDevice", "current", "activate", "POISON"]
+__all__ = ["EmulatedDevice", "current", "activate", "is_default", "POISON"]
 
 POISON = 0xA5           # the byte pattern of recycled memory
 HOST, COMPUTE = 0, 1    # clock ids of the host threads and the compute stream
@@ -615,7 +615,7 @@ class EmulatedDevice(Device):
                 buf.free_vc.merge(self._compute.vc)
             else:
                 waits.add(buf.stream)
-            self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in waits}, vc=None)
+            self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in waits})
             buf.frees_left = len(waits)
             if not waits:
                 self._reclaim(buf)
@@ -625,9 +625,9 @@ class EmulatedDevice(Device):
                 op.buf = buf
                 self._enqueue(stream, op)
 
-    def _check_free(self, buf: _Buffer, exempt: set[int], vc: _Clock | None) -> None:
+    def _check_free(self, buf: _Buffer, exempt: set[int]) -> None:
         """Work of other streams that is pending, or not known to be done, when the memory is freed."""
-        vc = vc or buf.free_vc
+        vc = buf.free_vc
         for sid, count in buf.pending.items():
             if count > 0 and sid not in exempt:
                 self._hazard(f"a {buf.kind} buffer of {buf.nbytes} bytes was freed while work on "
@@ -646,7 +646,8 @@ class EmulatedDevice(Device):
         self.cached_bytes += buf.nbytes
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        size = self.host_reserved_bytes(nbytes, pinned)
+        # As PyTorch's caching host allocator: a power of two per pinned block.
+        size = 1 << max(int(nbytes) - 1, 0).bit_length() if pinned else int(nbytes)
         with self._lock:
             cached = self._pinned_cache[size] if pinned else None
             block = cached.pop() if cached else None
@@ -664,9 +665,6 @@ class EmulatedDevice(Device):
                 buf.pinned = pinned
                 self._buffers[block.ctypes.data] = buf
         return self._wrap(buf, nbytes, self._host_freed)
-
-    def host_reserved_bytes(self, nbytes: int, pinned: bool) -> int:
-        return 1 << max(int(nbytes) - 1, 0).bit_length() if pinned else int(nbytes)
 
     def _host_freed(self, buf: _Buffer) -> None:
         with self._lock:
@@ -722,7 +720,7 @@ class EmulatedDevice(Device):
                 self.live_bytes -= buf.nbytes
             buf.free_vc = _Clock(self.host_vc)
             buf.free_vc.merge(self._compute.vc)
-            self._check_free(buf, exempt={COMPUTE} | {s.sid for s in buf.recorded}, vc=None)
+            self._check_free(buf, exempt={COMPUTE} | {s.sid for s in buf.recorded})
 
     def _range(self, t: torch.Tensor, buf: _Buffer) -> tuple[int, int]:
         lo, hi = _span(t)

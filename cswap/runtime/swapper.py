@@ -244,7 +244,6 @@ class Swapper:
         while waiting is raised before the item is counted."""
         nbytes = item.info.nbytes
         self._largest = max(self._largest, nbytes)
-        item.pass_.nbytes += nbytes
         limit = self.stash_limit()
         waited_since = None
         while True:
@@ -259,6 +258,7 @@ class Swapper:
                 oldest = self._inflight[0]
             waited_since = waited_since or time.perf_counter()
             self._wait_released(oldest, at="pack.stash_full")
+        item.pass_.nbytes += nbytes
         if waited_since is not None:
             self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
 
