@@ -383,6 +383,7 @@ def _fail_then_train(inject, mode="vdnn", undo=lambda: None):
         cswap.unpatch(model)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
 def test_a_dead_offload_worker_surfaces_in_the_training_step(monkeypatch):
     """F8: the worker dies (an error it does not catch, e.g. warnings turned into errors):
     what waited on it is failed, and the step raises instead of waiting for ever."""
