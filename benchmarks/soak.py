@@ -8,9 +8,7 @@ cswap-train loads it, a re-decision by `cswap.epoch_end(model)` every --epoch-ev
 that the advisor's decisions and the profiler's samples are refreshed too) and every
 --every steps, after gc.collect(), samples:
 
-    rss_bytes              this process's resident memory (VmRSS of /proc/self/status), after
-                           giving free heap pages back (glibc malloc_trim): live memory, not
-                           what earlier work in the process left free
+    rss_bytes              this process's resident memory (VmRSS of /proc/self/status)
     host_pool_bytes        the swapper's host buffer pool, cswap.stats(model)["host_pool_bytes"]
                            (pinned memory on CUDA)
     gpu_allocated_bytes    torch.cuda.memory_allocated between steps (CUDA only)
@@ -60,7 +58,6 @@ nothing the swapper keeps grows.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import resource
@@ -103,14 +100,6 @@ def rss_bytes() -> tuple[int, str]:
     return peak * (1 if sys.platform == "darwin" else 1024), "ru_maxrss"
 
 
-def _trim_heap() -> None:
-    """Return free heap pages to the system where glibc can (else nothing)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def take_sample(iteration: int, model, device: torch.device, start: float, loss: float | None) -> dict:
     """One row of the soak: memory series and swap counters, between two steps."""
     gc.collect()  # garbage in reference cycles is not a leak: collect it so that it does not look like one
@@ -118,7 +107,6 @@ def take_sample(iteration: int, model, device: torch.device, start: float, loss:
     with warnings.catch_warnings():  # isinstance() on deprecated torch aliases warns
         warnings.simplefilter("ignore")
         tensors = sum(1 for o in objects if isinstance(o, torch.Tensor))
-    _trim_heap()
     rss, rss_source = rss_bytes()
     stats = cswap.stats(model)
     row = {"iteration": iteration, "elapsed_s": time.perf_counter() - start, "loss": loss,

@@ -141,26 +141,24 @@ def test_restored_tensors_live_on_the_compute_stream():
     caching allocator can give it to compute afterwards; side streams hold only staging."""
     make, shape = NETS["small_cnn"]
     model = cswap.patch(make(), mode="cswap", policy=emulated.cycling_policy, min_bytes=0)
+    restorer = swapper_of(model).restorer
+    copy_in, streams = restorer._copy_in, []
+
+    def recording_copy_in(item, blob, host):
+        y = copy_in(item, blob, host)
+        streams.append(dev._track(y).stream.name)  # the stream the restored tensor's memory belongs to
+        return y
+
+    restorer._copy_in = recording_copy_in
     try:
         with cswap.testing.emulated_device(**SLOW) as dev:
-            allocated = []
-            empty = dev.empty
-
-            def recording_empty(nbytes, stream):
-                allocated.append((nbytes, stream.name))
-                return empty(nbytes, stream)
-
-            dev.empty = recording_empty
             x, y = nets.batches(shape, 1)[0]
             loss = F.cross_entropy(model(x), y)
             swapper_of(model).synchronize()  # every tensor copied out: all are restored
             loss.backward()
         items = swapper_of(model)._pass.items
-        restored = [(i.info.nbytes, "compute") for i in items]
-        assert all(entry in allocated for entry in restored)
-        assert {name for _, name in allocated} <= {"compute", "compress", "d2h", "h2d"}
-        assert all(n < max(i.info.nbytes for i in items) or name == "compute" for n, name in allocated
-                   if name == "h2d")
+        assert len(streams) == len(items) and set(streams) == {"compute"}, streams
+        assert any(item.header is not None for item in items)  # decoded outputs among them
         assert dev.hazards == []
     finally:
         cswap.unpatch(model)

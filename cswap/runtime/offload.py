@@ -270,15 +270,15 @@ class Offloader:
             src, sent = item.src, item.sent
             item.src = item.sent = None
             sw.unstash(item)
-            host_zvc = sw.mode == "vdnnpp" and item.host is not None and item.header is None \
-                and not item.freed and item.failure is None
-        if host_zvc:
+            host = item.host if sw.mode == "vdnnpp" and item.header is None and not item.freed \
+                and item.failure is None else None
+        if host is not None:
             if self._host_threads is None:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._host_threads = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2),
                                                         thread_name_prefix="cswap-host-zvc")
-            self._host_threads.submit(self._host_compress, item, item.host)
+            self._host_threads.submit(self._host_compress, item, host)
         del src, sent  # the device memory goes here (unless the user still holds the tensor)
 
     def _host_compress(self, item: Item, host: torch.Tensor) -> None:

@@ -88,9 +88,9 @@ class Restorer:
         """Start restoring the items backward will want next while they fit in the
         prefetch limit (prefetch_bytes=0 turns prefetch off; an item that does not fit
         is fetched when backward asks), skipping those already served in this backward
-        (round_: item's round in it). Eager backward
-        unpacks in reverse pack order; a compiled graph's backward unpacks its saved
-        tensors in forward order: the direction follows what was served."""
+        (round_: item's round in it). Eager backward unpacks in reverse pack order; a
+        compiled graph's backward unpacks its saved tensors in forward order: the
+        direction follows what was served."""
         items = item.pass_.items
         before = items[item.index - 1] if item.index > 0 else None
         ascending = before is not None and not before.freed and before.round != round_
