@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, decoder_output, launch_grid
+from .launch import LaunchConfig, decoder_output, launch_grid, step_elements
 
 __all__ = ["TILE", "STATUS", "view_2d", "index_bytes_for", "layout", "sections", "search_steps",
            "csr_compress", "csr_decompress", "csr_compress_ref", "csr_decompress_ref"]
@@ -132,96 +132,119 @@ def _num_check_tiles(rows: int, nnz: int, tile: int) -> int:
 # -- Triton -------------------------------------------------------------------
 
 
-@triton.jit
-def _csr_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr):
+# do_not_specialize: every integer argument varies per tensor; specialising on
+# it (multiple of 16, equal to 1) would recompile in the middle of training.
+# Each program walks its tile in steps of SUB elements (launch.step_elements).
+
+
+@triton.jit(do_not_specialize=["n", "num_tiles"])
+def _csr_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    idx = tl.arange(0, TILE)
+    idx = tl.arange(0, SUB)
     for t in range(pid, num_tiles, nprog):
-        offs = t * TILE + idx
-        w = tl.load(words_ptr + offs, mask=offs < n, other=0)
-        tl.store(counts_ptr + t, tl.sum((w != 0).to(tl.int64), axis=0), mask=t < num_tiles)
+        src = words_ptr + t * TILE
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        count = tl.zeros([SUB], dtype=tl.int32)
+        for s in range(0, TILE, SUB):
+            offs = s + idx
+            w = tl.load(src + offs, mask=offs < tile_len, other=0)
+            count += (w != 0).to(tl.int32)
+        tl.store(counts_ptr + t, tl.sum(count, axis=0).to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "cols", "num_tiles"])
 def _csr_compress_kernel(words_ptr, tile_start_ptr, crow_ptr, col_ptr, values_ptr, n, cols, num_tiles,
-                         TILE: tl.constexpr, WIDE: tl.constexpr):
+                         TILE: tl.constexpr, SUB: tl.constexpr, WIDE: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    idx = tl.arange(0, TILE)
+    idx = tl.arange(0, SUB)
     for t in range(pid, num_tiles, nprog):
-        offs = t * TILE + idx
-        inb = offs < n
-        w = tl.load(words_ptr + offs, mask=inb, other=0)
-        nz = (w != 0).to(tl.int32)
-        # Exclusive rank among the tile's non-zeros, plus the non-zeros of earlier tiles.
-        pos = tl.load(tile_start_ptr + t, mask=t < num_tiles, other=0) + (tl.cumsum(nz, axis=0) - nz)
+        src = words_ptr + t * TILE
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        base = tl.load(tile_start_ptr + t)  # non-zeros of earlier tiles
+        values = values_ptr + base
+        columns = col_ptr + base
         # (row, col) of each element without a 64-bit division per element (tens
-        # of instructions on a GPU): divide the tile's start once, then offsets
-        # rel = c0 + idx < cols + TILE cross at most one row end when cols >= TILE
-        # (WIDE), and fit int32 when cols < TILE.
+        # of instructions on a GPU): divide the tile's start once; when cols >= TILE
+        # (WIDE) the tile crosses at most one row end, at tile position to_end.
         r0 = (t * TILE) // cols
         c0 = t * TILE - r0 * cols
-        if WIDE:
-            rel = c0 + idx
-            wrap = (rel >= cols).to(tl.int64)
-            row = r0 + wrap
-            col = rel - wrap * cols
-        else:
-            rel = (c0 + idx).to(tl.int32)
-            step = rel // cols
-            row = r0 + step
-            col = rel - step * cols
-        keep = inb & (nz != 0)
-        tl.store(values_ptr + pos, w, mask=keep)
-        tl.store(col_ptr + pos, col.to(col_ptr.dtype.element_ty), mask=keep)
-        # A row's first element knows how many non-zeros precede the row.
-        tl.store(crow_ptr + row, pos, mask=inb & (col == 0))
+        row0 = crow_ptr + r0
+        to_end = tl.minimum(cols - c0, TILE).to(tl.int32)
+        rank = tile_len * 0
+        for s in range(0, TILE, SUB):
+            offs = s + idx
+            inb = offs < tile_len
+            w = tl.load(src + offs, mask=inb, other=0)
+            nz = (w != 0).to(tl.int32)
+            pos = rank + tl.cumsum(nz, axis=0) - nz  # exclusive rank in the tile
+            if WIDE:
+                wrap = offs >= to_end
+                row = wrap.to(tl.int32)
+                col = tl.where(wrap, offs - to_end, c0 + offs)
+            else:  # cols < TILE: 32-bit division
+                rel = c0.to(tl.int32) + offs
+                row = rel // cols
+                col = rel - row * cols
+            keep = inb & (nz != 0)
+            tl.store(values + pos, w, mask=keep)
+            tl.store(columns + pos, col.to(col_ptr.dtype.element_ty), mask=keep)
+            # A row's first element knows how many non-zeros precede the row.
+            tl.store(row0 + row, base + pos, mask=inb & (col == 0))
+            rank += tl.sum(nz, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "cols", "nnz", "steps", "num_tiles"])
 def _csr_decompress_kernel(crow_ptr, col_ptr, values_ptr, out_ptr, status_ptr, rows, cols, nnz, steps,
-                           num_tiles, TILE: tl.constexpr):
+                           num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    idx = tl.arange(0, TILE)
+    idx = tl.arange(0, SUB)
     for t in range(pid, num_tiles, nprog):
-        i = t * TILE + idx
-        # Row pointers must not decrease: pairs (i, i + 1) for i < rows.
-        pair = i < rows
-        a = tl.load(crow_ptr + i, mask=pair, other=0)
-        b = tl.load(crow_ptr + i + 1, mask=pair, other=0)
-        decreasing = pair & (b < a)
-        # Non-zero k = i: its row r is the last with crow[r] <= k (binary search in [0, rows)).
-        live = i < nnz
-        lo = tl.zeros([TILE], dtype=tl.int64)
-        hi = lo + rows
-        for _ in range(steps):
-            mid = (lo + hi) // 2
-            go = tl.load(crow_ptr + mid, mask=live & (mid <= rows), other=0) <= i
-            lo = tl.where(go, mid, lo)
-            hi = tl.where(go, hi, mid)
-        r = lo
-        start = tl.load(crow_ptr + r, mask=live & (r < rows), other=0)
-        end = tl.load(crow_ptr + r + 1, mask=live & (r < rows), other=0)
-        no_row = live & ((r >= rows) | (start > i) | (i >= end))
-        in_row = live & (r < rows) & (start <= i) & (i < end)
-        col = tl.load(col_ptr + i, mask=live, other=0).to(tl.int64)
-        col_ok = (col >= 0) & (col < cols)
-        bad_col = in_row & ((col < 0) | (col >= cols))
-        # Not the first of its row: the previous column must be smaller. -1 stands
-        # in for "no previous", which every valid column passes.
-        follows = in_row & (i > start) & (i > 0)
-        prev = tl.load(col_ptr + i - 1, mask=follows, other=-1).to(tl.int64)
-        bad_order = follows & (prev >= col)
-        ok = in_row & col_ok & (prev < col)
-        v = tl.load(values_ptr + i, mask=ok, other=0)
-        tl.store(out_ptr + r * cols + col, v, mask=ok)
-        flags = 2 * tl.max(decreasing.to(tl.int32), axis=0) \
-            + 4 * tl.max(no_row.to(tl.int32), axis=0) \
-            + 8 * tl.max(bad_col.to(tl.int32), axis=0) \
-            + 16 * tl.max(bad_order.to(tl.int32), axis=0)
-        tl.store(status_ptr + t, flags.to(tl.int8), mask=t < num_tiles)
+        flags = pid.to(tl.int32) * 0
+        if t * TILE < rows:
+            # Row pointers must not decrease: pairs (k, k + 1) for k < rows.
+            for s in range(0, TILE, SUB):
+                k = t * TILE + s + idx
+                pair = k < rows
+                a = tl.load(crow_ptr + k, mask=pair, other=0)
+                b = tl.load(crow_ptr + k + 1, mask=pair, other=0)
+                flags = flags | (2 * tl.max((pair & (b < a)).to(tl.int32), axis=0))
+        if t * TILE < nnz:
+            for s in range(0, TILE, SUB):
+                k = t * TILE + s + idx
+                # Non-zero k: its row r is the last with crow[r] <= k (binary search
+                # in [0, rows), indices as wide as rows).
+                live = k < nnz
+                hi = tl.zeros([SUB], dtype=tl.int32) + rows
+                lo = hi * 0
+                for _ in range(steps):
+                    mid = (lo + hi) // 2
+                    go = tl.load(crow_ptr + mid, mask=live & (mid <= rows), other=0) <= k
+                    lo = tl.where(go, mid, lo)
+                    hi = tl.where(go, hi, mid)
+                r = lo
+                has_row = live & (r < rows)
+                start = tl.load(crow_ptr + r, mask=has_row, other=0)
+                end = tl.load(crow_ptr + r + 1, mask=has_row, other=0)
+                in_row = has_row & (start <= k) & (k < end)
+                no_row = live & (in_row == 0)
+                col = tl.load(col_ptr + k, mask=live, other=0).to(tl.int64)
+                col_ok = (col >= 0) & (col < cols)
+                bad_col = in_row & (col_ok == 0)
+                # Not the first of its row: the previous column must be smaller. -1
+                # stands in for "no previous", which every valid column passes.
+                follows = in_row & (k > start) & (k > 0)
+                prev = tl.load(col_ptr + k - 1, mask=follows, other=-1).to(tl.int64)
+                bad_order = follows & (prev >= col)
+                ok = in_row & col_ok & (prev < col)
+                v = tl.load(values_ptr + k, mask=ok, other=0)
+                tl.store(out_ptr + r.to(tl.int64) * cols + col, v, mask=ok)
+                flags = flags | (4 * tl.max(no_row.to(tl.int32), axis=0)) \
+                    | (8 * tl.max(bad_col.to(tl.int32), axis=0)) \
+                    | (16 * tl.max(bad_order.to(tl.int32), axis=0))
+        tl.store(status_ptr + t, flags.to(tl.int8))
 
 
 def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: LaunchConfig | None = None,
@@ -236,7 +259,8 @@ def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: Launc
     grid, warps = launch_grid(config, num_tiles, words.device)
     counts = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
     if num_tiles:
-        _csr_count_kernel[(grid,)](words, counts[1:], n, num_tiles, TILE=tile, num_warps=warps)
+        sub = step_elements(tile, warps, words.element_size())
+        _csr_count_kernel[(grid,)](words, counts[1:], n, num_tiles, TILE=tile, SUB=sub, num_warps=warps)
     tile_start = torch.cumsum(counts, 0)
     nnz = int(tile_start[-1])  # the one host sync: sizes the buffer
     payload = alloc(layout(rows, nnz, index_bytes, words.element_size())[3])
@@ -244,7 +268,7 @@ def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: Launc
     crow, col, values = sections(payload, rows, nnz, index_bytes, words.dtype)
     if num_tiles:
         _csr_compress_kernel[(grid,)](words, tile_start, crow, col, values, n, cols, num_tiles, TILE=tile,
-                                      WIDE=cols >= tile, num_warps=warps)
+                                      SUB=sub, WIDE=cols >= tile, num_warps=warps)
     else:  # no elements: every row is empty (and there may be rows, e.g. shape (3, 0))
         crow.zero_()
     crow[rows] = nnz
@@ -268,7 +292,8 @@ def csr_decompress(payload: torch.Tensor, rows: int, cols: int, nnz: int, index_
     status = torch.zeros(num_tiles + 1, dtype=torch.int8, device=payload.device)
     grid, warps = launch_grid(config, num_tiles, payload.device)
     _csr_decompress_kernel[(grid,)](crow, col, values, out, status, rows, cols, nnz, search_steps(rows),
-                                    num_tiles, TILE=tile, num_warps=warps)
+                                    num_tiles, TILE=tile, SUB=step_elements(tile, warps, out.element_size()),
+                                    num_warps=warps)
     status[-1] = _ends_flag(crow, rows, nnz)
     return out, status
 

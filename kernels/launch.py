@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device", "decoder_output"]
+__all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device", "decoder_output",
+           "step_elements"]
 
 _MAX_GRID = 1 << 20
 
@@ -66,8 +67,10 @@ def default_config(device: torch.device) -> LaunchConfig:
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         return LaunchConfig(grid=4 * sms, block=128)
-    # The interpreter runs programs one after another: fewer is faster.
-    return LaunchConfig(grid=4, block=128)
+    # The interpreter runs programs one after another and pays per operation, not
+    # per element: fewer programs and longer steps (block 512: two or more steps
+    # per tile still) are faster. Tests pass small blocks explicitly too.
+    return LaunchConfig(grid=4, block=512)
 
 
 def decoder_output(out: torch.Tensor | None, n: int, dtype: torch.dtype, device: torch.device,
@@ -80,6 +83,22 @@ def decoder_output(out: torch.Tensor | None, n: int, dtype: torch.dtype, device:
         raise ValueError(f"cswap.kernels: out must be a contiguous {dtype} tensor of shape ({n},) on {device}, "
                          f"got {out.dtype} of shape {tuple(out.shape)} on {out.device}")
     return out.zero_() if zero else out
+
+
+# Per thread and step: 16 bytes (one 128-bit load) and at most 8 elements (each
+# carries 32-bit positions and flags). Holding a whole 4096-element tile at once
+# (the first kernels) took 164-255 registers at 128 threads and spilled (issue
+# 12's table); steps this size keep the codec kernels under 128 registers at
+# every block size the tuner searches (python -m cswap.kernels.aot).
+BYTES_PER_THREAD = 16
+ELEMENTS_PER_THREAD = 8
+
+
+def step_elements(tile: int, num_warps: int, itemsize: int) -> int:
+    """Elements a program handles per step of its loop over a tile: at most the
+    tile, and otherwise at least one 32-element mask word."""
+    per_thread = max(1, min(ELEMENTS_PER_THREAD, BYTES_PER_THREAD // itemsize))
+    return min(tile, max(32, 32 * num_warps * per_thread))
 
 
 def launch_grid(config: LaunchConfig | None, num_tiles: int, device: torch.device) -> tuple[int, int]:

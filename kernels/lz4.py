@@ -80,7 +80,7 @@ CHUNK = 65536
 MAX_BLOCK_INPUT = CHUNK
 # SEG = 32 bytes (8 int32 words) per lane: NSEG = 2048 lanes per chunk fit one
 # program, zero runs and tensors made of repeated tiles (>= 32 B) still match.
-# Untuned (no GPU measurement yet); SEG, HBITS and SUBB are free to change: the
+# Untuned (no GPU measurement yet); SEG, HBITS and the step sizes are free to change: the
 # decoder reads any valid LZ4 block.
 SEG = 32
 NSEG = CHUNK // SEG
@@ -89,10 +89,15 @@ HBITS = 12
 HSIZE = 1 << HBITS
 # Knuth's multiplicative hash constant, 2**32 / golden ratio.
 HASH_MUL = 0x9E3779B1
-# SUBB = 4096 literal bytes copied per step of the encoder's write pass.
-SUBB = 4096
+# The encoder walks a chunk in steps: SEGS_PER_THREAD segments per thread (two
+# segments' 16 words hashed and compared three ways stay in registers) and
+# LITERAL_BYTES per thread when copying literals (one 16-byte load, then byte
+# stores: a literal lands at any byte offset of the block). Holding all 2048
+# segments at once (the first encoder) took 249-255 registers and spilled.
+SEGS_PER_THREAD = 2
+LITERAL_BYTES = 16
 # Each encoder program needs SCRATCH int32 words of global scratch; capping the
-# programs at 4096 bounds it to 4096 * 74 KB = 300 MB whatever grid is asked for.
+# programs at 4096 bounds it to 4096 * 82 KB = 336 MB whatever grid is asked for.
 MAX_ENCODE_PROGRAMS = 4096
 _ALIGN = 16
 
@@ -114,11 +119,11 @@ _ENDS_WITH_MATCH = tl.constexpr(ENDS_WITH_MATCH)
 _SHORT = tl.constexpr(SHORT)
 
 # Scratch of one encoder program, in int32 words (offsets computed in the kernel):
-# hash table [HSIZE]; per segment: match offset (0 = literal) [NSEG]; per sequence:
-# literal and match bytes before it [NSEG + 1 each], first segment, match offset,
-# block position of its literal 0 minus that literal's chunk position [NSEG each];
-# per segment: the last value for its sequence [NSEG].
-SCRATCH = HSIZE + 7 * NSEG + 2
+# hash table [HSIZE]; per segment: hash, match offset (0 = literal), sequence
+# [NSEG each]; per sequence: literal and match bytes before it [NSEG + 1 each],
+# first segment, match offset, block position of its literal 0 minus that
+# literal's chunk position [NSEG each].
+SCRATCH = HSIZE + 8 * NSEG + 2
 
 
 def _align(n: int) -> int:
@@ -145,116 +150,146 @@ def sections(payload: torch.Tensor, num_chunks: int, blocks_nbytes: int) -> tupl
 # -- Triton: encoder -------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nbytes", "num_chunks"])
 def _lz4_compress_kernel(src8_ptr, src32_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, nbytes,
                          num_chunks, CHUNK: tl.constexpr, SEG: tl.constexpr, HBITS: tl.constexpr,
-                         SUBB: tl.constexpr, SCRATCH: tl.constexpr, WRITE: tl.constexpr):
+                         STEP: tl.constexpr, LIT_ROWS: tl.constexpr, LIT_BYTES: tl.constexpr,
+                         SCRATCH: tl.constexpr, WRITE: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     NSEG: tl.constexpr = CHUNK // SEG
     W: tl.constexpr = SEG // 4
     HSIZE: tl.constexpr = 1 << HBITS
     T0: tl.constexpr = 0
-    CODE: tl.constexpr = T0 + HSIZE
-    SL: tl.constexpr = CODE + NSEG
+    HASH: tl.constexpr = T0 + HSIZE
+    CODE: tl.constexpr = HASH + NSEG
+    SEQ: tl.constexpr = CODE + NSEG
+    SL: tl.constexpr = SEQ + NSEG
     SM: tl.constexpr = SL + NSEG + 1
     BEG: tl.constexpr = SM + NSEG + 1
     OFF: tl.constexpr = BEG + NSEG
     LB: tl.constexpr = OFF + NSEG
-    SEGLB: tl.constexpr = LB + NSEG
-    tl.static_assert(SEGLB + NSEG <= SCRATCH)
+    tl.static_assert(LB + NSEG <= SCRATCH)
+    tl.static_assert(SEG % LIT_BYTES == 0)
     sc = scratch_ptr + pid * SCRATCH
-    s = tl.arange(0, NSEG)
+    lane = tl.arange(0, STEP)
     for c in range(pid, num_chunks, nprog):
         tl.debug_barrier()  # the previous chunk's scratch reads finish before we overwrite it
         n = tl.minimum(nbytes - c * CHUNK, CHUNK).to(tl.int32)
-        wbase = c * (CHUNK // 4)
+        words = src32_ptr + c * (CHUNK // 4)
         nfull = n // SEG
-        full = s < nfull
-        # Hash each full segment's 8 words; the table keeps the earliest segment per hash.
-        h = tl.zeros([NSEG], dtype=tl.uint32)
-        for j in tl.static_range(W):
-            w = tl.load(src32_ptr + wbase + s * W + j, mask=full, other=0)
-            h = (h ^ w.to(tl.uint32, bitcast=True)) * 0x9E3779B1  # HASH_MUL
-        h = (h >> (32 - HBITS)).to(tl.int32)
-        tl.store(sc + T0 + tl.arange(0, HSIZE), tl.full([HSIZE], NSEG, tl.int32))
+        nactive = (n + SEG - 1) // SEG
+        # 1. Hash each full segment's 8 words; the table keeps the earliest segment per hash.
+        for h0 in range(0, HSIZE, STEP):
+            tl.store(sc + T0 + h0 + lane, tl.full([STEP], NSEG, tl.int32), mask=h0 + lane < HSIZE)
         tl.debug_barrier()
-        tl.atomic_min(sc + T0 + h, s, mask=full)
+        for s0 in range(0, NSEG, STEP):
+            s = s0 + lane
+            full = s < nfull
+            h = tl.zeros([STEP], dtype=tl.uint32)
+            for j in tl.static_range(W):
+                w = tl.load(words + s * W + j, mask=full, other=0)
+                h = (h ^ w.to(tl.uint32, bitcast=True)) * 0x9E3779B1  # HASH_MUL
+            h = (h >> (32 - HBITS)).to(tl.int32)
+            tl.store(sc + HASH + s, h)
+            # Relaxed: the barrier below orders the table for its readers.
+            tl.atomic_min(sc + T0 + h, s, mask=full, sem="relaxed")
         tl.debug_barrier()
-        # .cg: read the atomics' result from L2, never a stale L1 line
-        cand = tl.load(sc + T0 + h, mask=full, other=NSEG, cache_modifier=".cg")
-        # The last two full segments and the partial tail stay literal (end-of-block rules).
-        allowed = s < nfull - 2
-        ok_a = allowed & (s >= 1)
-        ok_b = allowed & (cand < s)
-        eq_a = ok_a
-        eq_b = ok_b
-        for j in tl.static_range(W):
-            w = tl.load(src32_ptr + wbase + s * W + j, mask=allowed, other=0)
-            wa = tl.load(src32_ptr + wbase + (s - 1) * W + j, mask=ok_a, other=0)
-            wb = tl.load(src32_ptr + wbase + cand * W + j, mask=ok_b, other=0)
-            eq_a = eq_a & (w == wa)
-            eq_b = eq_b & (w == wb)
-        kind = tl.where(eq_a, SEG, tl.where(eq_b, (s - cand) * SEG, 0))
-        tl.store(sc + CODE + s, kind)
+        # 2. Match offset of each segment (0 = literal). The last two full segments
+        # and the partial tail stay literal (end-of-block rules).
+        for s0 in range(0, NSEG, STEP):
+            s = s0 + lane
+            full = s < nfull
+            # .cg: read the atomics' result from L2, never a stale L1 line
+            cand = tl.load(sc + T0 + tl.load(sc + HASH + s), mask=full, other=NSEG, cache_modifier=".cg")
+            allowed = s < nfull - 2
+            ok_a = allowed & (s >= 1)
+            ok_b = allowed & (cand < s)
+            eq_a = ok_a
+            eq_b = ok_b
+            for j in tl.static_range(W):
+                w = tl.load(words + s * W + j, mask=allowed, other=0)
+                wa = tl.load(words + (s - 1) * W + j, mask=ok_a, other=0)
+                wb = tl.load(words + cand * W + j, mask=ok_b, other=0)
+                eq_a = eq_a & (w == wa)
+                eq_b = eq_b & (w == wb)
+            tl.store(sc + CODE + s, tl.where(eq_a, SEG, tl.where(eq_b, (s - cand) * SEG, 0)))
         tl.debug_barrier()
-        prev = tl.load(sc + CODE + s - 1, mask=s >= 1, other=0)
-        # Sequences: literal segments, then match segments sharing one offset.
-        active = s < (n + SEG - 1) // SEG
-        is_m = kind > 0
-        cont = is_m & (prev == kind)
-        begin = active & ((s == 0) | ((prev > 0) & (cont == 0)))
-        seg_lit = tl.where(active & (kind == 0), tl.minimum(n - s * SEG, SEG), 0)
-        seg_mat = tl.where(is_m, SEG, 0)
-        bi = begin.to(tl.int32)
-        seq = tl.cumsum(bi, axis=0) - 1
-        nseq = tl.sum(bi, axis=0)
-        tl.store(sc + SL + seq, tl.cumsum(seg_lit, axis=0) - seg_lit, mask=begin)
-        tl.store(sc + SM + seq, tl.cumsum(seg_mat, axis=0) - seg_mat, mask=begin)
-        tl.store(sc + BEG + seq, s, mask=begin)
-        tl.store(sc + OFF + seq, kind, mask=is_m)  # all match segments of a sequence agree
-        tl.store(sc + SL + nseq, tl.sum(seg_lit, axis=0))
-        tl.store(sc + SM + nseq, tl.sum(seg_mat, axis=0))
+        # 3. Sequences: literal segments, then match segments sharing one offset.
+        nseq = n * 0
+        lit_before = n * 0
+        mat_before = n * 0
+        for s0 in range(0, NSEG, STEP):
+            s = s0 + lane
+            kind = tl.load(sc + CODE + s)
+            prev = tl.load(sc + CODE + s - 1, mask=s >= 1, other=0)
+            active = s < nactive
+            is_m = kind > 0
+            cont = is_m & (prev == kind)
+            begin = active & ((s == 0) | ((prev > 0) & (cont == 0)))
+            seg_lit = tl.where(active & (kind == 0), tl.minimum(n - s * SEG, SEG), 0)
+            seg_mat = tl.where(is_m, SEG, 0)
+            bi = begin.to(tl.int32)
+            seq = nseq + tl.cumsum(bi, axis=0) - 1
+            tl.store(sc + SL + seq, lit_before + tl.cumsum(seg_lit, axis=0) - seg_lit, mask=begin)
+            tl.store(sc + SM + seq, mat_before + tl.cumsum(seg_mat, axis=0) - seg_mat, mask=begin)
+            tl.store(sc + BEG + seq, s, mask=begin)
+            tl.store(sc + OFF + seq, kind, mask=is_m)  # all match segments of a sequence agree
+            tl.store(sc + SEQ + s, seq, mask=active)
+            nseq += tl.sum(bi, axis=0)
+            lit_before += tl.sum(seg_lit, axis=0)
+            mat_before += tl.sum(seg_mat, axis=0)
+        tl.store(sc + SL + nseq, lit_before)
+        tl.store(sc + SM + nseq, mat_before)
         tl.debug_barrier()
-        # From here lane k is sequence k.
-        kv = s < nseq
-        sl0 = tl.load(sc + SL + s, mask=kv, other=0)
-        lit = tl.load(sc + SL + s + 1, mask=kv, other=0) - sl0
-        mat = tl.load(sc + SM + s + 1, mask=kv, other=0) - tl.load(sc + SM + s, mask=kv, other=0)
-        off = tl.load(sc + OFF + s, mask=kv & (mat > 0), other=0)
-        ext_l = tl.where(lit >= 15, (lit - 15) // 255 + 1, 0)
-        ext_m = tl.where(mat >= 19, (mat - 19) // 255 + 1, 0)
-        size = tl.where(kv, 1 + ext_l + lit + tl.where(mat > 0, 2 + ext_m, 0), 0)
-        total = tl.sum(size, axis=0)
+        # 4. One lane per sequence: its size, position, and (WRITE) its token,
+        # length extensions and offset. The block was pre-filled with 255, so every
+        # extension byte but the last is already written.
         if WRITE:
-            # The block was pre-filled with 255, so every extension byte but the last is written.
             base = tl.load(offsets_ptr + c)
-            pos = tl.cumsum(size, axis=0) - size
-            p = base + pos
-            token = (tl.minimum(lit, 15) << 4) | tl.where(mat > 0, tl.minimum(mat - 4, 15), 0)
-            tl.store(dst_ptr + p, token.to(tl.uint8), mask=kv)
-            tl.store(dst_ptr + p + ext_l, ((lit - 15) % 255).to(tl.uint8), mask=kv & (lit >= 15))
-            po = p + 1 + ext_l + lit
-            has_m = kv & (mat > 0)
-            tl.store(dst_ptr + po, (off & 255).to(tl.uint8), mask=has_m)
-            tl.store(dst_ptr + po + 1, (off >> 8).to(tl.uint8), mask=has_m)
-            tl.store(dst_ptr + po + 1 + ext_m, ((mat - 19) % 255).to(tl.uint8), mask=kv & (mat >= 19))
-            beg = tl.load(sc + BEG + s, mask=kv, other=0)
-            tl.store(sc + LB + s, pos + 1 + ext_l - beg * SEG, mask=kv)
+        else:
+            base = c * 0
+        total = n * 0
+        for k0 in range(0, nseq, STEP):
+            k = k0 + lane
+            kv = k < nseq
+            lit = tl.load(sc + SL + k + 1, mask=kv, other=0) - tl.load(sc + SL + k, mask=kv, other=0)
+            mat = tl.load(sc + SM + k + 1, mask=kv, other=0) - tl.load(sc + SM + k, mask=kv, other=0)
+            ext_l = tl.where(lit >= 15, (lit - 15) // 255 + 1, 0)
+            ext_m = tl.where(mat >= 19, (mat - 19) // 255 + 1, 0)
+            size = tl.where(kv, 1 + ext_l + lit + tl.where(mat > 0, 2 + ext_m, 0), 0)
+            pos = total + tl.cumsum(size, axis=0) - size
+            if WRITE:
+                off = tl.load(sc + OFF + k, mask=kv & (mat > 0), other=0)
+                p = dst_ptr + base + pos
+                token = (tl.minimum(lit, 15) << 4) | tl.where(mat > 0, tl.minimum(mat - 4, 15), 0)
+                tl.store(p, token.to(tl.uint8), mask=kv)
+                tl.store(p + ext_l, ((lit - 15) % 255).to(tl.uint8), mask=kv & (lit >= 15))
+                po = p + 1 + ext_l + lit
+                has_m = kv & (mat > 0)
+                tl.store(po, (off & 255).to(tl.uint8), mask=has_m)
+                tl.store(po + 1, (off >> 8).to(tl.uint8), mask=has_m)
+                tl.store(po + 1 + ext_m, ((mat - 19) % 255).to(tl.uint8), mask=kv & (mat >= 19))
+                beg = tl.load(sc + BEG + k, mask=kv, other=0)
+                tl.store(sc + LB + k, pos + 1 + ext_l - beg * SEG, mask=kv)
+            total += tl.sum(size, axis=0)
+        if WRITE:
             tl.debug_barrier()
-            tl.store(sc + SEGLB + s, tl.load(sc + LB + seq, mask=active, other=0), mask=active)
-            tl.debug_barrier()
-            # Literal bytes: byte i of the chunk goes to block position SEGLB[i // SEG] + i.
-            for sub in range(CHUNK // SUBB):
-                i = sub * SUBB + tl.arange(0, SUBB)
-                inb = i < n
-                sg = i // SEG
-                lb = tl.load(sc + SEGLB + sg, mask=inb, other=0)
-                lit_byte = inb & (tl.load(sc + CODE + sg, mask=inb, other=1) == 0)
-                dpos = lb + i
-                m = lit_byte & (dpos >= 0) & (dpos < total)
-                b = tl.load(src8_ptr + c * CHUNK + i, mask=m, other=0)
-                tl.store(dst_ptr + base + dpos, b, mask=m)
+            # 5. Literal bytes: byte i of the chunk goes to block position LB[SEQ[i // SEG]] + i.
+            # A row is LIT_BYTES bytes of one segment: one vector load, the lookups once.
+            row = tl.arange(0, LIT_ROWS)
+            col = tl.arange(0, LIT_BYTES)
+            src = src8_ptr + c * CHUNK
+            dst = dst_ptr + base
+            for b0 in range(0, n, LIT_ROWS * LIT_BYTES):
+                first = b0 + row * LIT_BYTES
+                sg = first // SEG
+                lit_row = (first < n) & (tl.load(sc + CODE + sg, mask=first < n, other=1) == 0)
+                lb = tl.load(sc + LB + tl.load(sc + SEQ + sg, mask=lit_row, other=0), mask=lit_row, other=0)
+                i = first[:, None] + col[None, :]
+                dpos = lb[:, None] + i
+                m = lit_row[:, None] & (i < n) & (dpos >= 0) & (dpos < total)
+                tl.store(dst + dpos, tl.load(src + i, mask=m, other=0), mask=m)
         else:
             tl.store(sizes_ptr + c, total.to(tl.int64))
 
@@ -290,8 +325,10 @@ def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None) 
     programs, warps = launch_grid(config, num_chunks, data.device)
     programs = min(programs, MAX_ENCODE_PROGRAMS)
     scratch = torch.empty(programs * SCRATCH, dtype=torch.int32, device=data.device)
-    sizes = torch.empty(num_chunks, dtype=torch.int64, device=data.device)
-    args = dict(CHUNK=CHUNK, SEG=SEG, HBITS=HBITS, SUBB=SUBB, SCRATCH=SCRATCH, num_warps=warps)
+    sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
+    threads = 32 * warps
+    args = dict(CHUNK=CHUNK, SEG=SEG, HBITS=HBITS, STEP=min(NSEG, SEGS_PER_THREAD * threads), LIT_ROWS=threads,
+                LIT_BYTES=LITERAL_BYTES, SCRATCH=SCRATCH, num_warps=warps)
     _lz4_compress_kernel[(programs,)](src8, src32, sizes, sizes, src8, scratch, nbytes, num_chunks,
                                       WRITE=False, **args)
     ends = torch.cumsum(sizes, 0)

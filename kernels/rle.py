@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, decoder_output, launch_grid
+from .launch import LaunchConfig, decoder_output, launch_grid, step_elements
 
 __all__ = ["TILE", "MIN_TILE", "MAX_TILE", "Sections", "check_tile", "layout", "sections", "rle_compress",
            "rle_decompress", "rle_compress_ref", "rle_decompress_ref"]
@@ -107,58 +107,85 @@ def sections(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz: int,
 # -- Triton -------------------------------------------------------------------
 
 
+# do_not_specialize: every integer argument varies per tensor; specialising on
+# it (multiple of 16, equal to 1) would recompile in the middle of training.
+# 64-bit arithmetic only for a tile's place in memory; 32-bit within it; each
+# program walks its tile in steps of SUB elements (launch.step_elements).
+
+
 @triton.jit
-def _load_runs(words_ptr, offs, idx, n):
-    """(words, non-zero flags, run-start flags) of one tile; flags are int32 0/1."""
-    inb = offs < n
-    w = tl.load(words_ptr + offs, mask=inb, other=0)
+def _load_runs(src, offs, tile_len):
+    """(words, non-zero flags, run-start flags) at tile positions `offs`; flags are int32 0/1."""
+    inb = offs < tile_len
+    w = tl.load(src + offs, mask=inb, other=0)
     # The previous element, read again rather than shifted in registers; the
     # tile's first element always starts a run (other=0).
-    prev = tl.load(words_ptr + offs - 1, mask=inb & (idx > 0), other=0)
+    prev = tl.load(src + offs - 1, mask=inb & (offs > 0), other=0)
     nz = (w != 0).to(tl.int32)
     first = nz & (prev == 0).to(tl.int32)
     return w, nz, first
 
 
-@triton.jit
-def _rle_count_kernel(words_ptr, runs_ptr, nnz_ptr, n, num_tiles, TILE: tl.constexpr):
+@triton.jit(do_not_specialize=["n", "num_tiles"])
+def _rle_count_kernel(words_ptr, runs_ptr, nnz_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    idx = tl.arange(0, TILE)
+    idx = tl.arange(0, SUB)
     for t in range(pid, num_tiles, nprog):
-        _, nz, first = _load_runs(words_ptr, t * TILE + idx, idx, n)
-        tl.store(runs_ptr + t, tl.sum(first, axis=0).to(tl.int64))
-        tl.store(nnz_ptr + t, tl.sum(nz, axis=0).to(tl.int64))
+        src = words_ptr + t * TILE
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        runs = tl.zeros([SUB], dtype=tl.int32)
+        nzs = tl.zeros([SUB], dtype=tl.int32)
+        for s in range(0, TILE, SUB):
+            _, nz, first = _load_runs(src, s + idx, tile_len)
+            runs += first
+            nzs += nz
+        tl.store(runs_ptr + t, tl.sum(runs, axis=0).to(tl.int64))
+        tl.store(nnz_ptr + t, tl.sum(nzs, axis=0).to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "num_runs", "nnz", "num_tiles"])
 def _rle_compress_kernel(words_ptr, run_offsets_ptr, value_offsets_ptr, starts_ptr, befores_ptr,
-                         values_ptr, n, num_runs, nnz, num_tiles, TILE: tl.constexpr):
+                         values_ptr, n, num_runs, nnz, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    idx = tl.arange(0, TILE)
+    idx = tl.arange(0, SUB)
     for t in range(pid, num_tiles, nprog):
-        w, nz, first = _load_runs(words_ptr, t * TILE + idx, idx, n)
-        run = tl.load(run_offsets_ptr + t) + tl.cumsum(first, axis=0) - 1
-        before = tl.cumsum(nz, axis=0) - nz
-        is_first = (first != 0) & (run < num_runs)
-        tl.store(starts_ptr + run, idx.to(tl.uint16), mask=is_first)
-        tl.store(befores_ptr + run, before.to(tl.uint16), mask=is_first)
-        dst = tl.load(value_offsets_ptr + t) + before
-        tl.store(values_ptr + dst, w, mask=(nz != 0) & (dst < nnz))
+        src = words_ptr + t * TILE
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        run_base = tl.load(run_offsets_ptr + t)
+        value_base = tl.load(value_offsets_ptr + t)
+        starts = starts_ptr + run_base
+        befores = befores_ptr + run_base
+        dst = values_ptr + value_base
+        # Never write past the sections, even if the input changed since the count pass.
+        run_room = tl.minimum(num_runs - run_base, TILE).to(tl.int32)
+        value_room = tl.minimum(nnz - value_base, TILE).to(tl.int32)
+        runs_done = tile_len * 0
+        values_done = tile_len * 0
+        for s in range(0, TILE, SUB):
+            offs = s + idx
+            w, nz, first = _load_runs(src, offs, tile_len)
+            run = runs_done + tl.cumsum(first, axis=0) - 1
+            before = values_done + tl.cumsum(nz, axis=0) - nz
+            is_first = (first != 0) & (run < run_room)
+            tl.store(starts + run, offs.to(tl.uint16), mask=is_first)
+            tl.store(befores + run, before.to(tl.uint16), mask=is_first)
+            tl.store(dst + before, w, mask=(nz != 0) & (before < value_room))
+            runs_done += tl.sum(first, axis=0)
+            values_done += tl.sum(nz, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "num_runs", "nnz", "num_tiles"])
 def _rle_decompress_kernel(run_offsets_ptr, value_offsets_ptr, starts_ptr, befores_ptr, values_ptr,
                            out_ptr, status_ptr, n, num_runs, nnz, num_tiles,
-                           TILE: tl.constexpr, STEPS: tl.constexpr):
+                           TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     MAX_RUNS: tl.constexpr = TILE // 2  # maximal runs need a zero between them
-    idx = tl.arange(0, TILE)
-    j = tl.arange(0, MAX_RUNS)
+    idx = tl.arange(0, SUB)
     for t in range(pid, num_tiles, nprog):
-        offs = t * TILE + idx
+        dst = out_ptr + t * TILE
         tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
         # The payload is untrusted: clamp the tile's record and value ranges
         # into the sections, and flag the tile if clamping changed anything.
@@ -174,46 +201,58 @@ def _rle_decompress_kernel(run_offsets_ptr, value_offsets_ptr, starts_ptr, befor
         tile_nnz = tl.minimum(v1 - v0, TILE).to(tl.int32)
         bad = (r0 != r0_raw) | (r1 != r1_raw) | (v0 != v0_raw) | (v1 != v1_raw) \
             | (r1 - r0 > MAX_RUNS) | (v1 - v0 > tile_len) | ((count == 0) & (tile_nnz != 0))
+        starts = starts_ptr + r0
+        befores = befores_ptr + r0
+        src = values_ptr + v0
 
         # Check every run record: length >= 1, inside the tile, after the
         # previous run with a gap, and the first one has nothing before it.
-        jm = j < count
-        s = tl.load(starts_ptr + r0 + j, mask=jm, other=0).to(tl.int32)
-        b = tl.load(befores_ptr + r0 + j, mask=jm, other=0).to(tl.int32)
-        has_next = (j + 1) < count
-        b_next = tl.load(befores_ptr + r0 + j + 1, mask=has_next, other=0).to(tl.int32)
-        length = tl.where(has_next, b_next, tile_nnz) - b
-        has_prev = jm & (j > 0)
-        s_prev = tl.load(starts_ptr + r0 + j - 1, mask=has_prev, other=0).to(tl.int32)
-        b_prev = tl.load(befores_ptr + r0 + j - 1, mask=has_prev, other=0).to(tl.int32)
-        run_bad = (length < 1) | (s + length > tile_len) | ((j == 0) & (b != 0)) \
-            | (has_prev & (s <= s_prev + (b - b_prev)))
-        bad = bad | (tl.sum((jm & run_bad).to(tl.int32), axis=0) > 0)
+        bad_runs = count * 0
+        for j0 in range(0, count, SUB):
+            j = j0 + idx
+            jm = j < count
+            s = tl.load(starts + j, mask=jm, other=0).to(tl.int32)
+            b = tl.load(befores + j, mask=jm, other=0).to(tl.int32)
+            has_next = (j + 1) < count
+            b_next = tl.load(befores + j + 1, mask=has_next, other=0).to(tl.int32)
+            length = tl.where(has_next, b_next, tile_nnz) - b
+            has_prev = jm & (j > 0)
+            s_prev = tl.load(starts + j - 1, mask=has_prev, other=0).to(tl.int32)
+            b_prev = tl.load(befores + j - 1, mask=has_prev, other=0).to(tl.int32)
+            run_bad = (length < 1) | (s + length > tile_len) | ((j == 0) & (b != 0)) \
+                | (has_prev & (s <= s_prev + (b - b_prev)))
+            bad_runs += tl.sum((jm & run_bad).to(tl.int32), axis=0)
+        bad = bad | (bad_runs > 0)
 
-        # Per element: the last run with start <= idx (upper bound of idx in
-        # starts[0:count]), in STEPS = log2(TILE) + 1 fixed steps.
-        lo = tl.zeros([TILE], dtype=tl.int32)
-        hi = lo + count
-        for _ in tl.static_range(STEPS):
-            active = lo < hi
-            mid = (lo + hi) // 2
-            s_mid = tl.load(starts_ptr + r0 + mid, mask=active, other=0).to(tl.int32)
-            right = active & (s_mid <= idx)
-            left = active & (s_mid > idx)
-            lo = tl.where(right, mid + 1, lo)
-            hi = tl.where(left, mid, hi)
-        k = lo - 1
-        found = k >= 0
-        s_k = tl.load(starts_ptr + r0 + k, mask=found, other=0).to(tl.int32)
-        b_k = tl.load(befores_ptr + r0 + k, mask=found, other=0).to(tl.int32)
-        k_next = (k + 1) < count
-        b_k_next = tl.load(befores_ptr + r0 + k + 1, mask=found & k_next, other=0).to(tl.int32)
-        d = idx - s_k
-        in_run = found & (d >= 0) & (d < tl.where(k_next, b_k_next, tile_nnz) - b_k)
-        src = v0 + b_k + d
-        inb = offs < n
-        v = tl.load(values_ptr + src, mask=inb & in_run & (src < v1), other=0)
-        tl.store(out_ptr + offs, v, mask=inb)
+        # Per element: the last run with start <= position, by binary search in
+        # starts[0:count]; bit_length(count) halvings empty the range (few runs,
+        # RLE's good case, take few steps).
+        steps = count * 0
+        while (count >> steps) > 0:
+            steps += 1
+        for s0 in range(0, TILE, SUB):
+            i = s0 + idx
+            lo = tl.zeros([SUB], dtype=tl.int32)
+            hi = lo + count
+            for _ in range(steps):
+                active = lo < hi
+                mid = (lo + hi) // 2
+                s_mid = tl.load(starts + mid, mask=active, other=0).to(tl.int32)
+                right = active & (s_mid <= i)
+                left = active & (s_mid > i)
+                lo = tl.where(right, mid + 1, lo)
+                hi = tl.where(left, mid, hi)
+            k = lo - 1
+            found = k >= 0
+            s_k = tl.load(starts + k, mask=found, other=0).to(tl.int32)
+            b_k = tl.load(befores + k, mask=found, other=0).to(tl.int32)
+            k_next = (k + 1) < count
+            b_k_next = tl.load(befores + k + 1, mask=found & k_next, other=0).to(tl.int32)
+            d = i - s_k
+            in_run = found & (d >= 0) & (d < tl.where(k_next, b_k_next, tile_nnz) - b_k)
+            inb = i < tile_len
+            v = tl.load(src + b_k + d, mask=inb & in_run & (b_k + d < tile_nnz), other=0)
+            tl.store(dst + i, v, mask=inb)
         tl.store(status_ptr + t, bad.to(tl.int8))
 
 
@@ -234,7 +273,8 @@ def rle_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     counts = torch.zeros(2, num_tiles + 1, dtype=torch.int64, device=words.device)
     grid, warps = launch_grid(config, num_tiles, words.device)
     if num_tiles:
-        _rle_count_kernel[(grid,)](words, counts[0, 1:], counts[1, 1:], n, num_tiles, TILE=tile,
+        sub = step_elements(tile, warps, words.element_size())
+        _rle_count_kernel[(grid,)](words, counts[0, 1:], counts[1, 1:], n, num_tiles, TILE=tile, SUB=sub,
                                    num_warps=warps)
     offsets = torch.cumsum(counts, 1)
     num_runs, nnz = offsets[:, -1].tolist()  # the one host sync: sizes the buffer
@@ -246,7 +286,7 @@ def rle_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     if num_tiles:
         _rle_compress_kernel[(grid,)](words, sec.run_offsets, sec.value_offsets, sec.starts,
                                       sec.befores, sec.values, n, num_runs, nnz, num_tiles,
-                                      TILE=tile, num_warps=warps)
+                                      TILE=tile, SUB=sub, num_warps=warps)
     return num_runs, nnz
 
 
@@ -270,7 +310,8 @@ def rle_decompress(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz:
         grid, warps = launch_grid(config, num_tiles, payload.device)
         _rle_decompress_kernel[(grid,)](sec.run_offsets, sec.value_offsets, sec.starts, sec.befores,
                                         sec.values, out, status, n, num_runs, nnz, num_tiles,
-                                        TILE=tile, STEPS=tile.bit_length(), num_warps=warps)
+                                        TILE=tile, SUB=step_elements(tile, warps, out.element_size()),
+                                        num_warps=warps)
         _check_totals(status, sec, num_runs, nnz)
     return out, status
 

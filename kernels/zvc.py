@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, decoder_output, launch_grid
+from .launch import LaunchConfig, decoder_output, launch_grid, step_elements
 
 __all__ = ["TILE", "layout", "zvc_compress", "zvc_decompress", "zvc_compress_ref", "zvc_decompress_ref"]
 
@@ -46,68 +46,90 @@ def layout(n: int, tile: int, nnz: int, itemsize: int) -> tuple[int, int, int, i
 # -- Triton -------------------------------------------------------------------
 
 
-@triton.jit
-def _zvc_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr):
+# do_not_specialize: every integer argument varies per tensor; specialising on
+# it (multiple of 16, equal to 1) would recompile in the middle of training.
+@triton.jit(do_not_specialize=["n", "num_tiles"])
+def _zvc_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    idx = tl.arange(0, TILE)
+    idx = tl.arange(0, SUB)
     for t in range(pid, num_tiles, nprog):
-        offs = t * TILE + idx
-        w = tl.load(words_ptr + offs, mask=offs < n, other=0)
-        tl.store(counts_ptr + t, tl.sum((w != 0).to(tl.int64), axis=0))
+        src = words_ptr + t * TILE
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        count = tl.zeros([SUB], dtype=tl.int32)
+        for s in range(0, TILE, SUB):
+            offs = s + idx
+            w = tl.load(src + offs, mask=offs < tile_len, other=0)
+            count += (w != 0).to(tl.int32)
+        tl.store(counts_ptr + t, tl.sum(count, axis=0).to(tl.int64))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "num_tiles"])
 def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_tiles,
-                         TILE: tl.constexpr):
+                         TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    ROWS: tl.constexpr = TILE // 32
+    ROWS: tl.constexpr = SUB // 32
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
+    # 64-bit arithmetic only for the tile's place in memory; 32-bit within it.
     for t in range(pid, num_tiles, nprog):
-        offs = t * TILE + rows[:, None] * 32 + lane[None, :]
-        inb = offs < n
-        w = tl.load(words_ptr + offs, mask=inb, other=0)
-        nz = (w != 0).to(tl.int32)
-        bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
-        mask_words = tl.sum(bits, axis=1).to(tl.uint32)
-        tl.store(masks_ptr + t * ROWS + rows, mask_words.to(tl.int32, bitcast=True),
-                 mask=t * ROWS + rows < (n + 31) // 32)
-        # Position of each non-zero: exclusive prefix over the tile in row-major order.
-        row_count = tl.sum(nz, axis=1)
-        row_before = tl.cumsum(row_count, axis=0) - row_count
-        pos = row_before[:, None] + tl.cumsum(nz, axis=1) - nz
-        base = tl.load(offsets_ptr + t)
-        tl.store(values_ptr + base + pos, w, mask=inb & (nz != 0))
+        src = words_ptr + t * TILE
+        dst = values_ptr + tl.load(offsets_ptr + t)
+        mask_dst = masks_ptr + t * (TILE // 32)
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        count = tile_len * 0
+        for s in range(0, TILE, SUB):
+            offs = s + rows[:, None] * 32 + lane[None, :]
+            inb = offs < tile_len
+            w = tl.load(src + offs, mask=inb, other=0)
+            nz = (w != 0).to(tl.int32)
+            bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
+            mask_words = tl.sum(bits, axis=1).to(tl.uint32)
+            tl.store(mask_dst + s // 32 + rows, mask_words.to(tl.int32, bitcast=True),
+                     mask=s + rows * 32 < tile_len)
+            # Position of each non-zero: exclusive prefix over the step, row-major.
+            row_count = tl.sum(nz, axis=1)
+            row_before = tl.cumsum(row_count, axis=0) - row_count
+            pos = count + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
+            tl.store(dst + pos, w, mask=inb & (nz != 0))
+            count += tl.sum(row_count, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "nnz", "num_tiles"])
 def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_ptr, n, nnz,
-                           num_tiles, TILE: tl.constexpr):
+                           num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    ROWS: tl.constexpr = TILE // 32
+    ROWS: tl.constexpr = SUB // 32
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
     for t in range(pid, num_tiles, nprog):
-        offs = t * TILE + rows[:, None] * 32 + lane[None, :]
-        inb = offs < n
-        m = tl.load(masks_ptr + t * ROWS + rows, mask=t * ROWS + rows < (n + 31) // 32, other=0)
-        m = m.to(tl.uint32, bitcast=True)
-        bit = ((m[:, None] >> lane[None, :].to(tl.uint32)) & 1).to(tl.int32)
-        bit = tl.where(inb, bit, 0)
-        row_count = tl.sum(bit, axis=1)
-        row_before = tl.cumsum(row_count, axis=0) - row_count
-        pos = row_before[:, None] + tl.cumsum(bit, axis=1) - bit
+        dst = out_ptr + t * TILE
+        mask_src = masks_ptr + t * (TILE // 32)
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
         # The payload is untrusted: clamp the tile's value range into [0, nnz].
-        start = tl.minimum(tl.maximum(tl.load(offsets_ptr + t), 0), nnz)
-        end = tl.minimum(tl.maximum(tl.load(offsets_ptr + t + 1), start), nnz)
-        src = start + pos
-        v = tl.load(values_ptr + src, mask=inb & (bit != 0) & (src < end), other=0)
-        tl.store(out_ptr + offs, v, mask=inb)
-        bad = (tl.sum(row_count, axis=0) != end - start) | (tl.load(offsets_ptr + t) != start) \
-            | (tl.load(offsets_ptr + t + 1) != end)
+        raw_start = tl.load(offsets_ptr + t)
+        raw_end = tl.load(offsets_ptr + t + 1)
+        start = tl.minimum(tl.maximum(raw_start, 0), nnz)
+        end = tl.minimum(tl.maximum(raw_end, start), nnz)
+        src = values_ptr + start
+        avail = tl.minimum(end - start, TILE).to(tl.int32)  # values the tile may read
+        count = tile_len * 0
+        for s in range(0, TILE, SUB):
+            offs = s + rows[:, None] * 32 + lane[None, :]
+            inb = offs < tile_len
+            m = tl.load(mask_src + s // 32 + rows, mask=s + rows * 32 < tile_len, other=0)
+            m = m.to(tl.uint32, bitcast=True)
+            bit = ((m[:, None] >> lane[None, :].to(tl.uint32)) & 1).to(tl.int32)
+            bit = tl.where(inb, bit, 0)
+            row_count = tl.sum(bit, axis=1)
+            row_before = tl.cumsum(row_count, axis=0) - row_count
+            pos = count + row_before[:, None] + tl.cumsum(bit, axis=1) - bit
+            v = tl.load(src + pos, mask=inb & (bit != 0) & (pos < avail), other=0)
+            tl.store(dst + offs, v, mask=inb)
+            count += tl.sum(row_count, axis=0)
+        bad = (count != end - start) | (raw_start != start) | (raw_end != end)
         tl.store(status_ptr + t, bad.to(tl.int8))
 
 
@@ -128,7 +150,8 @@ def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     counts = torch.zeros(num_tiles, dtype=torch.int64, device=words.device)
     grid, warps = launch_grid(config, num_tiles, words.device)
     if num_tiles:
-        _zvc_count_kernel[(grid,)](words, counts, n, num_tiles, TILE=tile, num_warps=warps)
+        sub = step_elements(tile, warps, words.element_size())
+        _zvc_count_kernel[(grid,)](words, counts, n, num_tiles, TILE=tile, SUB=sub, num_warps=warps)
     tile_offsets = torch.cumsum(counts, 0)
     nnz = int(tile_offsets[-1]) if num_tiles else 0  # the one host sync: sizes the buffer
     payload = alloc(layout(n, tile, nnz, words.element_size())[3])
@@ -136,7 +159,7 @@ def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     offsets, masks, values = _sections(payload, n, tile, nnz, words.dtype)
     offsets[1:].copy_(tile_offsets)
     if num_tiles:
-        _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile,
+        _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile, SUB=sub,
                                       num_warps=warps)
     return nnz
 
@@ -152,8 +175,8 @@ def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtyp
     status = torch.zeros(num_tiles, dtype=torch.int8, device=payload.device)
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, payload.device)
-        _zvc_decompress_kernel[(grid,)](masks, offsets, values, out, status, n, nnz, num_tiles,
-                                        TILE=tile, num_warps=warps)
+        _zvc_decompress_kernel[(grid,)](masks, offsets, values, out, status, n, nnz, num_tiles, TILE=tile,
+                                        SUB=step_elements(tile, warps, out.element_size()), num_warps=warps)
         # The tiles must account for exactly nnz values (checked on the device: no sync).
         status[0] |= (offsets[0] != 0).to(torch.int8)
         status[-1] |= (offsets[-1] != nnz).to(torch.int8)
