@@ -10,6 +10,10 @@ round trip (D2H + H2D). Every case is checked bit-exact before it is timed.
     python benchmarks/codecs.py --quick    # small sizes; runs on CPU in a minute
 
 Results: a printed table, and CSV + JSON under benchmarks/results/<device>/.
+On a GPU each cswap row also carries its kernels' static figures for that
+GPU's architecture at the launch config it ran (the most registers, spilled
+and shared bytes over the kernels the codec launches; cswap.kernels.aot), so
+throughput sits beside what the compiler made of the kernels.
 On CPU there is no PCIe: transfer and swap columns are empty, and the codecs
 run their PyTorch backend (the Triton interpreter is far too slow to time).
 """
@@ -177,6 +181,31 @@ def run_case(provider, x, device, repeats, bw_gbps, raw) -> dict:
     return row
 
 
+def static_figures(device, codecs_used) -> dict:
+    """{(codec, word itemsize): {registers, spill_bytes, shared_bytes}} of the kernels each
+    codec launches at the default config, built for this GPU's architecture."""
+    from cswap.kernels import aot
+    from cswap.kernels.launch import default_config
+
+    major, minor = torch.cuda.get_device_capability(device)
+    block = default_config(device).block
+    figures: dict = {}
+    for launch in aot.codec_launches((block,), aot.WORD_DTYPES, arch=10 * major + minor):
+        codec = launch.kernel.split(".")[0]
+        if codec not in codecs_used:
+            continue
+        built = aot.build(launch, 10 * major + minor)
+        sizes = [1, 2, 4, 8] if codec == "lz4" else [torch.empty(0, dtype=getattr(torch, launch.words)).element_size()]
+        for itemsize in sizes:
+            entry = figures.setdefault((codec, itemsize), {"registers": 0, "spill_bytes": 0, "shared_bytes": 0,
+                                                           "build_errors": ""})
+            for key in ("registers", "spill_bytes", "shared_bytes"):
+                entry[key] = max(entry[key], getattr(built, key))
+            if built.error:
+                entry["build_errors"] = built.error
+    return figures
+
+
 def raw_transfers(x, device, repeats) -> dict:
     if device.type != "cuda":
         return {}
@@ -237,6 +266,7 @@ def main(argv=None) -> list[dict]:
     print(f"# cswap codec benchmark on {env['device']} ({device.type}); torch {env['torch']}, "
           f"triton {env['triton']}; copy bandwidth {bw:.0f} GB/s (read + write); pattern {args.pattern}")
     found = providers(args, device)
+    static = static_figures(device, args.codecs) if device.type == "cuda" else {}
     print(format_row(COLUMNS, WIDTHS))
     rows = []
     for dtype_name in args.dtypes:
@@ -249,7 +279,8 @@ def main(argv=None) -> list[dict]:
                         **{k: v for k, v in raw.items() if k.endswith(("_ms", "_gbps"))}}
                 for provider in found:
                     try:
-                        row = {**base, **run_case(provider, x, device, args.repeats, bw, raw)}
+                        row = {**base, **run_case(provider, x, device, args.repeats, bw, raw),
+                               **static.get((provider.name, x.element_size()), {})}
                     except Exception as exc:  # one provider failing must not hide the others
                         row = {**base, "provider": provider.name, "error": f"{type(exc).__name__}: {exc}"}
                         print(f"  {provider.name}: {row['error']}", flush=True)

@@ -55,6 +55,9 @@ class Controller:
         self.writer = ReportWriter(report_dir) if report_dir is not None else None
         self.verbose = verbose
         self._decided_from = None
+        # Called with the (codec, itemsize) pairs the decisions use, to build their
+        # kernels before the next step needs them (patch wires Swapper.warm_up).
+        self.warm_up = None
 
     @property
     def profile(self):
@@ -94,6 +97,9 @@ class Controller:
         if iteration is not None and self.mode != "none":
             self.decisions = self.advisor.decide(iteration)
             self._decided_from = self.profiler.iteration
+            if self.warm_up is not None:
+                self.warm_up({(d.codec, t.itemsize) for t in iteration.tensors
+                              if (d := self.decisions.get(t.key)) is not None and d.codec is not None})
         return self.decisions
 
     # -- epochs ---------------------------------------------------------------------------------

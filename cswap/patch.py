@@ -143,6 +143,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     tracker = LayerTracker()
     swapper = Swapper(mode, controller.policy if mode == "cswap" else None, layer=lambda: tracker.current,
                       observer=controller.profiler, **options)  # validates the options first
+    controller.warm_up = swapper.warm_up
     unpatch(model)
     tracker.attach(model)
     _PATCHED[model] = _Patch(model, swapper, tracker, controller)

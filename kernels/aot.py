@@ -66,14 +66,19 @@ class Launch:
         return f"block={self.block} {self.words or 'u8'} {wide} {consts}".strip()
 
     def widened(self) -> "Launch":
-        """The same launch with every integer argument 64-bit: what a tensor of 2**31
-        elements or more makes Triton pass (an upper bound: some counts would stay i32)."""
-        signature = {k: ("i64" if t == "i32" else t) for k, t in self.signature.items()}
+        """The same launch as a tensor of 2**31 elements or more makes it: its
+        element, byte, non-zero, run and column counts passed as 64-bit integers
+        (tile and chunk counts stay 32-bit, as do rows: a first dimension of
+        2**31 is not a tensor anyone trains on)."""
+        signature = {k: ("i64" if t == "i32" and k in _SIZE_ARGUMENTS else t) for k, t in self.signature.items()}
         return Launch(self.kernel, signature, self.constexprs, self.attrs, self.num_warps, self.words)
 
     def key(self) -> tuple:
         return (self.kernel, tuple(self.signature.items()), tuple(sorted(map(str, self.constexprs.items()))),
                 tuple(sorted(map(str, self.attrs.items()))), self.num_warps)
+
+
+_SIZE_ARGUMENTS = {"n", "nnz", "num_runs", "cols", "nbytes", "blocks_nbytes"}
 
 
 @dataclass

@@ -183,10 +183,11 @@ def _csr_compress_kernel(words_ptr, tile_start_ptr, crow_ptr, col_ptr, values_pt
                 wrap = offs >= to_end
                 row = wrap.to(tl.int32)
                 col = tl.where(wrap, offs - to_end, c0 + offs)
-            else:  # cols < TILE: 32-bit division
+            else:  # cols < TILE: 32-bit division, whatever width cols came in
+                narrow_cols = cols.to(tl.int32)
                 rel = c0.to(tl.int32) + offs
-                row = rel // cols
-                col = rel - row * cols
+                row = rel // narrow_cols
+                col = rel - row * narrow_cols
             keep = inb & (nz != 0)
             tl.store(values + pos, w, mask=keep)
             tl.store(columns + pos, col.to(col_ptr.dtype.element_ty), mask=keep)

@@ -373,7 +373,7 @@ def _read_ext(src_ptr, ip, iend, v, limit, VEC: tl.constexpr):
     return v, ip, trunc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nbytes", "chunk", "blocks_nbytes", "num_chunks"])
 def _lz4_decompress_kernel(blocks_ptr, offsets_ptr, out_ptr, status_ptr, nbytes, chunk, blocks_nbytes,
                            num_chunks, VEC: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)

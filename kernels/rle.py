@@ -222,7 +222,7 @@ def _rle_decompress_kernel(run_offsets_ptr, value_offsets_ptr, starts_ptr, befor
             run_bad = (length < 1) | (s + length > tile_len) | ((j == 0) & (b != 0)) \
                 | (has_prev & (s <= s_prev + (b - b_prev)))
             bad_runs += tl.sum((jm & run_bad).to(tl.int32), axis=0)
-        bad = bad | (bad_runs > 0)
+        tl.store(status_ptr + t, (bad | (bad_runs > 0)).to(tl.int8))
 
         # Per element: the last run with start <= position, by binary search in
         # starts[0:count]; bit_length(count) halvings empty the range (few runs,
@@ -253,7 +253,6 @@ def _rle_decompress_kernel(run_offsets_ptr, value_offsets_ptr, starts_ptr, befor
             inb = i < tile_len
             v = tl.load(src + b_k + d, mask=inb & in_run & (b_k + d < tile_nnz), other=0)
             tl.store(dst + i, v, mask=inb)
-        tl.store(status_ptr + t, bad.to(tl.int8))
 
 
 def _check_words(words: torch.Tensor, who: str) -> None:
@@ -270,13 +269,15 @@ def rle_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     check_tile(tile)
     n = words.numel()
     num_tiles = -(-n // tile)
-    counts = torch.zeros(2, num_tiles + 1, dtype=torch.int64, device=words.device)
+    # Rows of an even length: both rows' count pointers have the same alignment
+    # whatever num_tiles is, so the kernel compiles once, not once per parity.
+    counts = torch.zeros(2, (num_tiles + 2) // 2 * 2, dtype=torch.int64, device=words.device)
     grid, warps = launch_grid(config, num_tiles, words.device)
     if num_tiles:
         sub = step_elements(tile, warps, words.element_size())
         _rle_count_kernel[(grid,)](words, counts[0, 1:], counts[1, 1:], n, num_tiles, TILE=tile, SUB=sub,
                                    num_warps=warps)
-    offsets = torch.cumsum(counts, 1)
+    offsets = torch.cumsum(counts[:, : num_tiles + 1], 1)
     num_runs, nnz = offsets[:, -1].tolist()  # the one host sync: sizes the buffer
     payload = alloc(layout(n, tile, num_runs, nnz, words.element_size())[-1])
     payload.zero_()  # padding bytes are part of the format: keep them deterministic

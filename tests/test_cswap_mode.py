@@ -208,3 +208,28 @@ def test_cswap_train_reads_npz_and_survives_interruption(tmp_path, monkeypatch, 
     assert code == 130 and "interrupted" in capsys.readouterr().err
     lines = (tmp_path / "r" / "epochs.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["epoch"] == 0
+
+
+def test_kernels_are_built_when_decided_not_mid_step(tmp_path, monkeypatch):
+    """After the profiling iteration, the codecs the decisions use are warmed (Triton
+    compiles on first launch) once per (codec, word size), before any tensor is compressed."""
+    warmed = []
+
+    def warm_up(name, dtype, device, config=None):
+        warmed.append((name, dtype, torch.device(device), cswap.stats(model)["compressed_tensors"]))
+        return False
+
+    monkeypatch.setattr(cswap.codecs, "warm_up", warm_up)
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 0.001), verbose=False)
+    model.shift = -0.8
+    x, y = data()
+    step(model, x, y)
+    assert warmed == []  # profiling: nothing decided yet
+    for _ in range(3):
+        step(model, x, y)
+    cswap.epoch_end(model)
+    step(model, x, y)
+    decided = {d.codec for d in _PATCHED[model].controller.decisions.values() if d.codec is not None}
+    assert decided and cswap.stats(model)["compressed_tensors"] > 0
+    assert sorted(w[0] for w in warmed) == sorted(decided)  # once each, not again at the epoch's re-decision
+    assert {(w[1], w[2], w[3]) for w in warmed} == {(torch.int32, torch.device("cpu"), 0)}

@@ -105,6 +105,9 @@ def check_policy(mode: str, policy) -> None:
                          f"mode argument or the policy")
 
 
+_WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 class Swapper:
     """Offloads saved activations; see the module docstring.
 
@@ -161,6 +164,8 @@ class Swapper:
         self.offloader = Offloader(self)
         self.restorer = Restorer(self)
         self.device: Device | None = None  # where the latest offload came from (for memory stats)
+        self.tensor_device: torch.device | None = None  # the same, as a torch.device
+        self._warmed: set[tuple[str, int]] = set()  # (codec, itemsize) pairs whose kernels are built
         self._inflight: deque[Item] = deque()  # admitted, not yet released, in pack order
         self._offload_bytes = 0                # their bytes (the stash)
         self._prefetch_bytes = 0               # restored ahead of use, not yet served
@@ -229,7 +234,7 @@ class Swapper:
         codec = self._choose_codec(info)
         item = Item(t, info, codec, dense_permutation(t), self._pass, dev)
         item.ready = dev.record_event(dev.compute_stream())
-        self.device = dev
+        self.device, self.tensor_device = dev, t.device
         self._admit(item)
         self.offloader.submit(item)  # at once: an admitted item is always on its way (pack may raise below)
         self._pass.items.append(item)
@@ -271,6 +276,17 @@ class Swapper:
             except Exception as exc:  # noqa: BLE001 - the copy failed: raised by surface()
                 self.fail(exc, item)
         self.offloader.release(item)
+
+    def warm_up(self, choices) -> None:
+        """Build now the kernels for each (codec, itemsize) in `choices`, on the device
+        offloads come from, with this swapper's launch configs: Triton compiles on
+        first launch, which would otherwise fall in the middle of a training step.
+        Kernels see integer views, so the int dtype of that size stands for all."""
+        for codec, itemsize in sorted(set(choices) - self._warmed):
+            if self.tensor_device is None:
+                return
+            codecs.warm_up(codec, _WORD_DTYPES[itemsize], self.tensor_device, self.codec_configs.get(codec))
+            self._warmed.add((codec, itemsize))
 
     def unstash(self, item: Item) -> None:
         """The item is released (called under the lock)."""
