@@ -181,28 +181,25 @@ def run_case(provider, x, device, repeats, bw_gbps, raw) -> dict:
     return row
 
 
-def static_figures(device, codecs_used) -> dict:
-    """{(codec, word itemsize): {registers, spill_bytes, shared_bytes}} of the kernels each
-    codec launches at the default config, built for this GPU's architecture."""
+def static_figures(arch: int, block: int, codecs_used) -> dict:
+    """{(codec, word itemsize): {registers, spill_bytes, shared_bytes, build_errors}}: the
+    most over the kernels each codec launches at `block` threads, built for sm_`arch`
+    (cswap.kernels.aot; needs a process without TRITON_INTERPRET)."""
     from cswap.kernels import aot
-    from cswap.kernels.launch import default_config
 
-    major, minor = torch.cuda.get_device_capability(device)
-    block = default_config(device).block
     figures: dict = {}
-    for launch in aot.codec_launches((block,), aot.WORD_DTYPES, arch=10 * major + minor):
+    for launch in aot.codec_launches((block,), aot.WORD_DTYPES, arch=arch):
         codec = launch.kernel.split(".")[0]
         if codec not in codecs_used:
             continue
-        built = aot.build(launch, 10 * major + minor)
-        sizes = [1, 2, 4, 8] if codec == "lz4" else [torch.empty(0, dtype=getattr(torch, launch.words)).element_size()]
+        built = aot.build(launch, arch)
+        sizes = [1, 2, 4, 8] if codec == "lz4" else [getattr(torch, launch.words).itemsize]
         for itemsize in sizes:
             entry = figures.setdefault((codec, itemsize), {"registers": 0, "spill_bytes": 0, "shared_bytes": 0,
                                                            "build_errors": ""})
             for key in ("registers", "spill_bytes", "shared_bytes"):
                 entry[key] = max(entry[key], getattr(built, key))
-            if built.error:
-                entry["build_errors"] = built.error
+            entry["build_errors"] = entry["build_errors"] or built.error
     return figures
 
 
@@ -266,7 +263,12 @@ def main(argv=None) -> list[dict]:
     print(f"# cswap codec benchmark on {env['device']} ({device.type}); torch {env['torch']}, "
           f"triton {env['triton']}; copy bandwidth {bw:.0f} GB/s (read + write); pattern {args.pattern}")
     found = providers(args, device)
-    static = static_figures(device, args.codecs) if device.type == "cuda" else {}
+    static = {}
+    if device.type == "cuda":  # what the compiler made of the kernels, beside their speed
+        from cswap.kernels.launch import default_config
+
+        major, minor = torch.cuda.get_device_capability(device)
+        static = static_figures(10 * major + minor, default_config(device).block, args.codecs)
     print(format_row(COLUMNS, WIDTHS))
     rows = []
     for dtype_name in args.dtypes:

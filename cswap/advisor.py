@@ -28,7 +28,7 @@ nnz = round(numel * (1 - sparsity)):
   closed form the expected number of fully zero aligned segments, of zero runs
   with at least one (one sequence: literals + a 32-byte match to an earlier zero
   segment) and with at least two (a second sequence: a match at offset 32). Per
-  64 KiB chunk, the first zero segment and the last two segments stay literals
+  chunk, the first zero segment and the last two segments stay literals
   and one final literal-only sequence ends the block. Each sequence costs its
   token, its length extension bytes (one per 255 of length past 15 / 19) and a
   2-byte offset; the result is clamped to [one byte, LZ4's bound] per block and

@@ -10,8 +10,8 @@ Payload format (little-endian; each section starts 16-byte aligned):
 
 The payload is exactly A + blocks_nbytes bytes; the padding before A is zero.
 Chunk c holds the input bytes [c * chunk, min((c + 1) * chunk, nbytes)) of the
-tensor's integer view; `chunk` (CHUNK = 65536 when we write it), C and
-blocks_nbytes are the header meta fields.
+tensor's integer view; `chunk` (CHUNK = 16384 when we write it; any size up to
+65536 decodes), C and blocks_nbytes are the header meta fields.
 
 Each block is the public LZ4 block format (lz4/doc/lz4_Block_format.md),
 readable by `lz4.block.decompress(block, uncompressed_size=n)`, and every
@@ -34,24 +34,31 @@ match starts at least 12 bytes before the end of the chunk.
 Encoder (one program per chunk, grid-stride over chunks; run twice: pass 1
 writes each block's size, the host takes one prefix sum and allocates, pass 2
 writes the bytes). The chunk is cut into NSEG = CHUNK // SEG segments of
-SEG = 32 bytes, one lane each. A full segment is a match segment if its bytes
-equal those of segment s - 1 (offset 32: turns a zero run into one long
-overlapping match) or else those of the earliest segment with the same hash
-(an atomic_min into a per-program table indexed by the top HBITS bits of
+SEG = 32 bytes. A full segment is a match segment if its bytes equal those of
+segment s - 1 (offset 32: turns a zero run into one long overlapping match) or
+else those of the earliest segment with the same hash (an atomic_min into a
+per-program table of two entries per segment, indexed by the top bits of
 h = (h ^ w) * HASH_MUL mod 2**32 folded over the segment's 8 little-endian
-int32 words w; the bytes are compared, so a collision only loses a match). The last two full segments and a partial tail
-are always literals, which keeps the end-of-block rules. A sequence begins at
-segment 0 and wherever segment s - 1 is a match that segment s does not extend
-with the same offset, so a sequence is literal segments then match segments;
-prefix sums give each sequence's L, M, offset, size and position. The encoder
-finds only repeats aligned to 32 bytes (zero runs and repeated tiles); it is
-built for speed on the GPU, not for the ratio of a byte-wise LZ4 search.
+int32 words w; the bytes are compared, so a collision only loses a match).
+The last two full segments and a partial tail are always literals, which keeps
+the end-of-block rules. A sequence begins at segment 0 and wherever segment s - 1 is a match that
+segment s does not extend with the same offset, so a sequence is literal
+segments then match segments; prefix sums give each sequence's L, M, offset,
+size and position. The program walks the chunk in phases (hash, match,
+sequences, sequence headers, literals), each a loop of steps of a few segments
+per thread whose results go through the program's scratch, so registers stay
+bounded whatever the block. The encoder finds only repeats aligned to 32 bytes
+(zero runs and repeated tiles); it is built for speed on the GPU, not for the
+ratio of a byte-wise LZ4 search.
 
-Decoder (one program per chunk): sequential over sequences as LZ4 requires,
-vectorised within each copy (VEC bytes per step; a match copy reads
-out[p - offset + (j % offset)], which is only bytes written before the match,
-so overlapping matches copy in one pass). Every read stays inside the block,
-every write inside the chunk's output, and every sequence consumes at least one
+Decoder: one chunk per warp, so a program of W warps decodes W chunks at once.
+Each chunk's sequences are walked in order as LZ4 requires, all the program's
+chunks together one sequence per round; within a sequence the warp's lanes copy
+4 bytes each per step (literals, then the match: it reads
+out[p - offset + (j % offset)], only bytes written before the match, so
+overlapping matches copy in one pass after one barrier per round). Length
+extensions are read 32 bytes per step. Every read stays inside the block, every
+write inside the chunk's output, and every sequence consumes at least one
 input byte, so no payload can make it read or write out of bounds or hang. A
 per-chunk status (error code, byte position) reports the first problem; the
 PyTorch reference decoder reports the same codes and positions. It rejects
@@ -66,27 +73,36 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, decoder_output, launch_grid
+from .launch import LaunchConfig, decoder_output, default_config, launch_grid
 
 __all__ = [
-    "CHUNK", "MAX_BLOCK_INPUT", "OK", "TRUNCATED", "OFFSET_ZERO", "OFFSET_BEFORE_START", "OVERFLOW",
-    "ENDS_WITH_MATCH", "SHORT", "BAD_OFFSETS", "layout", "block_bound", "sections",
+    "CHUNK", "MAX_BLOCK_INPUT", "check_chunk", "hash_bits", "scratch_words", "OK", "TRUNCATED", "OFFSET_ZERO",
+    "OFFSET_BEFORE_START", "OVERFLOW", "ENDS_WITH_MATCH",
+    "SHORT", "BAD_OFFSETS", "layout", "block_bound", "sections",
     "lz4_compress", "lz4_decompress", "lz4_compress_ref", "lz4_decompress_ref",
 ]
 
-# CHUNK = 65536: the largest input whose every byte a 16-bit LZ4 offset (<= 65535)
-# can reach, so chunks are independent and a chunk is exactly one LZ4 block.
-CHUNK = 65536
-MAX_BLOCK_INPUT = CHUNK
-# SEG = 32 bytes (8 int32 words) per lane: NSEG = 2048 lanes per chunk fit one
-# program, zero runs and tensors made of repeated tiles (>= 32 B) still match.
-# Untuned (no GPU measurement yet); SEG, HBITS and the step sizes are free to change: the
-# decoder reads any valid LZ4 block.
+# MAX_BLOCK_INPUT = 65536: the largest input whose every byte a 16-bit LZ4 offset
+# (<= 65535) can reach, so chunks are independent and a chunk is one LZ4 block.
+# CHUNK = 16384, what we write: one chunk is one warp's work when decoding, and
+# 16 KiB chunks give a tensor 4x the warps of 64 KiB ones (an 8 MB tensor 512,
+# about four per H100 SM) for +0.06% bytes on real activations
+# (benchmarks/lz4_chunks.py: small_cnn, VGG16, ResNet-18 ReLU/pool outputs,
+# 110 MiB, ratio 1.261 at 64 KiB, 1.260 at 16 KiB, 1.256 at 8 KiB).
+MAX_BLOCK_INPUT = 65536
+CHUNK = 16384
+# SEG = 32 bytes (8 int32 words): zero runs and tensors made of repeated tiles
+# (>= 32 B) still match. Untuned (no GPU measurement yet); SEG, the table size
+# and the step sizes are free to change: the decoder reads any valid LZ4 block.
 SEG = 32
-NSEG = CHUNK // SEG
-# HBITS = 12: a 4096-entry table for 2048 segments keeps hash collisions rare.
-HBITS = 12
-HSIZE = 1 << HBITS
+
+
+def hash_bits(chunk: int) -> int:
+    """Bits of the encoder's hash table: two entries per segment keep collisions rare
+    (12 bits, 4096 entries, for a 64 KiB chunk's 2048 segments; 10 at 16 KiB)."""
+    return (2 * (chunk // SEG) - 1).bit_length()
+
+
 # Knuth's multiplicative hash constant, 2**32 / golden ratio.
 HASH_MUL = 0x9E3779B1
 # The encoder walks a chunk in steps: SEGS_PER_THREAD segments per thread (two
@@ -96,8 +112,11 @@ HASH_MUL = 0x9E3779B1
 # segments at once (the first encoder) took 249-255 registers and spilled.
 SEGS_PER_THREAD = 2
 LITERAL_BYTES = 16
-# Each encoder program needs SCRATCH int32 words of global scratch; capping the
-# programs at 4096 bounds it to 4096 * 82 KB = 336 MB whatever grid is asked for.
+# DECODE_BYTES_PER_LANE = 4: a warp copies 128 bytes of literals or match per step.
+DECODE_BYTES_PER_LANE = 4
+# Each encoder program needs scratch_words(chunk) int32 words of global scratch;
+# capping the programs at 4096 bounds it to 4096 * 20 KB = 84 MB at 16 KiB chunks (336 MB at
+# 64 KiB) whatever grid is asked for.
 MAX_ENCODE_PROGRAMS = 4096
 _ALIGN = 16
 
@@ -119,11 +138,22 @@ _ENDS_WITH_MATCH = tl.constexpr(ENDS_WITH_MATCH)
 _SHORT = tl.constexpr(SHORT)
 
 # Scratch of one encoder program, in int32 words (offsets computed in the kernel):
-# hash table [HSIZE]; per segment: hash, match offset (0 = literal), sequence
-# [NSEG each]; per sequence: literal and match bytes before it [NSEG + 1 each],
+# hash table [1 << hash_bits(chunk)]; per segment: hash, match offset (0 =
+# literal), sequence [NSEG each]; per sequence: literal and match bytes before it [NSEG + 1 each],
 # first segment, match offset, block position of its literal 0 minus that
 # literal's chunk position [NSEG each].
-SCRATCH = HSIZE + 8 * NSEG + 2
+def scratch_words(chunk: int) -> int:
+    """int32 words of scratch one encoder program needs for chunks of `chunk` bytes."""
+    return (1 << hash_bits(chunk)) + 8 * (chunk // SEG) + 2
+
+
+def check_chunk(chunk: int) -> None:
+    """The encoders' chunk: a power of two from 1 KiB to 64 KiB (any block size up to
+    64 KiB is standard LZ4; the encoder needs whole 32-byte segments)."""
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or not 1024 <= chunk <= MAX_BLOCK_INPUT \
+            or chunk & (chunk - 1):
+        raise ValueError(f"cswap.kernels.lz4: chunk must be a power of two in [1024, {MAX_BLOCK_INPUT}], "
+                         f"got {chunk!r}")
 
 
 def _align(n: int) -> int:
@@ -310,25 +340,28 @@ def _check_bytes(data: torch.Tensor, where: str) -> None:
         raise TypeError(f"{where}: expected a 1-D uint8 tensor")
 
 
-def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None) -> tuple[int, int]:
-    """Compress 1-D uint8 `data` with Triton into `alloc(payload_nbytes)`.
+def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None,
+                 chunk: int = CHUNK) -> tuple[int, int]:
+    """Compress 1-D uint8 `data` with Triton into `alloc(payload_nbytes)`, one LZ4
+    block per `chunk` bytes.
 
     Returns (num_chunks, blocks_nbytes). One host sync (the blocks' total size).
     """
     _check_bytes(data, "cswap.kernels.lz4.lz4_compress")
+    check_chunk(chunk)
     nbytes = data.numel()
-    num_chunks = -(-nbytes // CHUNK)
+    num_chunks = -(-nbytes // chunk)
     if num_chunks == 0:
         alloc(layout(0, 0)[1]).zero_()
         return 0, 0
     src8, src32 = _word_views(data)
     programs, warps = launch_grid(config, num_chunks, data.device)
     programs = min(programs, MAX_ENCODE_PROGRAMS)
-    scratch = torch.empty(programs * SCRATCH, dtype=torch.int32, device=data.device)
+    scratch = torch.empty(programs * scratch_words(chunk), dtype=torch.int32, device=data.device)
     sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
     threads = 32 * warps
-    args = dict(CHUNK=CHUNK, SEG=SEG, HBITS=HBITS, STEP=min(NSEG, SEGS_PER_THREAD * threads), LIT_ROWS=threads,
-                LIT_BYTES=LITERAL_BYTES, SCRATCH=SCRATCH, num_warps=warps)
+    args = dict(CHUNK=chunk, SEG=SEG, HBITS=hash_bits(chunk), STEP=min(chunk // SEG, SEGS_PER_THREAD * threads),
+                LIT_ROWS=threads, LIT_BYTES=LITERAL_BYTES, SCRATCH=scratch_words(chunk), num_warps=warps)
     _lz4_compress_kernel[(programs,)](src8, src32, sizes, sizes, src8, scratch, nbytes, num_chunks,
                                       WRITE=False, **args)
     ends = torch.cumsum(sizes, 0)
@@ -348,104 +381,122 @@ def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None) 
 
 
 @triton.jit
-def _read_ext(src_ptr, ip, iend, v, limit, VEC: tl.constexpr):
-    """Add LZ4 length-extension bytes at `ip` to `v` (when v == 15), VEC bytes per step.
+def _read_ext(src, ip, iend, v, limit, W: tl.constexpr):
+    """Add LZ4 length-extension bytes at `ip` to `v` for every row where v == 15,
+    reading a W-byte window per row and step (rows: [R] vectors of block-local
+    32-bit positions; `src` the rows' block pointers).
 
     Returns (v, ip after the last byte, truncated). Stops early once v > limit
     (the caller reports an overflow); truncated = the block ended first.
     """
-    idx = tl.arange(0, VEC)
+    idx = tl.arange(0, W)[None, :]
     more = v == 15
     trunc = v < 0
-    while more:
-        pos = ip + idx
-        b = tl.load(src_ptr + pos, mask=pos < iend, other=0).to(tl.int32)
-        stop = (b != 255) | (pos >= iend)
-        first = tl.min(tl.where(stop, idx, VEC), axis=0)
-        found = first < VEC
-        v += 255 * first
+    while tl.max(more.to(tl.int32), axis=0) > 0:
+        pos = ip[:, None] + idx
+        b = tl.load(src[:, None] + pos, mask=more[:, None] & (pos < iend[:, None]), other=0).to(tl.int32)
+        stop = (b != 255) | (pos >= iend[:, None])
+        first = tl.min(tl.where(stop, idx, W), axis=1)
+        found = first < W
+        v = tl.where(more, v + 255 * first, v)
         over = v > limit
         past = found & (ip + first >= iend)
-        trunc = past & (over == 0)
-        v += tl.where(found & (past == 0), tl.sum(tl.where(idx == first, b, 0), axis=0), 0)
-        ip += tl.where(found, first + 1, VEC)
-        more = (found == 0) & (over == 0)
+        trunc = tl.where(more, past & (over == 0), trunc)
+        last = tl.sum(tl.where(idx == first[:, None], b, 0), axis=1)
+        v = tl.where(more & found & (past == 0), v + last, v)
+        ip = tl.where(more, ip + tl.where(found, first + 1, W), ip)
+        more = more & (found == 0) & (over == 0)
     return v, ip, trunc
 
 
 @triton.jit(do_not_specialize=["nbytes", "chunk", "blocks_nbytes", "num_chunks"])
 def _lz4_decompress_kernel(blocks_ptr, offsets_ptr, out_ptr, status_ptr, nbytes, chunk, blocks_nbytes,
-                           num_chunks, VEC: tl.constexpr):
+                           num_chunks, ROWS: tl.constexpr, STEP: tl.constexpr):
+    # ROWS chunks per program, one per warp: each row walks its block's sequences
+    # (LZ4 is sequential within a block) while its warp's lanes copy STEP bytes of
+    # literals or match per step. Rows advance together one sequence per round, so
+    # one barrier per round serves all of them. 64-bit only for where a block and
+    # its chunk sit; positions within them are 32-bit (a block is < 2**17 bytes).
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    idx = tl.arange(0, VEC)
-    for c in range(pid, num_chunks, nprog):
-        # block_offsets are untrusted: clamp the block into the blocks section.
-        ib = tl.minimum(tl.maximum(tl.load(offsets_ptr + c), 0), blocks_nbytes)
-        ie = tl.minimum(tl.maximum(tl.load(offsets_ptr + c + 1), ib), blocks_nbytes)
-        ob = c * chunk + pid * 0
-        oe = tl.minimum(ob + chunk, nbytes)
-        ip = ib
-        op = ob
-        err = (ib * 0).to(tl.int32)
-        errpos = ib * 0
-        done = err
-        while done == 0:
+    col = tl.arange(0, STEP)[None, :]
+    row = tl.arange(0, ROWS)
+    for c0 in range(pid * ROWS, num_chunks, nprog * ROWS):
+        c = c0 + row
+        live = c < num_chunks
+        # block_offsets are untrusted: clamp each block into the blocks section.
+        ib = tl.minimum(tl.maximum(tl.load(offsets_ptr + c, mask=live, other=0), 0), blocks_nbytes)
+        ie = tl.minimum(tl.maximum(tl.load(offsets_ptr + c + 1, mask=live, other=0), ib), blocks_nbytes)
+        src = blocks_ptr + ib
+        dst = out_ptr + c * chunk
+        # Decoding fails long before 2**30 bytes into a block (a sequence of n bytes
+        # writes more than n): clamping keeps positions 32-bit.
+        blen = tl.minimum(ie - ib, 1 << 30).to(tl.int32)
+        olen = tl.maximum(tl.minimum(nbytes - c * chunk, chunk), 0).to(tl.int32)
+        ip = tl.zeros([ROWS], dtype=tl.int32)
+        op = ip
+        err = ip
+        errpos = ip
+        done = live == 0
+        while tl.min(done.to(tl.int32), axis=0) == 0:
+            going = done == 0
             # Token and literals.
             tstart = ip
-            has_tok = ip < ie
-            tok = tl.load(blocks_ptr + ip, mask=has_tok, other=0).to(tl.int32)
-            lit, ip1, trunc1 = _read_ext(blocks_ptr, ip + 1, ie, (tok >> 4).to(tl.int64), oe - op, VEC)
+            has_tok = going & (ip < blen)
+            tok = tl.load(src + ip, mask=has_tok, other=0).to(tl.int32)
+            lit, ip1, trunc1 = _read_ext(src, ip + 1, blen, tl.where(has_tok, tok >> 4, 0), olen - op, 32)
             e = tl.where(has_tok, 0, _TRUNCATED)
             e = tl.where((e == 0) & trunc1, _TRUNCATED, e)
-            e = tl.where((e == 0) & (lit > oe - op), _OVERFLOW, e)
-            e = tl.where((e == 0) & (lit > ie - ip1), _TRUNCATED, e)
-            ncopy = tl.where(e == 0, lit, 0)
-            j = ncopy * 0
-            while j < ncopy:
-                jj = j + idx
-                m = jj < ncopy
-                v = tl.load(blocks_ptr + ip1 + jj, mask=m & (ip1 + jj < ie), other=0)
-                tl.store(out_ptr + op + jj, v, mask=m & (op + jj < oe))
-                j += VEC
+            e = tl.where((e == 0) & (lit > olen - op), _OVERFLOW, e)
+            e = tl.where((e == 0) & (lit > blen - ip1), _TRUNCATED, e)
+            ncopy = tl.where(going & (e == 0), lit, 0)
+            longest = tl.max(ncopy, axis=0)
+            j = longest * 0
+            while j < longest:
+                jj = j + col
+                m = jj < ncopy[:, None]
+                v = tl.load(src[:, None] + ip1[:, None] + jj, mask=m, other=0)
+                tl.store(dst[:, None] + op[:, None] + jj, v, mask=m)
+                j += STEP
             ip2 = ip1 + ncopy
             op2 = op + ncopy
-            last = (e == 0) & (ip2 >= ie)
-            short = last & (op2 != oe)
+            last = (e == 0) & (ip2 >= blen)
+            short = last & (op2 != olen)
             # Offset and match (only when input remains after the literals).
-            mt = (e == 0) & (ip2 < ie)
-            has_off = mt & (ip2 + 2 <= ie)
-            b0 = tl.load(blocks_ptr + ip2, mask=has_off, other=0).to(tl.int64)
-            b1 = tl.load(blocks_ptr + ip2 + 1, mask=has_off, other=0).to(tl.int64)
+            mt = going & (e == 0) & (ip2 < blen)
+            has_off = mt & (ip2 + 2 <= blen)
+            b0 = tl.load(src + ip2, mask=has_off, other=0).to(tl.int32)
+            b1 = tl.load(src + ip2 + 1, mask=has_off, other=0).to(tl.int32)
             off = b0 | (b1 << 8)
-            mv = tl.where(has_off, tok & 15, 0).to(tl.int64)
-            ml, ip3, trunc2 = _read_ext(blocks_ptr, ip2 + 2, ie, mv, oe - op2 - 4, VEC)
+            ml, ip3, trunc2 = _read_ext(src, ip2 + 2, blen, tl.where(has_off, tok & 15, 0), olen - op2 - 4, 32)
             ml += 4
             e2 = tl.where(mt & (has_off == 0), _TRUNCATED, 0)
             e2 = tl.where(has_off & (off == 0), _OFFSET_ZERO, e2)
-            e2 = tl.where(has_off & (e2 == 0) & (off > op2 - ob), _OFFSET_BEFORE_START, e2)
+            e2 = tl.where(has_off & (e2 == 0) & (off > op2), _OFFSET_BEFORE_START, e2)
             e2 = tl.where(has_off & (e2 == 0) & trunc2, _TRUNCATED, e2)
-            e2 = tl.where(has_off & (e2 == 0) & (ml > oe - op2), _OVERFLOW, e2)
-            e2 = tl.where(has_off & (e2 == 0) & (ip3 >= ie), _ENDS_WITH_MATCH, e2)
+            e2 = tl.where(has_off & (e2 == 0) & (ml > olen - op2), _OVERFLOW, e2)
+            e2 = tl.where(has_off & (e2 == 0) & (ip3 >= blen), _ENDS_WITH_MATCH, e2)
             mcopy = tl.where(has_off & (e2 == 0), ml, 0)
-            offs = tl.maximum(off, 1)
+            period = tl.maximum(off, 1)[:, None]
             tl.debug_barrier()  # earlier stores to out are visible to the match's loads
-            j = mcopy * 0
-            while j < mcopy:
-                jj = j + idx
-                src = op2 - offs + jj % offs  # only bytes before op2: overlap-safe
-                m = jj < mcopy
-                v = tl.load(out_ptr + src, mask=m & (src >= ob) & (src < op2), other=0)
-                tl.store(out_ptr + op2 + jj, v, mask=m & (op2 + jj < oe))
-                j += VEC
-            err = tl.where(e != 0, e, tl.where(short, _SHORT, e2))
-            errpos = tl.where(e != 0, tstart - ib, tl.where(short, op2 - ob, ip2 - ib))
-            errpos = tl.where(err != 0, errpos, 0)
-            done = ((err != 0) | last).to(tl.int32)
-            ip = ip3
-            op = op2 + mcopy
-        tl.store(status_ptr + 2 * c, err.to(tl.int64))
-        tl.store(status_ptr + 2 * c + 1, errpos.to(tl.int64))
+            longest = tl.max(mcopy, axis=0)
+            j = longest * 0
+            while j < longest:
+                jj = j + col
+                m = jj < mcopy[:, None]
+                # Only bytes before the match: overlap-safe in one pass.
+                v = tl.load(dst[:, None] + (op2[:, None] - period + jj % period), mask=m, other=0)
+                tl.store(dst[:, None] + op2[:, None] + jj, v, mask=m)
+                j += STEP
+            fail = tl.where(e != 0, e, tl.where(short, _SHORT, e2))
+            where = tl.where(e != 0, tstart, tl.where(short, op2, ip2))
+            err = tl.where(going, fail, err)
+            errpos = tl.where(going & (fail != 0), where, errpos)
+            done = done | (fail != 0) | last
+            ip = tl.where(going, ip3, ip)
+            op = tl.where(going, op2 + mcopy, op)
+        tl.store(status_ptr + 2 * c, err.to(tl.int64), mask=live)
+        tl.store(status_ptr + 2 * c + 1, errpos.to(tl.int64), mask=live)
 
 
 def _offsets_status(offsets: torch.Tensor, blocks_nbytes: int, status: torch.Tensor) -> None:
@@ -481,12 +532,13 @@ def lz4_decompress(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: i
     out = decoder_output(out, nbytes, torch.uint8, payload.device, zero=True)
     status = torch.zeros((num_chunks, 2), dtype=torch.int64, device=payload.device)
     if num_chunks:
-        programs, warps = launch_grid(config, num_chunks, payload.device)
-        # VEC = 4 bytes per thread per copy step.
+        # One chunk per warp: a program of `warps` warps decodes that many chunks at once.
+        warps = (config or default_config(payload.device)).num_warps
+        programs, _ = launch_grid(config, -(-num_chunks // warps), payload.device)
         if blocks.numel() == 0:  # every block is empty: nothing is read, any uint8 pointer will do
             blocks = torch.zeros(1, dtype=torch.uint8, device=payload.device)
-        _lz4_decompress_kernel[(programs,)](blocks, offsets, out, status,
-                                            nbytes, chunk, blocks_nbytes, num_chunks, VEC=4 * 32 * warps,
+        _lz4_decompress_kernel[(programs,)](blocks, offsets, out, status, nbytes, chunk, blocks_nbytes,
+                                            num_chunks, ROWS=warps, STEP=32 * DECODE_BYTES_PER_LANE,
                                             num_warps=warps)
     _offsets_status(offsets, blocks_nbytes, status)
     return out, status
@@ -505,10 +557,11 @@ def _mul32(h: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _plan(group: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Segments, sequences and block sizes for chunks `group` (uint8 [Cg, CHUNK],
+    """Segments, sequences and block sizes for chunks `group` (uint8 [Cg, chunk],
     zero-padded) of lengths `n` (int64 [Cg]): the Triton kernel's steps, batched."""
     dev = group.device
     cg = n.numel()
+    NSEG = group.shape[1] // SEG  # noqa: N806  (the kernel's name)
     s = torch.arange(NSEG, device=dev)
     words = group.view(torch.int32).view(cg, NSEG, SEG // 4).to(torch.int64) & 0xFFFFFFFF
     nfull = (n // SEG)[:, None]
@@ -516,8 +569,8 @@ def _plan(group: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
     h = torch.zeros(cg, NSEG, dtype=torch.int64, device=dev)
     for j in range(SEG // 4):
         h = _mul32(h ^ words[..., j], HASH_MUL)
-    h = h >> (32 - HBITS)
-    table = torch.full((cg, HSIZE), NSEG, dtype=torch.int64, device=dev)
+    h = h >> (32 - hash_bits(group.shape[1]))
+    table = torch.full((cg, 1 << hash_bits(group.shape[1])), NSEG, dtype=torch.int64, device=dev)
     table.scatter_reduce_(1, h, torch.where(full, s, NSEG), "amin")
     cand = table.gather(1, h)
     allowed = s < nfull - 2
@@ -560,17 +613,17 @@ def _plan(group: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
                 ext_m=ext_m, size=size, beg=beg[:, :NSEG], total=size.sum(1))
 
 
-def _groups(data: torch.Tensor):
-    """Yield (first chunk, uint8 [Cg, CHUNK] zero-padded, lengths int64 [Cg])."""
+def _groups(data: torch.Tensor, chunk: int):
+    """Yield (first chunk, uint8 [Cg, chunk] zero-padded, lengths int64 [Cg])."""
     nbytes = data.numel()
-    num_chunks = -(-nbytes // CHUNK)
+    num_chunks = -(-nbytes // chunk)
     for c0 in range(0, num_chunks, _REF_GROUP):
         c1 = min(c0 + _REF_GROUP, num_chunks)
-        lo, hi = c0 * CHUNK, min(c1 * CHUNK, nbytes)
-        group = torch.zeros((c1 - c0) * CHUNK, dtype=torch.uint8, device=data.device)
+        lo, hi = c0 * chunk, min(c1 * chunk, nbytes)
+        group = torch.zeros((c1 - c0) * chunk, dtype=torch.uint8, device=data.device)
         group[: hi - lo] = data[lo:hi]
-        starts = torch.arange(c0, c1, device=data.device) * CHUNK
-        yield c0, group.view(c1 - c0, CHUNK), (nbytes - starts).clamp(max=CHUNK)
+        starts = torch.arange(c0, c1, device=data.device) * chunk
+        yield c0, group.view(c1 - c0, chunk), (nbytes - starts).clamp(max=chunk)
 
 
 def _write_group(blocks: torch.Tensor, base: torch.Tensor, group: torch.Tensor, n: torch.Tensor,
@@ -592,18 +645,19 @@ def _write_group(blocks: torch.Tensor, base: torch.Tensor, group: torch.Tensor, 
     put(po + 1 + ext_m, kv & (mat >= 19), (mat - 19) % 255)
     lb = pos + 1 + ext_l - plan["beg"] * SEG
     seglb = torch.where(plan["active"], lb.gather(1, plan["seq"].clamp(min=0)), 0)
-    i = torch.arange(CHUNK, device=group.device)
+    i = torch.arange(group.shape[1], device=group.device)
     sg = i // SEG
     lit_byte = (i < n[:, None]) & (plan["kind"][:, sg] == 0)
     put(base[:, None] + seglb[:, sg] + i, lit_byte, group)
 
 
-def lz4_compress_ref(data: torch.Tensor, alloc) -> tuple[int, int]:
+def lz4_compress_ref(data: torch.Tensor, alloc, chunk: int = CHUNK) -> tuple[int, int]:
     """Reference encoder in plain PyTorch (any device); writes the same bytes as `lz4_compress`."""
     _check_bytes(data, "cswap.kernels.lz4.lz4_compress_ref")
-    num_chunks = -(-data.numel() // CHUNK)
+    check_chunk(chunk)
+    num_chunks = -(-data.numel() // chunk)
     sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
-    for c0, group, n in _groups(data):
+    for c0, group, n in _groups(data, chunk):
         sizes[c0: c0 + n.numel()] = _plan(group, n)["total"]
     ends = torch.cumsum(sizes, 0)
     blocks_nbytes = int(ends[-1]) if num_chunks else 0
@@ -613,7 +667,7 @@ def lz4_compress_ref(data: torch.Tensor, alloc) -> tuple[int, int]:
     offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
     offsets[1:].copy_(ends)
     blocks.fill_(255)
-    for c0, group, n in _groups(data):
+    for c0, group, n in _groups(data, chunk):
         _write_group(blocks, offsets[c0: c0 + n.numel()], group, n, _plan(group, n))
     return num_chunks, blocks_nbytes
 

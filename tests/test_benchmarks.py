@@ -85,3 +85,24 @@ def test_train_benchmark_quick_run_writes_results_and_readme(tmp_path, capsys):
     out = capsys.readouterr().out
     assert text in out and "| model | data | batch |" in out
     assert "| small_cnn | cifar10 | 2 |" in out and "| resnet18 | cifar10 | 2 |" in out
+
+
+def test_codec_benchmark_static_figures_cover_every_codec_and_word_size():
+    # What the GPU stage records beside throughput; built here for sm_90 in a process
+    # without TRITON_INTERPRET (the interpreter replaces the kernels at import).
+    import os
+    import subprocess
+
+    script = ("import importlib.util, json, sys; sys.path.insert(0, %r); "
+              "spec = importlib.util.spec_from_file_location('bench_codecs', %r); "
+              "bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench); "
+              "f = bench.static_figures(90, 128, ['zvc', 'lz4']); "
+              "print(json.dumps({f'{c} {i}': v for (c, i), v in f.items()}))"
+              ) % (str(BENCHMARKS), str(BENCHMARKS / "codecs.py"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(run.stdout.splitlines()[-1])
+    assert set(figures) == {f"{c} {i}" for c in ("zvc", "lz4") for i in (1, 2, 4, 8)}
+    for entry in figures.values():
+        assert 0 < entry["registers"] <= 128 and entry["spill_bytes"] == 0 and not entry["build_errors"], entry

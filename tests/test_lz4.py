@@ -142,16 +142,24 @@ def test_format_block_offsets_are_an_exclusive_prefix_of_block_sizes():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_repeated_4k_pattern_compresses_10x(backend):
-    # 1 MiB (torch) / 256 KiB (triton, slower here) of one random 4 KiB pattern.
+    # 1 MiB (torch) / 256 KiB (triton, slower here) of one random 4 KiB pattern. A
+    # block matches only within itself: each chunk stores the pattern once, so the
+    # ratio is about chunk / 4 KiB (4 at the codec's 16 KiB, 16 at 64 KiB chunks).
     x = tiled((1 << 20) if backend == "torch" else (256 << 10), 4096, seed=3)
     blob = LZ4.compress(x, backend=backend)
-    assert blob.ratio >= 10, blob.ratio
+    assert CHUNK / 4096 * 0.9 <= blob.ratio <= CHUNK / 4096, blob.ratio
     assert_bit_equal(LZ4.decompress(blob, backend="torch"), x)
+    encode = kl.lz4_compress if backend == "triton" else kl.lz4_compress_ref
+    out = []
+    _, blocks_nbytes = encode(x, lambda n: out.append(torch.empty(n, dtype=torch.uint8)) or out[0], chunk=65536)
+    assert x.numel() / blocks_nbytes >= 10
 
 
 def test_zero_runs_compress_well():
+    # Per 16 KiB chunk: a literal first segment, one long match, the last two
+    # segments as literals, and the block's sequence bytes: under 1% of the input.
     blob = LZ4.compress(torch.zeros(1 << 20, dtype=torch.uint8), backend="torch")
-    assert blob.ratio > 150, blob.ratio
+    assert blob.ratio > 90, blob.ratio
 
 
 def test_random_data_grows_by_at_most_the_lz4_bound():
@@ -239,7 +247,7 @@ def test_compress_block_api():
     assert codec_lz4.compress_block(torch.empty(0, dtype=torch.uint8)).tolist() == [0]
     assert codec_lz4.decompress_block(torch.zeros(1, dtype=torch.uint8), 0).numel() == 0
     with pytest.raises(ValueError, match="at most 65536 bytes, got 65537"):
-        codec_lz4.compress_block(torch.zeros(CHUNK + 1, dtype=torch.uint8))
+        codec_lz4.compress_block(torch.zeros(kl.MAX_BLOCK_INPUT + 1, dtype=torch.uint8))
     with pytest.raises(TypeError, match="1-D uint8"):
         codec_lz4.compress_block(torch.zeros(10, dtype=torch.int32))
     with pytest.raises(TypeError, match="1-D uint8"):
@@ -395,9 +403,9 @@ def test_payload_padding_is_zero(blob):
 
 @pytest.mark.parametrize("meta,match", [
     ((0, 2, 100), "chunk size 0"),
-    ((CHUNK + 1, 1, 100), "chunk size 65537"),
+    ((kl.MAX_BLOCK_INPUT + 1, 1, 100), "chunk size 65537"),
     ((CHUNK, 3, None), "3 chunks recorded"),
-    ((1024, 2, None), "make 65"),
+    ((1024, 2, None), f"make {-(-(CHUNK + 400) // 1024)}"),  # the blob's CHUNK + 400 bytes
     ((CHUNK, 2, 1), "impossible"),
     ((CHUNK, 2, 10**12), "impossible"),
     ((CHUNK, 2, -1), "impossible"),

@@ -1,4 +1,4 @@
-"""LZ4 codec: 64 KiB chunks, each a standard LZ4 block (format in cswap.kernels.lz4).
+"""LZ4 codec: 16 KiB chunks, each a standard LZ4 block (format in cswap.kernels.lz4).
 
 Header meta: (chunk, num_chunks, blocks_nbytes).
 
@@ -81,8 +81,8 @@ class LZ4(Codec):
     def _check_meta(self, header):
         chunk, num_chunks, blocks_nbytes = header.meta
         nbytes = header.shape.numel() * header.dtype.itemsize
-        if not 1 <= chunk <= kernels.CHUNK:
-            raise CorruptDataError(f"{_WHERE}: chunk size {chunk} is not in [1, {kernels.CHUNK}]")
+        if not 1 <= chunk <= kernels.MAX_BLOCK_INPUT:
+            raise CorruptDataError(f"{_WHERE}: chunk size {chunk} is not in [1, {kernels.MAX_BLOCK_INPUT}]")
         expected = -(-nbytes // chunk)
         if num_chunks != expected:
             raise CorruptDataError(f"{_WHERE}: {num_chunks} chunks recorded, but {nbytes} bytes in chunks of "
@@ -150,10 +150,11 @@ def compress_block(data: torch.Tensor, backend: str | None = "auto",
         return buf[0]
 
     data = data.contiguous()
+    chunk = kernels.MAX_BLOCK_INPUT
     if backend == "triton":
-        num_chunks, blocks_nbytes = kernels.lz4_compress(data, alloc, config)
+        num_chunks, blocks_nbytes = kernels.lz4_compress(data, alloc, config, chunk=chunk)
     else:
-        num_chunks, blocks_nbytes = kernels.lz4_compress_ref(data, alloc)
+        num_chunks, blocks_nbytes = kernels.lz4_compress_ref(data, alloc, chunk=chunk)
     return kernels.sections(buf[0], num_chunks, blocks_nbytes)[1].clone()
 
 

@@ -1,0 +1,130 @@
+"""Dynamic instruction count per byte of each codec, counted in Triton's interpreter.
+
+Every operation a kernel executes in the interpreter (TRITON_INTERPRET=1) is
+counted as the warp instructions it would issue on a GPU: an operation over E
+elements in a program of W warps issues W * ceil(E / (32 W)) (a scalar one, W);
+a reduction or scan counts its input once more plus five shuffle steps per
+warp. Layout-only operations (ranges, splats, broadcasts) are free. The count
+is the design's, not the hardware's: no 64-bit splitting, no address modes,
+no caches; it compares designs (before / after a change) on the same input.
+
+    python benchmarks/instructions.py                       # this checkout
+    python benchmarks/instructions.py --label before --json before.json
+
+Input: `--mib` MiB of ReLU-like fp32 activations (blocky zeros) at each
+sparsity; the launch config is cswap's default GPU one (block 128). Results:
+the printed table and, with --json, a file; figures are counts, not times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+
+import torch  # noqa: E402
+import triton.runtime.interpreter as interpreter  # noqa: E402
+
+import cswap  # noqa: E402
+from cswap.synthetic import make_tensor  # noqa: E402
+
+# Operations that only describe layout or values known at compile time.
+_FREE = {"create_make_range", "create_splat", "create_expand_dims", "create_broadcast", "create_get_program_id",
+         "create_get_num_programs", "create_print", "create_assert", "create_assume", "create_barrier"}
+
+
+class Counter:
+    """Counts warp instructions of interpreted kernels while installed."""
+
+    def __init__(self, num_warps: int):
+        self.num_warps = num_warps
+        self.total = 0
+        self._saved: list = []
+
+    def _cost(self, elements: int) -> int:
+        w = self.num_warps
+        return w * math.ceil(max(elements, 1) / (32 * w))
+
+    def _wrap(self, owner, name, cost_of):
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            result = original(*args, **kwargs)
+            self.total += cost_of(args, result)
+            return result
+
+        self._saved.append((owner, name, original))
+        setattr(owner, name, counted)
+
+    def __enter__(self):
+        builder = interpreter.InterpreterBuilder
+        for name in dir(builder):
+            if (name.startswith("create_") or name in ("binary_op", "ternary_op", "unary_op", "cast_impl")) \
+                    and name not in _FREE and callable(getattr(builder, name)):
+                self._wrap(builder, name, lambda args, result: self._cost(_elements(result)))
+        self._wrap(interpreter.ReduceScanOpInterface, "apply",
+                   lambda args, result: 2 * self._cost(_elements(args[1])) + 5 * self.num_warps)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+
+
+def _elements(value) -> int:
+    if isinstance(value, (tuple, list)):
+        return max((_elements(v) for v in value), default=1)
+    data = getattr(value, "data", None)
+    if data is None and hasattr(value, "handle"):
+        data = getattr(value.handle, "data", None)
+    return int(getattr(data, "size", 1) or 1)
+
+
+def count(codec: str, x: torch.Tensor, config: cswap.LaunchConfig) -> tuple[int, int]:
+    """(compress, decompress) warp instructions for one round trip of x."""
+    c = cswap.codecs.get(codec)
+    with Counter(config.num_warps) as counter:
+        blob = c.compress(x, config=config, backend="triton")
+    compress = counter.total
+    with Counter(config.num_warps) as counter:
+        y = c.decompress(blob, config=config, backend="triton")
+    assert torch.equal(y.view(torch.uint8), x.view(torch.uint8)), codec
+    return compress, counter.total
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=float, default=0.25, help="tensor size in MiB (the interpreter is slow)")
+    p.add_argument("--sparsities", type=float, nargs="+", default=[0.5, 0.9])
+    p.add_argument("--codecs", nargs="+", default=list(cswap.codecs.names()))
+    p.add_argument("--block", type=int, default=128)
+    p.add_argument("--label", default="this checkout")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    config = cswap.LaunchConfig(grid=132 * 4, block=args.block)
+    rows = []
+    print(f"# warp instructions per uncompressed byte, counted in Triton's interpreter ({args.label}); "
+          f"{args.mib} MiB fp32, block {args.block}")
+    print(f"{'codec':<6} {'sparsity':>8} {'compress':>10} {'decompress':>11}")
+    for sparsity in args.sparsities:
+        x = make_tensor(int(args.mib * (1 << 20)), sparsity, torch.float32, "blocky", torch.device("cpu"), seed=0)
+        nbytes = x.numel() * x.element_size()
+        for codec in args.codecs:
+            comp, dec = count(codec, x, config)
+            row = {"label": args.label, "codec": codec, "sparsity": sparsity, "bytes": nbytes, "block": args.block,
+                   "compress_per_byte": comp / nbytes, "decompress_per_byte": dec / nbytes}
+            rows.append(row)
+            print(f"{codec:<6} {sparsity:>8.2f} {row['compress_per_byte']:>10.3f} {row['decompress_per_byte']:>11.3f}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
