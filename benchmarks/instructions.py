@@ -7,6 +7,8 @@ a reduction or scan counts its input once more plus five shuffle steps per
 warp. Layout-only operations (ranges, splats, broadcasts) are free. The count
 is the design's, not the hardware's: no 64-bit splitting, no address modes,
 no caches; it compares designs (before / after a change) on the same input.
+Counts are given per kernel and summed per direction; the PyTorch glue
+between launches (prefix sums, allocation) is not counted.
 
     python benchmarks/instructions.py                       # this checkout
     python benchmarks/instructions.py --label before --json before.json
@@ -38,11 +40,12 @@ _FREE = {"create_make_range", "create_splat", "create_expand_dims", "create_broa
 
 
 class Counter:
-    """Counts warp instructions of interpreted kernels while installed."""
+    """Counts warp instructions of interpreted kernels, per kernel, while installed."""
 
     def __init__(self, num_warps: int):
         self.num_warps = num_warps
-        self.total = 0
+        self.by_kernel: dict[str, int] = {}
+        self._kernel = "(outside a kernel)"
         self._saved: list = []
 
     def _cost(self, elements: int) -> int:
@@ -54,7 +57,7 @@ class Counter:
 
         def counted(*args, **kwargs):
             result = original(*args, **kwargs)
-            self.total += cost_of(args, result)
+            self.by_kernel[self._kernel] = self.by_kernel.get(self._kernel, 0) + cost_of(args, result)
             return result
 
         self._saved.append((owner, name, original))
@@ -68,6 +71,17 @@ class Counter:
                 self._wrap(builder, name, lambda args, result: self._cost(_elements(result)))
         self._wrap(interpreter.ReduceScanOpInterface, "apply",
                    lambda args, result: 2 * self._cost(_elements(args[1])) + 5 * self.num_warps)
+        launch = interpreter.InterpretedFunction.run
+
+        def run(function, *args, **kwargs):  # a launch: what follows is this kernel's
+            self._kernel = function.fn.__name__.strip("_").removesuffix("_kernel")
+            try:
+                return launch(function, *args, **kwargs)
+            finally:
+                self._kernel = "(outside a kernel)"
+
+        self._saved.append((interpreter.InterpretedFunction, "run", launch))
+        interpreter.InterpretedFunction.run = run
         return self
 
     def __exit__(self, *exc):
@@ -84,16 +98,15 @@ def _elements(value) -> int:
     return int(getattr(data, "size", 1) or 1)
 
 
-def count(codec: str, x: torch.Tensor, config: cswap.LaunchConfig) -> tuple[int, int]:
-    """(compress, decompress) warp instructions for one round trip of x."""
+def count(codec: str, x: torch.Tensor, config: cswap.LaunchConfig) -> tuple[dict, dict]:
+    """Warp instructions per kernel for compressing and for decompressing x."""
     c = cswap.codecs.get(codec)
-    with Counter(config.num_warps) as counter:
+    with Counter(config.num_warps) as compress:
         blob = c.compress(x, config=config, backend="triton")
-    compress = counter.total
-    with Counter(config.num_warps) as counter:
+    with Counter(config.num_warps) as decompress:
         y = c.decompress(blob, config=config, backend="triton")
     assert torch.equal(y.view(torch.uint8), x.view(torch.uint8)), codec
-    return compress, counter.total
+    return compress.by_kernel, decompress.by_kernel
 
 
 def main(argv=None) -> list[dict]:
@@ -109,17 +122,20 @@ def main(argv=None) -> list[dict]:
     rows = []
     print(f"# warp instructions per uncompressed byte, counted in Triton's interpreter ({args.label}); "
           f"{args.mib} MiB fp32, block {args.block}")
-    print(f"{'codec':<6} {'sparsity':>8} {'compress':>10} {'decompress':>11}")
+    print(f"{'codec':<6} {'sparsity':>8} {'compress':>10} {'decompress':>11}   per kernel")
     for sparsity in args.sparsities:
         x = make_tensor(int(args.mib * (1 << 20)), sparsity, torch.float32, "blocky", torch.device("cpu"), seed=0)
         nbytes = x.numel() * x.element_size()
         for codec in args.codecs:
             comp, dec = count(codec, x, config)
+            per_kernel = {k: v / nbytes for k, v in {**comp, **dec}.items()}
             row = {"label": args.label, "codec": codec, "sparsity": sparsity, "bytes": nbytes, "block": args.block,
-                   "compress_per_byte": comp / nbytes, "decompress_per_byte": dec / nbytes}
+                   "compress_per_byte": sum(comp.values()) / nbytes,
+                   "decompress_per_byte": sum(dec.values()) / nbytes, "per_kernel": per_kernel}
             rows.append(row)
-            print(f"{codec:<6} {sparsity:>8.2f} {row['compress_per_byte']:>10.3f} {row['decompress_per_byte']:>11.3f}",
-                  flush=True)
+            kernels = ", ".join(f"{k} {v:.3f}" for k, v in per_kernel.items())
+            print(f"{codec:<6} {sparsity:>8.2f} {row['compress_per_byte']:>10.3f} {row['decompress_per_byte']:>11.3f}"
+                  f"   {kernels}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
