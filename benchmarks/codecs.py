@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import cswap
-from cswap.synthetic import PATTERNS, make_tensor
+from cswap.tune.synthetic import PATTERNS, make_tensor
 
 from common import environment, format_row, write_results
 

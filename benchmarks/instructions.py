@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import triton.runtime.interpreter as interpreter  # noqa: E402
 
 import cswap  # noqa: E402
-from cswap.synthetic import make_tensor  # noqa: E402
+from cswap.tune.synthetic import make_tensor  # noqa: E402
 
 # Operations that only describe layout or values known at compile time.
 _FREE = {"create_make_range", "create_splat", "create_expand_dims", "create_broadcast", "create_get_program_id",

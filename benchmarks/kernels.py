@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from cswap.kernels import aot  # noqa: E402
-from cswap.tuner import DEFAULT_BLOCKS  # noqa: E402
+from cswap.tune.tuner import DEFAULT_BLOCKS  # noqa: E402
 
 from common import RESULTS, environment, write_results  # noqa: E402
 

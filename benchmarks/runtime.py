@@ -187,7 +187,7 @@ def emulation_bandwidth(option: str | None, device: torch.device) -> float | Non
         return float(option)
     if device.type != "cuda":
         raise SystemExit("--emulate measured needs a GPU to measure; give a bandwidth in GB/s instead")
-    from cswap.bandwidth import probe
+    from cswap.tune.bandwidth import probe
 
     link = probe(device, sizes=(64 << 20,), repeats=5)
     return min(link["d2h_gbps"], link["h2d_gbps"])

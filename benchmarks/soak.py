@@ -72,7 +72,7 @@ import torch.nn.functional as F
 
 import cswap
 from cswap.models import build, names
-from cswap.train_cli import load_data
+from cswap.cli.train import load_data
 
 from common import environment, format_row, synchronize, write_results
 

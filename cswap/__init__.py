@@ -5,9 +5,9 @@ from .codecs.container import Compressed
 from .errors import CorruptDataError
 from .kernels.launch import LaunchConfig
 from .patch import check_decisions, epoch_end, epoch_end_hook, offload, patch, stats, unpatch
-from .profile import Profile, load_profile
 from .runtime.candidates import SwapInfo
 from .runtime.stats import SwapStats
+from .tune.profile import Profile, load_profile
 
 __all__ = ["codecs", "ops", "testing", "Compressed", "CorruptDataError", "LaunchConfig", "Profile", "SwapInfo",
            "SwapStats", "check_decisions", "epoch_end", "epoch_end_hook", "load_profile", "offload", "patch",

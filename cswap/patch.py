@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .controller import Controller
+from .plan.controller import Controller
 from .runtime.layers import LayerTracker
 from .runtime.stats import SwapStats
 from .runtime.swapper import Swapper, check_policy
@@ -222,7 +222,7 @@ def epoch_end_hook(model: nn.Module, metrics=None):
 def check_decisions(model: nn.Module, sample: int = 16, repeats: int = 5):
     """Measure, for up to `sample` profiled tensors, the real swap cost with and
     without compression and whether the advisor's decision was right
-    (cswap.accuracy.DecisionCheck list; paper Fig. 11)."""
+    (cswap.plan.accuracy.DecisionCheck list; paper Fig. 11)."""
     entry = _PATCHED.get(model) if isinstance(model, nn.Module) else None
     if entry is None:
         raise ValueError(f"cswap.check_decisions: {type(model).__name__} is not patched")
@@ -230,7 +230,7 @@ def check_decisions(model: nn.Module, sample: int = 16, repeats: int = 5):
     iteration = ctl.profiler.latest()
     if iteration is None:
         raise ValueError("cswap.check_decisions: no profiled iteration yet; train at least one step first")
-    from .accuracy import check_decisions as measure_checks
+    from .plan.accuracy import check_decisions as measure_checks
 
     decisions = ctl.decide()
     infos = ctl.profiler.infos

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 import cswap
-from cswap.profile import DEFAULT_PROFILE, SCHEMA_VERSION, validate
-from cswap.timemodel import SPARSITY_RANGE, TimeModel
+from cswap.tune.profile import DEFAULT_PROFILE, SCHEMA_VERSION, validate
+from cswap.tune.timemodel import SPARSITY_RANGE, TimeModel
 
 GBPS = 1e9
 LAUNCH_S = 20e-6

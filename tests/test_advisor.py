@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import cswap
-from cswap.advisor import (Advisor, Decision, IterationProfile, SimResult, TensorProfile, compressed_size,
+from cswap.plan.advisor import (Advisor, Decision, IterationProfile, SimResult, TensorProfile, compressed_size,
                            simulate)
 from cswap.codecs.container import header_size
 from cswap.kernels import rle as krle
-from cswap.profile import DEFAULT_PROFILE, read_profile
-from cswap.synthetic import make_tensor
+from cswap.tune.profile import DEFAULT_PROFILE, read_profile
+from cswap.tune.synthetic import make_tensor
 
 WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 CODECS = ("zvc", "rle", "csr", "lz4")
@@ -178,13 +178,13 @@ def test_lz4_estimate_never_below_offsets_section():
 
 
 def test_compressed_size_rejects_bad_input():
-    with pytest.raises(ValueError, match="cswap.advisor: unknown codec 'gzip'"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: unknown codec 'gzip'"):
         compressed_size("gzip", (10,), 4, 0.5, 1)
-    with pytest.raises(ValueError, match="cswap.advisor: sparsity"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: sparsity"):
         compressed_size("zvc", (10,), 4, 1.5, 1)
-    with pytest.raises(ValueError, match="cswap.advisor: itemsize"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: itemsize"):
         compressed_size("zvc", (10,), 3, 0.5, 1)
-    with pytest.raises(ValueError, match="cswap.advisor: runs"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: runs"):
         compressed_size("rle", (10,), 4, 0.5, -1)
 
 
@@ -325,17 +325,17 @@ def test_empty_iteration():
 
 
 def test_advisor_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="cswap.advisor: mode must be one of"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: mode must be one of"):
         Advisor(FakeProfile(), mode="optimal")
-    with pytest.raises(ValueError, match="cswap.advisor: codec 'snappy' is not in the profile"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: codec 'snappy' is not in the profile"):
         Advisor(FakeProfile(), codecs=("zvc", "snappy"))
-    with pytest.raises(ValueError, match="cswap.advisor: codecs .* name a codec twice"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: codecs .* name a codec twice"):
         Advisor(FakeProfile(), codecs=("zvc", "zvc"))
-    with pytest.raises(ValueError, match="cswap.advisor: the profile's bw_d2h"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: the profile's bw_d2h"):
         bad = FakeProfile()
         bad.bw_d2h = 0
         Advisor(bad)
-    with pytest.raises(ValueError, match="cswap.advisor: decide needs an IterationProfile"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: decide needs an IterationProfile"):
         Advisor(FakeProfile()).decide([tensor()])
 
 
@@ -356,14 +356,14 @@ def test_tensor_profile_validation(field, value, match):
     kwargs = dict(key="t", layer="l", layer_type="ReLU", op="relu", shape=(4,), itemsize=4, sparsity=0.5,
                   runs=1, save_s=0.0, use_s=0.0, hidden_f=0.0, hidden_b=0.0)
     kwargs[field] = value
-    with pytest.raises(ValueError, match=f"cswap.advisor: .*{match}"):
+    with pytest.raises(ValueError, match=f"cswap.plan.advisor: .*{match}"):
         TensorProfile(**kwargs)
 
 
 def test_iteration_profile_validation():
-    with pytest.raises(ValueError, match="cswap.advisor: duplicate tensor key 'a'"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: duplicate tensor key 'a'"):
         iteration(tensor(key="a"), tensor(key="a"))
-    with pytest.raises(ValueError, match="cswap.advisor: forward_s must be"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: forward_s must be"):
         iteration(tensor(), forward_s=-1.0)
 
 
@@ -376,9 +376,9 @@ def test_profile_values_are_normalised():
 
 def test_simulate_rejects_bad_choices():
     it = iteration(tensor(key="a"))
-    with pytest.raises(ValueError, match="cswap.advisor: choices name tensor 'b'"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: choices name tensor 'b'"):
         simulate(it, {"b": None}, FakeProfile())
-    with pytest.raises(ValueError, match="cswap.advisor: tensor 'a': codec 'bz2' is not in the profile"):
+    with pytest.raises(ValueError, match="cswap.plan.advisor: tensor 'a': codec 'bz2' is not in the profile"):
         simulate(it, {"a": "bz2"}, FakeProfile())
 
 

@@ -10,8 +10,8 @@ from torch import nn
 
 import cswap
 from cswap.patch import _PATCHED
-from cswap.profile import DEFAULT_PROFILE, save_profile
-from cswap.train_cli import main as train_main
+from cswap.tune.profile import DEFAULT_PROFILE, save_profile
+from cswap.cli.train import main as train_main
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
 

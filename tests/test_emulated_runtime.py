@@ -551,7 +551,7 @@ def test_cuda_device_names_its_device_in_every_call(monkeypatch):
 
 
 def test_cswap_train_sets_the_cuda_device(monkeypatch):
-    from cswap import train_cli
+    from cswap.cli import train as train_cli
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: chosen.append(torch.device(device)))

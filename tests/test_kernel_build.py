@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from cswap.kernels.launch import LaunchConfig
-from cswap.tuner import DEFAULT_BLOCKS
+from cswap.tune.tuner import DEFAULT_BLOCKS
 
 # At most 128 registers: four programs of 128 threads (16 warps) per SM on
 # sm_80/sm_90, enough resident warps to keep loads in flight.

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import cswap
-from cswap.profile import DEFAULT_PROFILE, SCHEMA_VERSION, load_profile, profile_path, read_profile, save_profile
-from cswap.timemodel import TimeModel
+from cswap.tune.profile import DEFAULT_PROFILE, SCHEMA_VERSION, load_profile, profile_path, read_profile, save_profile
+from cswap.tune.timemodel import TimeModel
 
 
 def _model(a=2e-12, b=1e-12, c=1e-5):

@@ -1,4 +1,4 @@
-"""Tests for cswap.timemodel: piecewise linear (de)compression time model (paper IV-C)."""
+"""Tests for cswap.tune.timemodel: piecewise linear (de)compression time model (paper IV-C)."""
 
 import copy
 import json
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from cswap.timemodel import (REGRESSORS, SPARSITY_RANGE, TimeModel, compare_regressors, features, rae)
+from cswap.tune.timemodel import (REGRESSORS, SPARSITY_RANGE, TimeModel, compare_regressors, features, rae)
 
 # A known piecewise-linear law, one (a, b, c) per sparsity sub-range of
 # [0.2, 0.8] with 3 sub-models: seconds = a*size + b*size*(1-sparsity) + c.
@@ -77,7 +77,7 @@ def test_features_hand_values():
     (["big"], [0.5], "sizes must be numbers"),
 ])
 def test_features_rejects_bad_input(sizes, sparsities, match):
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: .*" + match):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: .*" + match):
         features(sizes, sparsities)
 
 
@@ -105,7 +105,7 @@ def test_rae_hand_computation():
     ([1, 2], [float("nan"), 2], r"y\[0\] is nan"),
 ])
 def test_rae_errors(pred, y, match):
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: .*" + match):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: .*" + match):
         rae(pred, y)
 
 
@@ -175,7 +175,7 @@ def test_out_of_range_samples_train_nearest_submodel(rng):
 def test_too_few_samples_in_a_submodel(rng):
     sizes, sp, t = make_data(40, 0.0, rng, 0.2, 0.6)   # nothing in [0.6, 0.8]
     sizes, sp, t = np.append(sizes, [30 * MB, 40 * MB]), np.append(sp, [0.7, 0.75]), np.append(t, [1e-4, 2e-4])
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: sub-model 2 .* has 2 training samples; "
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: sub-model 2 .* has 2 training samples; "
                                          r"it needs at least 3"):
         TimeModel().fit(sizes, sp, t)
     # With a third sample it fits.
@@ -193,7 +193,7 @@ def test_too_few_samples_in_a_submodel(rng):
     ({"sparsity_range": ("a", "b")}, "sparsity_range must be two numbers"),
 ])
 def test_constructor_errors(kwargs, match):
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: " + match):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: " + match):
         TimeModel(**kwargs)
 
 
@@ -207,7 +207,7 @@ def test_constructor_errors(kwargs, match):
 ])
 def test_fit_input_errors(rng, change, match):
     data = make_data(60, 0.0, rng)
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: .*" + match):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: .*" + match):
         TimeModel().fit(*change(*data))
 
 
@@ -223,11 +223,11 @@ def test_predict_scalar_array_and_broadcast(fitted):
     np.testing.assert_array_equal(fitted.predict(500 * MB, [0.5, 0.3]),
                                   [y, fitted.predict(500 * MB, 0.3)])
     assert fitted.predict([], []).shape == (0,)
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: lengths differ"):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: lengths differ"):
         fitted.predict([1.0, 2.0], [0.5, 0.5, 0.5])
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: sparsities\[0\] is 2"):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: sparsities\[0\] is 2"):
         fitted.predict(1.0, 2.0)
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: sizes\[0\] is nan"):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: sizes\[0\] is nan"):
         fitted.predict(float("nan"), 0.5)
 
 
@@ -255,9 +255,9 @@ def test_predict_never_negative():
 
 
 def test_unfitted_model_refuses():
-    with pytest.raises(RuntimeError, match=r"cswap\.timemodel: predict\(\) needs a fitted model"):
+    with pytest.raises(RuntimeError, match=r"cswap\.tune\.timemodel: predict\(\) needs a fitted model"):
         TimeModel().predict(1.0, 0.5)
-    with pytest.raises(RuntimeError, match=r"cswap\.timemodel: to_dict\(\) needs a fitted model"):
+    with pytest.raises(RuntimeError, match=r"cswap\.tune\.timemodel: to_dict\(\) needs a fitted model"):
         TimeModel().to_dict()
 
 
@@ -328,7 +328,7 @@ def _corrupt(path, value=None, delete=False):
 ])
 def test_from_dict_rejects_corrupt(fitted, corrupt, field):
     d = corrupt(json.loads(json.dumps(fitted.to_dict())))
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: zvc compress: field " + field):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: zvc compress: field " + field):
         TimeModel.from_dict(d, where="zvc compress")
 
 
@@ -337,7 +337,7 @@ def test_from_dict_default_where_and_non_dict(fitted):
     del d["kind"]
     with pytest.raises(ValueError, match="time model: field kind is missing"):
         TimeModel.from_dict(d)
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: time model: must be a dict"):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: time model: must be a dict"):
         TimeModel.from_dict([1, 2])
 
 
@@ -375,9 +375,9 @@ def test_compare_regressors_linear_wins_on_piecewise_linear_data(rng):
 
 def test_compare_regressors_input_errors(rng):
     train = make_data(100, 0.0, rng)
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: train must be a tuple"):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: train must be a tuple"):
         compare_regressors(train[:2], train)
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: lengths differ"):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: lengths differ"):
         compare_regressors(train, (train[0], train[1][:-1], train[2]))
-    with pytest.raises(ValueError, match=r"cswap\.timemodel: test has 1 samples"):
+    with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: test has 1 samples"):
         compare_regressors(train, tuple(x[:1] for x in train))

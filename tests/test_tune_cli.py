@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from cswap.profile import read_profile
-from cswap.tune_cli import main
+from cswap.tune.profile import read_profile
+from cswap.cli.tune import main
 
 
 def test_quick_run_writes_a_valid_profile(tmp_path):
     out = tmp_path / "tmp.json"
-    proc = subprocess.run([sys.executable, "-m", "cswap.tune_cli", "--quick", "--codecs", "zvc", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "cswap.cli.tune", "--quick", "--codecs", "zvc", "--out", str(out),
                            "--no-progress"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "describes the CPU, not a GPU" in proc.stderr

@@ -1,4 +1,4 @@
-"""cswap.tuner: Bayesian optimisation and its baselines on a synthetic launch-time surface."""
+"""cswap.tune.tuner: Bayesian optimisation and its baselines on a synthetic launch-time surface."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cswap.kernels.launch import LaunchConfig
-from cswap.tuner import (
+from cswap.tune.tuner import (
     DEFAULT_BLOCKS,
     DEFAULT_GRID_RANGE,
     Evaluation,

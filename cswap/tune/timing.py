@@ -32,7 +32,7 @@ class Timing:
 def measure(fn: Callable[[], object], device, backend: str, *, repeats: int = 10, warmup: int = 2) -> Timing:
     """Median time of fn() on `device` (seconds)."""
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"cswap.timing: repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+        raise ValueError(f"cswap.tune.timing: repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
     device = torch.device(device)
     if device.type == "cuda":
         import triton.testing
@@ -55,7 +55,7 @@ def measure(fn: Callable[[], object], device, backend: str, *, repeats: int = 10
 
 def time_codec(name: str, x: torch.Tensor, config, backend: str, repeats: int) -> tuple[float, float, int]:
     """(compress seconds, decompress seconds, compressed bytes) of codec `name` on x."""
-    from . import codecs
+    from .. import codecs
 
     codec = codecs.get(name)
     blob = codec.compress(x, config=config, backend=backend)

@@ -24,9 +24,9 @@ def make_tensor(nbytes: int, sparsity: float, dtype: torch.dtype = torch.float32
     about `run` elements, as in the activations of convolutional layers.
     """
     if pattern not in PATTERNS:
-        raise ValueError(f"cswap.synthetic: pattern must be one of {PATTERNS}, got {pattern!r}")
+        raise ValueError(f"cswap.tune.synthetic: pattern must be one of {PATTERNS}, got {pattern!r}")
     if not 0.0 <= sparsity <= 1.0:
-        raise ValueError(f"cswap.synthetic: sparsity must be in [0, 1], got {sparsity}")
+        raise ValueError(f"cswap.tune.synthetic: sparsity must be in [0, 1], got {sparsity}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     itemsize = torch.empty((), dtype=dtype).element_size()
     n = max(0, nbytes // itemsize)

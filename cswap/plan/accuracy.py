@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..tune.bandwidth import copy_seconds
+from ..tune.synthetic import make_tensor
+from ..tune.timing import time_codec
 from .advisor import Decision, IterationProfile
-from .bandwidth import copy_seconds
-from .synthetic import make_tensor
-from .timing import time_codec
 
 __all__ = ["DecisionCheck", "check_decisions"]
 

@@ -59,7 +59,7 @@ SPARSITY_RANGE = (0.2, 0.8)
 REGRESSORS = ("linear", "bayesian_ridge", "svr", "tree")
 """Names ``compare_regressors`` reports, in this order."""
 
-_PREFIX = "cswap.timemodel"
+_PREFIX = "cswap.tune.timemodel"
 _FEATURE_NAMES = ("size_bytes", "nonzero_bytes")
 _KIND = "piecewise_linear"
 # Each sub-model fits 2 coefficients and an intercept: fewer than 3 samples

@@ -15,7 +15,7 @@ Schema (version 1); every field is required unless marked optional:
                              rae: {compress: {regressor: number}, decompress: {...}}}}
     tuning           {wall_s: number, method: str, per_codec: {name: {...}}, comparison: object | null}
 
-A time model is cswap.timemodel.TimeModel.to_dict(). JSON only, never pickle:
+A time model is cswap.tune.timemodel.TimeModel.to_dict(). JSON only, never pickle:
 a profile is data, and loading it runs no code.
 
 `load_profile()` finds the profile of the current device in $CSWAP_HOME
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import torch
 
-from .kernels.launch import LaunchConfig
+from ..kernels.launch import LaunchConfig
 from .timemodel import TimeModel
 
 __all__ = ["SCHEMA_VERSION", "Profile", "load_profile", "save_profile", "profile_dir", "profile_path",
            "DEFAULT_PROFILE"]
 
 SCHEMA_VERSION = 1
-DEFAULT_PROFILE = Path(__file__).resolve().parent / "data" / "default_profile.json"
+DEFAULT_PROFILE = Path(__file__).resolve().parents[1] / "data" / "default_profile.json"
 DIRECTIONS = ("compress", "decompress")
 
 

@@ -38,7 +38,7 @@ def probe(device=None, sizes=DEFAULT_SIZES, repeats: int = 10) -> dict:
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     sizes = sorted(int(s) for s in sizes)
     if not sizes or sizes[0] <= 0:
-        raise ValueError(f"cswap.bandwidth: sizes must be positive byte counts, got {sizes}")
+        raise ValueError(f"cswap.tune.bandwidth: sizes must be positive byte counts, got {sizes}")
     samples = []
     for n in sizes:
         d2h, h2d = copy_seconds(n, device, repeats)

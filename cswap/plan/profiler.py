@@ -23,8 +23,8 @@ from math import prod
 
 import torch
 
+from ..runtime.candidates import SwapInfo
 from .advisor import IterationProfile, TensorProfile
-from .runtime.candidates import SwapInfo
 
 __all__ = ["TensorProfiler", "sparsity_and_runs"]
 

@@ -2,7 +2,7 @@
 
 Inputs are what the tensor profiler measured for one iteration (`IterationProfile`,
 one `TensorProfile` per offloaded tensor, in save order) and a device profile
-(`cswap.profile.Profile`, or any object with `bw_d2h`, `bw_h2d` in bytes/s,
+(`cswap.tune.profile.Profile`, or any object with `bw_d2h`, `bw_h2d` in bytes/s,
 `codecs` and `seconds(codec, direction, size, sparsity)`). The output is one
 `Decision` per tensor: a codec, or None for "offload uncompressed".
 
@@ -88,7 +88,7 @@ all-uncompressed or the independent choices. Decisions in timeline mode still
 report T' and T_c from equations 1-4; only `codec` (and `t_best`) follow the
 greedy choice.
 
-All input errors are ValueErrors prefixed ``cswap.advisor:``.
+All input errors are ValueErrors prefixed ``cswap.plan.advisor:``.
 """
 
 from __future__ import annotations
@@ -98,16 +98,16 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Callable, Iterable, Mapping
 
-from .codecs.container import header_size
-from .kernels import csr as _csr
-from .kernels import lz4 as _lz4
-from .kernels import rle as _rle
-from .kernels import zvc as _zvc
+from ..codecs.container import header_size
+from ..kernels import csr as _csr
+from ..kernels import lz4 as _lz4
+from ..kernels import rle as _rle
+from ..kernels import zvc as _zvc
 
 __all__ = ["TensorProfile", "IterationProfile", "Decision", "SimResult", "Advisor", "compressed_size",
            "simulate"]
 
-_WHERE = "cswap.advisor"
+_WHERE = "cswap.plan.advisor"
 MODES = ("independent", "timeline")
 # Codec meta fields in the container header (see each codec's module docstring).
 _N_META = {"zvc": 2, "rle": 3, "csr": 4, "lz4": 3}
@@ -372,7 +372,7 @@ def compressed_size(codec: str, shape, itemsize: int, sparsity: float, runs: int
 def _check_profile(profile) -> tuple[float, float, tuple[str, ...]]:
     for name in ("bw_d2h", "bw_h2d", "codecs", "seconds"):
         if not hasattr(profile, name):
-            _fail(f"the profile has no {name!r}; pass a cswap.profile.Profile (cswap.load_profile())")
+            _fail(f"the profile has no {name!r}; pass a cswap.tune.profile.Profile (cswap.load_profile())")
     bws = []
     for name in ("bw_d2h", "bw_h2d"):
         bw = getattr(profile, name)

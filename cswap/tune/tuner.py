@@ -71,7 +71,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .kernels.launch import _MAX_GRID, LaunchConfig
+from ..kernels.launch import _MAX_GRID, LaunchConfig
 
 __all__ = [
     "Evaluation",
@@ -142,7 +142,7 @@ class TuneResult:
 
 def _check_objective(objective, who: str) -> None:
     if not callable(objective):
-        raise TypeError(f"cswap.tuner.{who}: objective must be callable(LaunchConfig) -> seconds, "
+        raise TypeError(f"cswap.tune.tuner.{who}: objective must be callable(LaunchConfig) -> seconds, "
                         f"got {type(objective).__name__}")
 
 
@@ -154,44 +154,44 @@ def _check_grid_range(grid_range, who: str) -> tuple[int, int]:
     try:
         lo, hi = grid_range
     except (TypeError, ValueError):
-        raise ValueError(f"cswap.tuner.{who}: grid_range must be a pair of ints (lo, hi), "
+        raise ValueError(f"cswap.tune.tuner.{who}: grid_range must be a pair of ints (lo, hi), "
                          f"got {grid_range!r}") from None
     if not (_is_int(lo) and _is_int(hi)):
-        raise ValueError(f"cswap.tuner.{who}: grid_range must be a pair of ints (lo, hi), got {grid_range!r}")
+        raise ValueError(f"cswap.tune.tuner.{who}: grid_range must be a pair of ints (lo, hi), got {grid_range!r}")
     if not 1 <= lo <= hi <= _MAX_GRID:
-        raise ValueError(f"cswap.tuner.{who}: grid_range must satisfy 1 <= lo <= hi <= {_MAX_GRID}, "
+        raise ValueError(f"cswap.tune.tuner.{who}: grid_range must satisfy 1 <= lo <= hi <= {_MAX_GRID}, "
                          f"got {grid_range!r}")
     return int(lo), int(hi)
 
 
 def _check_blocks(blocks, who: str) -> tuple[int, ...]:
     if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Iterable):
-        raise ValueError(f"cswap.tuner.{who}: blocks must be a sequence of block sizes, got {blocks!r}")
+        raise ValueError(f"cswap.tune.tuner.{who}: blocks must be a sequence of block sizes, got {blocks!r}")
     blocks = tuple(blocks)
     if not blocks:
-        raise ValueError(f"cswap.tuner.{who}: blocks is empty; give at least one block size, e.g. (128, 256)")
+        raise ValueError(f"cswap.tune.tuner.{who}: blocks is empty; give at least one block size, e.g. (128, 256)")
     for b in blocks:
         if not _is_int(b):
-            raise ValueError(f"cswap.tuner.{who}: blocks must hold ints, got {b!r} in {blocks!r}")
+            raise ValueError(f"cswap.tune.tuner.{who}: blocks must hold ints, got {b!r} in {blocks!r}")
         try:
             LaunchConfig(grid=1, block=int(b))
         except ValueError as exc:
-            raise ValueError(f"cswap.tuner.{who}: blocks has an invalid block {b!r} ({exc})") from None
+            raise ValueError(f"cswap.tune.tuner.{who}: blocks has an invalid block {b!r} ({exc})") from None
     if len(set(blocks)) != len(blocks):
-        raise ValueError(f"cswap.tuner.{who}: blocks has duplicates: {blocks!r}")
+        raise ValueError(f"cswap.tune.tuner.{who}: blocks has duplicates: {blocks!r}")
     return tuple(int(b) for b in blocks)
 
 
 def _check_count(name: str, value, minimum: int, who: str) -> int:
     if not _is_int(value) or value < minimum:
-        raise ValueError(f"cswap.tuner.{who}: {name} must be an int >= {minimum}, got {value!r}")
+        raise ValueError(f"cswap.tune.tuner.{who}: {name} must be an int >= {minimum}, got {value!r}")
     return int(value)
 
 
 def _check_seed(seed, who: str) -> int:
     # bayes_opt seeds a numpy RandomState, which takes [0, 2**32).
     if not _is_int(seed) or not 0 <= seed < 2**32:
-        raise ValueError(f"cswap.tuner.{who}: seed must be an int in [0, 2**32), got {seed!r}")
+        raise ValueError(f"cswap.tune.tuner.{who}: seed must be an int in [0, 2**32), got {seed!r}")
     return int(seed)
 
 
@@ -213,11 +213,11 @@ class _Recorder:
             return self.seen[config]
         value = self.objective(config)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"cswap.tuner.{self.who}: objective({config}) returned {value!r} "
+            raise TypeError(f"cswap.tune.tuner.{self.who}: objective({config}) returned {value!r} "
                             f"({type(value).__name__}); it must return seconds as a float")
         seconds = float(value)
         if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"cswap.tuner.{self.who}: objective({config}) returned {seconds!r}; "
+            raise ValueError(f"cswap.tune.tuner.{self.who}: objective({config}) returned {seconds!r}; "
                              f"it must return a finite, non-negative number of seconds")
         self.seen[config] = seconds
         self.evaluations.append(Evaluation(config, seconds))
@@ -358,13 +358,13 @@ def grid_search(
     if grids is None:
         grids = range(DEFAULT_GRID_RANGE[0], DEFAULT_GRID_RANGE[1] + 1)
     if isinstance(grids, (str, bytes)) or not isinstance(grids, Iterable):
-        raise ValueError(f"cswap.tuner.{who}: grids must be an iterable of ints, got {grids!r}")
+        raise ValueError(f"cswap.tune.tuner.{who}: grids must be an iterable of ints, got {grids!r}")
     grids = list(grids)
     if not grids:
-        raise ValueError(f"cswap.tuner.{who}: grids is empty; give at least one grid, e.g. range(1, 4097)")
+        raise ValueError(f"cswap.tune.tuner.{who}: grids is empty; give at least one grid, e.g. range(1, 4097)")
     for g in grids:
         if not _is_int(g) or not 1 <= g <= _MAX_GRID:
-            raise ValueError(f"cswap.tuner.{who}: grids must hold ints in [1, {_MAX_GRID}], got {g!r}")
+            raise ValueError(f"cswap.tune.tuner.{who}: grids must hold ints in [1, {_MAX_GRID}], got {g!r}")
 
     start = time.perf_counter()
     measure = _Recorder(objective, who)

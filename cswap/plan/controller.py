@@ -15,12 +15,12 @@ import os
 import sys
 import time
 
+from ..report import EpochReport, ReportWriter, TensorRow
+from ..runtime.candidates import SwapInfo
+from ..tune.profile import Profile, load_profile
 from .advisor import MODES as ADVISOR_MODES
 from .advisor import Advisor, Decision
-from .runtime.candidates import SwapInfo
-from .profile import Profile, load_profile
 from .profiler import TensorProfiler
-from .report import EpochReport, ReportWriter, TensorRow
 
 __all__ = ["Controller"]
 

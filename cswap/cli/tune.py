@@ -23,14 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import __version__, codecs
-from .bandwidth import probe
-from .kernels.launch import LaunchConfig
-from .profile import SCHEMA_VERSION, profile_path, save_profile
-from .synthetic import make_tensor
-from .timemodel import SPARSITY_RANGE, TimeModel, compare_regressors
-from .timing import time_codec
-from .tuner import bayes_tune, expert, grid_search, random_search
+from .. import __version__, codecs
+from ..kernels.launch import LaunchConfig
+from ..tune.bandwidth import probe
+from ..tune.profile import SCHEMA_VERSION, profile_path, save_profile
+from ..tune.synthetic import make_tensor
+from ..tune.timemodel import SPARSITY_RANGE, TimeModel, compare_regressors
+from ..tune.timing import time_codec
+from ..tune.tuner import bayes_tune, expert, grid_search, random_search
 
 __all__ = ["main", "run"]
 

@@ -1,0 +1,1 @@
+"""Command lines: cswap-train and cswap-tune."""

@@ -1,0 +1,1 @@
+"""Offline tuning: launch settings, time models, PCIe bandwidth, the device profile."""
