@@ -1,0 +1,90 @@
+"""cswap.plan.fake_gpu: one training step traced without a GPU (issue 13).
+
+What it must get right is checked against real CPU steps of the same models:
+the same tensors saved for backward, in the same order, by the same ops and
+modules, and used in backward in the same order.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from cswap.models import build
+from cswap.plan import fake_gpu
+from cswap.runtime.candidates import op_name, producer
+from cswap.runtime.layers import LayerTracker
+
+CIFAR = (3, 32, 32)
+
+
+def cpu_step_saved(model, x) -> list[tuple]:
+    """(shape, dtype, kind, op, module, first use) of what a real CPU step saves."""
+    model = copy.deepcopy(model)
+    params = {id(p) for p in model.parameters()}
+    tracker = LayerTracker()
+    tracker.attach(model)
+    records, uses = [], {}
+
+    def pack(t):
+        made_by = producer(t)
+        kind = "parameter" if id(t) in params else "input" if t is x or made_by is None else "activation"
+        records.append((tuple(t.shape), t.dtype, kind, op_name(made_by) if made_by else "", *tracker.current))
+        return len(records) - 1, t
+
+    def unpack(packed):
+        uses.setdefault(packed[0], len(uses))
+        return packed[1]
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        model(x).float().mean().backward()
+    opt.step()
+    tracker.detach()
+    return [(*r, uses.get(i)) for i, r in enumerate(records)]
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "vgg16", "resnet18"])
+def test_saved_tensors_equal_a_real_cpu_step(name):
+    torch.manual_seed(0)
+    model = build(name, dataset="cifar10")
+    x = torch.randn(4, *CIFAR)
+    trace = fake_gpu.trace_step(model, x)
+    got = [(r.shape, r.dtype, r.kind, r.op, r.module, r.module_type, r.use) for r in trace.saved]
+    assert got == cpu_step_saved(model, x)
+    assert trace.activations() and all(r.nbytes > 0 for r in trace.saved)
+
+
+def test_peak_counts_parameters_gradients_momentum_and_activations():
+    torch.manual_seed(0)
+    model = build("vgg16", dataset="cifar10")
+    trace = fake_gpu.trace_step(model, torch.empty(32, *CIFAR, device="meta"))
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    activations = sum(r.nbytes for r in trace.activations())
+    assert activations > 0
+    # The peak's breakdown is the moment of the peak: here the first optimizer step,
+    # when SGD's momentum buffers join the parameters and their gradients.
+    assert trace.peak_by_kind["param"] == params
+    assert trace.peak_bytes >= 3 * params and trace.peak_bytes == sum(trace.peak_by_kind.values())
+    assert trace.peak_bytes >= params + activations  # the end of forward holds every saved activation
+
+
+def test_works_after_the_process_has_run_backward():
+    # A user's process has trained before it asks for a prediction.
+    a = torch.randn(3, requires_grad=True)
+    (a * 2).sum().backward()
+    trace = fake_gpu.trace_step(build("small_cnn", dataset="cifar10"), torch.randn(2, *CIFAR))
+    assert trace.activations()
+
+
+def test_the_model_is_not_touched_and_bad_input_is_named():
+    model = build("small_cnn", dataset="cifar10")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fake_gpu.trace_step(model, torch.randn(2, *CIFAR), optimizer="adam")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(TypeError, match="nn.Module"):
+        fake_gpu.trace_step(lambda x: x, torch.randn(2))
+    with pytest.raises(ValueError, match="optimizer must be 'sgd' or 'adam'"):
+        fake_gpu.trace_step(model, torch.randn(2, *CIFAR), optimizer="lion")
