@@ -23,14 +23,14 @@ CIFAR = (3, 32, 32)
 def cpu_step_saved(model, x) -> list[tuple]:
     """(shape, dtype, kind, op, module, first use) of what a real CPU step saves."""
     model = copy.deepcopy(model)
-    params = {id(p) for p in model.parameters()}
+    params, buffers = {id(p) for p in model.parameters()}, {id(b) for b in model.buffers()}
     tracker = LayerTracker()
     tracker.attach(model)
     records, uses = [], {}
 
     def pack(t):
         made_by = producer(t)
-        kind = "parameter" if id(t) in params else "input" if t is x or made_by is None else "activation"
+        kind = fake_gpu.kind_of(t, params, buffers, {id(x)})
         records.append((tuple(t.shape), t.dtype, kind, op_name(made_by) if made_by else "", *tracker.current))
         return len(records) - 1, t
 
@@ -55,6 +55,16 @@ def test_saved_tensors_equal_a_real_cpu_step(name):
     got = [(r.shape, r.dtype, r.kind, r.op, r.module, r.module_type, r.use) for r in trace.saved]
     assert got == cpu_step_saved(model, x)
     assert trace.activations() and all(r.nbytes > 0 for r in trace.saved)
+    # Who made each activation and which op keeps it: a max-pool output is made in the
+    # MaxPool2d and saved by the next convolution, in the next Conv2d.
+    assert all(r.saved_by for r in trace.saved)
+    pooled = [r for r in trace.activations() if r.op == "max_pool2d"]
+    if name == "vgg16":
+        assert len(pooled) == 5
+        assert all(r.made_in_type == "MaxPool2d" and r.saved_by == "convolution" and r.module_type == "Conv2d"
+                   for r in pooled[:4])
+        indices = [r for r in trace.activations() if r.dtype == torch.int64]
+        assert len(indices) == 5 and all(r.saved_by == "max_pool2d" for r in indices)
 
 
 def test_peak_counts_parameters_gradients_momentum_and_activations():
