@@ -13,9 +13,10 @@ prints one row per (kernel, config, arch). TRITON_INTERPRET must be unset in
 the process (the interpreter replaces @triton.jit at import): the command line
 and `build_matrix()` run in a fresh subprocess for that reason.
 
-Private Triton surfaces used here (Triton 3.6-3.9): `driver.set_active`,
-`knobs.runtime.jit_cache_hook` and `knobs.nvidia.dump_ptxas_log`; a Triton
-without them fails in `record()` / `build()` with a message that says so.
+Private Triton surfaces used here (checked on Triton 3.9): `driver.set_active`
+and its `_active`, `knobs.runtime.jit_cache_hook` and
+`knobs.nvidia.dump_ptxas_log`; a Triton without the hook or the log fails in
+`record()` / `build()` with a message that says so.
 """
 
 from __future__ import annotations
@@ -146,22 +147,14 @@ def record(arch: int = 90, words: str = ""):
                                dict(compile["configs"][0]), int(compile["num_warps"]), words))
         return True  # "handled": the JIT neither compiles nor launches
 
-    previous_hook = knobs.runtime.jit_cache_hook
+    previous_hook, previous_driver = knobs.runtime.jit_cache_hook, driver._active  # None until first used
     driver.set_active(_StandInDriver(GPUTarget("cuda", arch, 32)))
     knobs.runtime.jit_cache_hook = hook
     try:
         yield launches
     finally:
         knobs.runtime.jit_cache_hook = previous_hook
-        driver.reset_active() if _has_default_driver() else setattr(driver, "_active", None)
-
-
-def _has_default_driver() -> bool:
-    try:
-        from triton.runtime.driver import driver
-        return driver.default is not None
-    except RuntimeError:  # no GPU: there is no default driver to go back to
-        return False
+        driver.set_active(previous_driver)
 
 
 def _interpreting() -> bool:

@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from .launch import LaunchConfig, decoder_output, launch_grid, step_elements
+from .zvc import nonzero_offsets
 
 __all__ = ["TILE", "STATUS", "view_2d", "index_bytes_for", "layout", "sections", "search_steps",
            "csr_compress", "csr_decompress", "csr_compress_ref", "csr_decompress_ref"]
@@ -135,22 +136,6 @@ def _num_check_tiles(rows: int, nnz: int, tile: int) -> int:
 # do_not_specialize: every integer argument varies per tensor; specialising on
 # it (multiple of 16, equal to 1) would recompile in the middle of training.
 # Each program walks its tile in steps of SUB elements (launch.step_elements).
-
-
-@triton.jit(do_not_specialize=["n", "num_tiles"])
-def _csr_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    nprog = tl.num_programs(0)
-    idx = tl.arange(0, SUB)
-    for t in range(pid, num_tiles, nprog):
-        src = words_ptr + t * TILE
-        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
-        count = tl.zeros([SUB], dtype=tl.int32)
-        for s in range(0, TILE, SUB):
-            offs = s + idx
-            w = tl.load(src + offs, mask=offs < tile_len, other=0)
-            count += (w != 0).to(tl.int32)
-        tl.store(counts_ptr + t, tl.sum(count, axis=0).to(tl.int64))
 
 
 @triton.jit(do_not_specialize=["n", "cols", "num_tiles"])
@@ -258,18 +243,15 @@ def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: Launc
     index_bytes = _check_view(n, rows, cols, index_bytes)
     num_tiles = -(-n // tile)
     grid, warps = launch_grid(config, num_tiles, words.device)
-    counts = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
-    if num_tiles:
-        sub = step_elements(tile, warps, words.element_size())
-        _csr_count_kernel[(grid,)](words, counts[1:], n, num_tiles, TILE=tile, SUB=sub, num_warps=warps)
-    tile_start = torch.cumsum(counts, 0)
+    tile_start = nonzero_offsets(words, tile, config)  # ZVC's count pass
     nnz = int(tile_start[-1])  # the one host sync: sizes the buffer
     payload = alloc(layout(rows, nnz, index_bytes, words.element_size())[3])
     _zero_padding(payload, rows, nnz, index_bytes, words.element_size())
     crow, col, values = sections(payload, rows, nnz, index_bytes, words.dtype)
     if num_tiles:
         _csr_compress_kernel[(grid,)](words, tile_start, crow, col, values, n, cols, num_tiles, TILE=tile,
-                                      SUB=sub, WIDE=cols >= tile, num_warps=warps)
+                                      SUB=step_elements(tile, warps, words.element_size()), WIDE=cols >= tile,
+                                      num_warps=warps)
     else:  # no elements: every row is empty (and there may be rows, e.g. shape (3, 0))
         crow.zero_()
     crow[rows] = nnz

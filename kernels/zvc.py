@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .launch import LaunchConfig, decoder_output, launch_grid, step_elements
 
-__all__ = ["TILE", "layout", "zvc_compress", "zvc_decompress", "zvc_compress_ref", "zvc_decompress_ref"]
+__all__ = ["TILE", "layout", "nonzero_offsets", "zvc_compress", "zvc_decompress", "zvc_compress_ref", "zvc_decompress_ref"]
 
 # TILE = 4096 elements (128 mask words): untuned default, pending a sweep on
 # H100; any multiple of 32 decodes.
@@ -49,7 +49,7 @@ def layout(n: int, tile: int, nnz: int, itemsize: int) -> tuple[int, int, int, i
 # do_not_specialize: every integer argument varies per tensor; specialising on
 # it (multiple of 16, equal to 1) would recompile in the middle of training.
 @triton.jit(do_not_specialize=["n", "num_tiles"])
-def _zvc_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
+def _nonzero_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     idx = tl.arange(0, SUB)
@@ -143,22 +143,32 @@ def _sections(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: to
     return offsets, masks, values
 
 
+def nonzero_offsets(words: torch.Tensor, tile: int, config: LaunchConfig | None = None) -> torch.Tensor:
+    """int64[T + 1] on the device: entry t = non-zero words before tile t of `tile` words
+    (entry 0 = 0, entry T = nnz). The count pass of ZVC and CSR."""
+    n = words.numel()
+    num_tiles = -(-n // tile)
+    counts = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
+    if num_tiles:
+        grid, warps = launch_grid(config, num_tiles, words.device)
+        _nonzero_count_kernel[(grid,)](words, counts[1:], n, num_tiles, TILE=tile,
+                                       SUB=step_elements(tile, warps, words.element_size()), num_warps=warps)
+    return torch.cumsum(counts, 0)
+
+
 def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE) -> int:
     """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns nnz."""
     n = words.numel()
     num_tiles = -(-n // tile)
-    counts = torch.zeros(num_tiles, dtype=torch.int64, device=words.device)
     grid, warps = launch_grid(config, num_tiles, words.device)
-    if num_tiles:
-        sub = step_elements(tile, warps, words.element_size())
-        _zvc_count_kernel[(grid,)](words, counts, n, num_tiles, TILE=tile, SUB=sub, num_warps=warps)
-    tile_offsets = torch.cumsum(counts, 0)
-    nnz = int(tile_offsets[-1]) if num_tiles else 0  # the one host sync: sizes the buffer
+    tile_offsets = nonzero_offsets(words, tile, config)
+    nnz = int(tile_offsets[-1])  # the one host sync: sizes the buffer
     payload = alloc(layout(n, tile, nnz, words.element_size())[3])
     payload.zero_()  # padding bytes are part of the format: keep them deterministic
     offsets, masks, values = _sections(payload, n, tile, nnz, words.dtype)
-    offsets[1:].copy_(tile_offsets)
+    offsets.copy_(tile_offsets)
     if num_tiles:
+        sub = step_elements(tile, warps, words.element_size())
         _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile, SUB=sub,
                                       num_warps=warps)
     return nnz

@@ -47,6 +47,7 @@ from typing import Callable
 import torch
 
 from .. import codecs
+from ..codecs.base import WORD_DTYPES
 from . import emulator
 from .candidates import COMPILED_GRAPH, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer, \
     saved_by_compiled_graph
@@ -103,9 +104,6 @@ def check_policy(mode: str, policy) -> None:
     if mode != "cswap":
         raise ValueError(f"cswap: a policy decides only in mode='cswap' (got mode={mode!r}); drop the "
                          f"mode argument or the policy")
-
-
-_WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Swapper:
@@ -285,7 +283,7 @@ class Swapper:
         for codec, itemsize in sorted(set(choices) - self._warmed):
             if self.tensor_device is None:
                 return
-            codecs.warm_up(codec, _WORD_DTYPES[itemsize], self.tensor_device, self.codec_configs.get(codec))
+            codecs.warm_up(codec, WORD_DTYPES[itemsize], self.tensor_device, self.codec_configs.get(codec))
             self._warmed.add((codec, itemsize))
 
     def unstash(self, item: Item) -> None:
