@@ -7,7 +7,9 @@ modules, and used in backward in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import weakref
 
 import pytest
 import torch
@@ -98,3 +100,84 @@ def test_the_model_is_not_touched_and_bad_input_is_named():
         fake_gpu.trace_step(lambda x: x, torch.randn(2))
     with pytest.raises(ValueError, match="optimizer must be 'sgd' or 'adam'"):
         fake_gpu.trace_step(model, torch.randn(2, *CIFAR), optimizer="lion")
+
+
+def cpu_step_peak(model, x, drop: bool = False) -> int:
+    """The allocator's peak over one steady-state SGD step on this CPU (the profiler's
+    memory timeline), with oneDNN off: its scratch is allocated outside any tensor, like
+    cuDNN's workspace on a GPU, which the trace leaves to the device reserve. drop: saved
+    activations are dropped at save and made again (zeros) at first use, as an offload
+    that is instantaneous would (the gradients are then wrong; the memory is the point)."""
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    model = copy.deepcopy(model)
+    params, buffers = {id(p) for p in model.parameters()}, {id(b) for b in model.buffers()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    restored = {}
+
+    def pack(t):
+        if fake_gpu.kind_of(t, params, buffers, {id(x)}) != "activation":
+            return t
+        st = t.untyped_storage()
+        return (st.data_ptr(), st.nbytes(), t.dtype, t.shape, t.stride(), t.storage_offset())
+
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        key, nbytes, dtype, shape, stride, offset = packed
+        base = restored.get(key)
+        base = base() if base is not None else None
+        if base is None or base.dtype != dtype:
+            base = torch.zeros(nbytes // dtype.itemsize, dtype=dtype)  # zeros: valid max-pool indices
+            restored[key] = weakref.ref(base)
+        return base.as_strided(shape, stride, offset)
+
+    def step():
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack) if drop else contextlib.nullcontext()
+        with hooks:
+            value = model(x).float().mean()
+        value.backward()
+        opt.step()
+
+    with torch.backends.mkldnn.flags(enabled=False):
+        step()
+        opt.zero_grad(set_to_none=True)
+        restored.clear()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                    record_shapes=True, with_stack=True) as prof:
+            step()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+    return max(sum(s) for s in sizes)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+@pytest.mark.parametrize("name", ["small_cnn", "vgg16", "resnet18"])
+def test_peak_within_5_percent_of_a_real_cpu_step(name):
+    torch.manual_seed(0)
+    model = build(name, dataset="cifar10")
+    x = torch.randn(32, *CIFAR)
+    trace = fake_gpu.trace_step(model, x)
+    assert trace.peak_bytes == pytest.approx(cpu_step_peak(model, x), rel=0.05)
+    # Offloading every activation at once lowers the floor, as a real step that
+    # drops them does (VGG16's floor is its optimizer step: parameters, gradients, momentum).
+    assert trace.offloaded_peak_bytes == pytest.approx(cpu_step_peak(model, x, drop=True), rel=0.05)
+    assert trace.offloaded_peak_bytes < trace.peak_bytes
+    # The op-by-op memory curve reaches the same peak MemTracker reports.
+    assert max(op.live_bytes for op in trace.ops) == trace.peak_bytes
+
+
+def test_ops_carry_phases_flops_and_when_saved_tensors_can_leave():
+    torch.manual_seed(0)
+    model = build("vgg16", dataset="cifar10")
+    trace = fake_gpu.trace_step(model, torch.empty(8, *CIFAR))
+    phases = [op.phase for op in trace.ops]
+    assert phases == sorted(phases, key=["forward", "backward", "optimizer"].index)
+    convs = [op for op in trace.ops if op.name == "convolution"]
+    assert len(convs) == 13 and all(op.flops > 0 and op.bytes > 0 for op in convs)
+    # 2 * N * Cout * H * W * Cin * k * k for the first conv: 8 x 64 x 32 x 32 x 3 x 9
+    assert convs[0].flops == 2 * 8 * 64 * 32 * 32 * 3 * 9
+    assert any(op.name == "convolution_backward" and op.flops > 0 for op in trace.ops)
+    for r in trace.activations():
+        assert r.saved_at <= r.dropped_at <= r.used_at
+        assert trace.ops[r.used_at].phase == "backward"
+        assert r.storage_bytes >= r.nbytes

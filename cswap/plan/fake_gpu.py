@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import re
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -39,7 +41,7 @@ from torch import nn
 from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
 
-__all__ = ["DEVICE", "FakeGPUUnavailable", "SavedRecord", "StepTrace", "kind_of", "trace_step"]
+__all__ = ["DEVICE", "FakeGPUUnavailable", "OpRecord", "SavedRecord", "StepTrace", "kind_of", "trace_step"]
 
 DEVICE = "meta"
 _VERSION = re.compile(r"\d+$")
@@ -49,22 +51,38 @@ class FakeGPUUnavailable(RuntimeError):
     """This torch lacks a private API the trace needs."""
 
 
-class _Provenance:
-    """A dispatch mode noting, for every tensor an op returns, the module running then."""
+class _Recorder:
+    """A dispatch mode that notes every op of the step (name, phase, FLOPs, bytes,
+    memory in use after it) and, for every tensor an op returns, the module running."""
 
-    def __init__(self, tracker: LayerTracker):
+    def __init__(self, tracker: LayerTracker, live_bytes):
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_leaves
+        from torch.utils.flop_counter import flop_registry
 
         made = self.made = {}
+        ops = self.ops = []
+        self.phase = "forward"
+        self.paused = False
+        recorder = self
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                if recorder.paused:
+                    return out
                 where = tracker.current
-                for t in tree_leaves(out):
-                    if isinstance(t, torch.Tensor):
-                        made[id(t)] = where
+                outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+                for t in outs:
+                    made[id(t)] = where
+                count = flop_registry.get(func._overloadpacket)
+                flops = int(count(*args, **kwargs, out_val=out)) if count is not None else 0
+                ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+                moved = 0 if func.is_view else sum(t.numel() * t.element_size() for t in ins + outs)
+                floating = next((t.dtype for t in ins if t.is_floating_point()), None)
+                ops.append(OpRecord(len(ops), func._overloadpacket.__name__, recorder.phase, flops, moved,
+                                    floating, where[0], live_bytes()))
                 return out
 
         self.mode = Mode()
@@ -106,6 +124,20 @@ def _mem_tracker():
 
 
 @dataclass(frozen=True)
+class OpRecord:
+    """One op the step ran on the fake device, in order."""
+
+    index: int
+    name: str                 # the aten op ("convolution", "relu_", "convolution_backward")
+    phase: str                # "forward", "backward" or "optimizer"
+    flops: int                # torch.utils.flop_counter's count; 0 for ops it has no formula for
+    bytes: int                # bytes of its tensor inputs and outputs (0 for views: nothing moves)
+    dtype: torch.dtype | None  # its first floating input's dtype (the compute precision)
+    module: str               # the module running
+    live_bytes: int           # device memory in use after it (MemTracker)
+
+
+@dataclass(frozen=True)
 class SavedRecord:
     """One tensor autograd saved for backward, in save order."""
 
@@ -120,6 +152,12 @@ class SavedRecord:
     made_in: str = ""       # the innermost module running when it was produced ("features.2")
     made_in_type: str = ""  # its class name ("MaxPool2d")
     saved_by: str = ""      # the op whose backward needs it ("convolution")
+    saved_at: int = 0       # ops run before it was saved (StepTrace.ops index of the next op)
+    used_at: int | None = None  # index of the op that first uses it in backward
+    storage: int = 0        # which storage it lives in (records sharing one are offloaded once)
+    storage_bytes: int = 0  # that storage's size
+    dropped_at: int | None = None  # first op after the step's own references to its storage
+    #                                are gone (when an offload may free it); None: never
 
     @property
     def nbytes(self) -> int:
@@ -131,11 +169,17 @@ class SavedRecord:
 
 @dataclass
 class StepTrace:
-    """What one training step saves and its peak memory, on the fake device."""
+    """What one training step saves, the ops it runs, and its memory, on the fake device.
+
+    peak_bytes: MemTracker's peak, all kinds; offloaded_peak_bytes: the peak when
+    every saved activation leaves the device as soon as the step no longer holds
+    it and comes back just before its first use (the floor any offload reaches)."""
 
     saved: list[SavedRecord]
-    peak_bytes: int                                   # MemTracker's peak, all kinds
+    peak_bytes: int
     peak_by_kind: dict[str, int] = field(default_factory=dict)
+    ops: list[OpRecord] = field(default_factory=list)
+    offloaded_peak_bytes: int | None = None
 
     def activations(self) -> list[SavedRecord]:
         return [r for r in self.saved if r.kind == "activation"]
@@ -158,12 +202,13 @@ def _optimizer(name: str, params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-3)
 
 
-def _fake_inputs(example_inputs, device) -> tuple:
-    """Fake tensors of the example inputs' shapes and dtypes on the fake device."""
+def _fake_inputs(example_inputs, device, dtype=None) -> tuple:
+    """Fake tensors of the example inputs' shapes and dtypes (floating ones cast to
+    `dtype` when given) on the fake device."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    return tuple(torch.empty(x.shape, dtype=x.dtype, device=device) if isinstance(x, torch.Tensor) else x
-                 for x in example_inputs)
+    return tuple(torch.empty(x.shape, device=device, dtype=dtype if dtype is not None and x.is_floating_point()
+                             else x.dtype) if isinstance(x, torch.Tensor) else x for x in example_inputs)
 
 
 def _to_fake(model: nn.Module, device: torch.device) -> None:
@@ -184,79 +229,148 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
                     table[name] = fake_of(t)
 
 
-def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sgd") -> StepTrace:
+def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sgd",
+               dtype: torch.dtype | None = None) -> StepTrace:
     """Trace one training step of `model` on `example_inputs` (tensors of the
     batch's shape and dtype, on any device, meta included; their values are not
     read). `loss(output) -> scalar` defaults to the mean of the output; `optimizer`
-    is "sgd" (momentum) or "adam". The model itself is not touched: a copy is."""
+    is "sgd" (momentum) or "adam"; `dtype` casts the model's floating parameters
+    and buffers and the floating inputs (e.g. torch.bfloat16). The model itself
+    is not touched: a copy is.
+
+    The step runs twice: as is, and with every saved activation dropped by the
+    pack hook and made again by the unpack hook, which tells when each could
+    leave the device (SavedRecord.dropped_at) and the offloaded floor."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.plan.fake_gpu: expected a torch.nn.Module, got {type(model).__name__}")
     if optimizer not in ("sgd", "adam"):
         raise ValueError(f"cswap.plan.fake_gpu: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-    trace = _trace(model, example_inputs, loss, optimizer)
-    # The fake model, its hooks and the modes form reference cycles: free them now,
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"cswap.plan.fake_gpu: dtype must be a floating torch.dtype, got {dtype!r}")
+    kept = _trace(model, example_inputs, loss, optimizer, dtype, drop=False)
+    dropped = _trace(model, example_inputs, loss, optimizer, dtype, drop=True)
+    if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
+        raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
+                           "step (is its forward data-dependent or random in structure?)")
+    saved = [replace(r, dropped_at=d.dropped_at) for r, d in zip(kept.saved, dropped.saved)]
+    # The fake models, their hooks and the modes form reference cycles: free them now,
     # not at some later collection in the middle of the caller's training.
     gc.collect()
-    return trace
+    return replace(kept, saved=saved, offloaded_peak_bytes=dropped.peak_bytes)
 
 
-def _trace(model: nn.Module, example_inputs, loss, optimizer: str) -> StepTrace:
+def _live_bytes(memory):
+    """Bytes in use now, by MemTracker's running snapshot (a private field, read here only)."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    return lambda: sum(snap.get(_TOTAL_KEY, 0) for snap in memory._curr_mem_snap.values())
+
+
+def _steady_state(opt: torch.optim.Optimizer, model: nn.Module) -> None:
+    """Give the optimizer its state (momentum, Adam's moments) as after a first step:
+    a step in steady state holds it from start to end."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are on "meta" (no data), cast to `dtype`."""
+    def meta(t):
+        return torch.empty_like(t, device="meta", dtype=dtype if dtype is not None and t.is_floating_point()
+                                else t.dtype)
+
+    memo = {id(t): meta(t) for t in model.buffers()}
+    memo.update({id(p): nn.Parameter(meta(p), requires_grad=p.requires_grad) for p in model.parameters()})
+    return copy.deepcopy(model, memo)
+
+
+def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, drop: bool) -> StepTrace:
     device = torch.device(DEVICE)
     loss = loss or (lambda out: out.float().mean())
     mode = _fake_mode()
     tracker = LayerTracker()
-    provenance = _Provenance(tracker)
+    memory = _mem_tracker()
+    recorder = _Recorder(tracker, _live_bytes(memory))
+    ops = recorder.ops
     records: list[SavedRecord] = []
     saved_by: dict[int, str] = {}
-    probing: list[str | None] = [None]
+    used_at: dict[int, int] = {}
     uses: dict[int, int] = {}
-    # A copy with no data (parameters and buffers on "meta"), then fake ones.
-    memo = {id(t): torch.empty_like(t, device="meta") for t in model.buffers()}
-    memo.update({id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-                 for p in model.parameters()})
-    fake = copy.deepcopy(model, memo)
+    input_ids: set[int] = set()
+    probing: list[str | None] = [None]
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    storages = WeakIdKeyDictionary()      # storage -> its number (weak: addresses are reused)
+    numbers = itertools.count()
+    dropped_at: dict[int, int] = {}       # storage number -> op index when it was freed
+    restored: dict[int, object] = {}      # storage number -> weak reference to its remade copy
+    fake = _fake_copy(model, dtype)
     with mode:
         _to_fake(fake, device)
         params = {id(p) for p in fake.parameters()}
-        inputs = _fake_inputs(example_inputs, device)
-        input_ids = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
         opt = _optimizer(optimizer, fake.parameters())
-
+        _steady_state(opt, fake)
         buffers = {id(b) for b in fake.buffers()}
+
+        def storage_of(t) -> tuple[int, int]:
+            st = t.untyped_storage()
+            if st not in storages:
+                number = storages[st] = next(numbers)
+                if drop:
+                    weakref.finalize(st, lambda: dropped_at.setdefault(number, len(ops)))
+                return number, st.nbytes()
+            return storages[st], st.nbytes()
 
         def pack(t):
             index = len(records)
             made_by = producer(t)
             kind = kind_of(t, params, buffers, input_ids)
             module, module_type = tracker.current
-            made_in, made_in_type = provenance.made_in(t) if kind == "activation" else ("", "")
+            made_in, made_in_type = recorder.made_in(t) if kind == "activation" else ("", "")
+            number, nbytes = storage_of(t)
             records.append(SavedRecord(index, tuple(t.shape), t.dtype, kind, op_name(made_by) if made_by else "",
-                                       module, module_type, None, made_in, made_in_type))
+                                       module, module_type, None, made_in, made_in_type, "", len(ops), None,
+                                       number, nbytes))
+            if drop and kind == "activation":  # leave only what is needed to make it again
+                return index, (number, t.dtype, t.shape, t.stride(), t.storage_offset(), nbytes)
             return index, t
 
         def unpack(packed):
             index, t = packed
             if probing[0] is not None:  # naming the node that holds it, not a use
                 saved_by.setdefault(index, probing[0])
-            else:
-                uses.setdefault(index, len(uses))
-            return t
+                return t
+            uses.setdefault(index, len(uses))
+            used_at.setdefault(index, len(ops))
+            if isinstance(t, torch.Tensor):
+                return t
+            return _remade(t, restored, recorder)
 
-        memory = _mem_tracker()
         memory.track_external(fake, opt)
         tracker.attach(fake)
         try:
-            with memory, provenance.mode, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with memory, recorder.mode, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                recorder.paused = True  # the batch is made in the tracker's sight, not as an op of the step
+                inputs = _fake_inputs(example_inputs, device, dtype)
+                recorder.paused = False
+                input_ids.update(id(x) for x in inputs if isinstance(x, torch.Tensor))
                 value = loss(fake(*inputs))
-                # The op each tensor is saved for: the graph node holding it (reading
-                # a node's _saved_* attributes runs the unpack hook on what it holds).
-                for node in _graph_nodes(value.grad_fn):
-                    probing[0] = op_name(_VERSION.sub("", node.name()))
-                    for attr in dir(node):
-                        if attr.startswith("_saved_"):
-                            getattr(node, attr)
-                probing[0] = None
+                if not drop:
+                    # The op each tensor is saved for: the graph node holding it (reading
+                    # a node's _saved_* attributes runs the unpack hook on what it holds).
+                    for node in _graph_nodes(value.grad_fn):
+                        probing[0] = op_name(_VERSION.sub("", node.name()))
+                        for attr in dir(node):
+                            if attr.startswith("_saved_"):
+                                getattr(node, attr)
+                    probing[0] = None
+                recorder.phase = "backward"
                 value.backward()
+                del value
+                recorder.phase = "optimizer"
                 opt.step()
         finally:
             tracker.detach()
@@ -266,6 +380,22 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str) -> StepTrace:
         for kind, nbytes in per_device.items():
             name = str(kind).rsplit(".", 1)[-1].lower()
             by_kind[name] = by_kind.get(name, 0) + int(nbytes)
-    saved = [SavedRecord(**{**r.__dict__, "use": uses.get(r.index), "saved_by": saved_by.get(r.index, "")})
-             for r in records]
-    return StepTrace(saved, by_kind.pop("total", 0), by_kind)
+    saved = [replace(r, use=uses.get(r.index), saved_by=saved_by.get(r.index, ""), used_at=used_at.get(r.index),
+                     dropped_at=dropped_at.get(r.storage)) for r in records]
+    return StepTrace(saved, by_kind.pop("total", 0), by_kind, list(ops))
+
+
+def _remade(meta: tuple, restored: dict, recorder: _Recorder) -> torch.Tensor:
+    """A dropped tensor made again, sharing one new storage with the other tensors
+    saved from its storage while any of them is alive (an offload restores a storage once)."""
+    number, dtype, shape, stride, offset, nbytes = meta
+    base = restored.get(number)
+    base = base() if base is not None else None
+    recorder.paused = True  # the restore is not an op of the step (MemTracker still counts its memory)
+    try:
+        if base is None or base.dtype != dtype:
+            base = torch.empty(nbytes // dtype.itemsize, dtype=dtype, device=DEVICE)
+            restored[number] = weakref.ref(base)
+        return base.as_strided(shape, stride, offset)
+    finally:
+        recorder.paused = False
