@@ -266,6 +266,10 @@ class SimResult:
     forward_stall_s: float
     backward_stall_s: float
     per_tensor_stall_s: dict[str, float]
+    # per tensor, seconds from the start of the iteration (backward shifted by the stalls):
+    offload_end_s: dict[str, float] = field(default_factory=dict)    # its copy out is done
+    restore_start_s: dict[str, float] = field(default_factory=dict)  # its copy back starts
+    use_at_s: dict[str, float] = field(default_factory=dict)         # it is used (after any stall)
 
 
 # -- compressed sizes -------------------------------------------------------------------------------------
@@ -434,12 +438,14 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
         per[tensors[-1].key] += forward_stall
     # backward, in absolute time: starts once forward and every offload are done
     b0 = iteration.forward_s + forward_stall
+    restore_start: dict[str, float] = {}
+    used: dict[str, float] = {}
     shift = 0.0
     h2d = b0
     issue = b0
     for i in range(n - 1, -1, -1):
         t, c, k = tensors[i], costs[i], options[i]
-        start = max(issue, h2d, offload_end[i])
+        start = restore_start[t.key] = max(issue, h2d, offload_end[i])
         h2d = end = start + c.size[k] / bw_h2d + c.t_dc[k]
         use = b0 + t.use_s + shift
         stall = max(0.0, end - use)
@@ -447,9 +453,11 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
             per[t.key] += stall
             shift += stall
             use += stall
+        used[t.key] = use
         issue = use  # the next restore (tensor i - 1) is issued when tensor i is used
     return SimResult(exposed_s=forward_stall + shift, forward_stall_s=forward_stall, backward_stall_s=shift,
-                     per_tensor_stall_s=per)
+                     per_tensor_stall_s=per, offload_end_s={t.key: e for t, e in zip(tensors, offload_end)},
+                     restore_start_s=restore_start, use_at_s=used)
 
 
 def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], profile,

@@ -28,6 +28,7 @@ hook on what the node holds).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import itertools
@@ -70,10 +71,10 @@ class _Recorder:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                if recorder.paused:
+                outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+                if recorder.paused or not outs:  # no tensor out (prim.device, sizes): not a kernel
                     return out
                 where = tracker.current
-                outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                 for t in outs:
                     made[id(t)] = where
                 count = flop_registry.get(func._overloadpacket)
@@ -92,6 +93,37 @@ class _Recorder:
             if candidate is not None and id(candidate) in self.made:
                 return self.made[id(candidate)]
         return ("", "")
+
+
+def _autocast_mode(low: torch.dtype):
+    """CUDA autocast, emulated above autograd (torch.autocast does nothing on "meta"):
+    the ops CUDA autocast runs in lower precision get their floating tensors cast to
+    `low`, those it runs in float32 get them cast up; casts are autograd ops, so what
+    the ops save is what they save under autocast. Lists from torch.amp's CUDA op
+    reference (the ops a training step of cswap's models and common losses reach)."""
+    from torch.overrides import TorchFunctionMode
+    from torch.nn import functional as F
+
+    lower = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.linear,
+             F.prelu, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm,
+             torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.mm, torch.Tensor.bmm}
+    fp32 = {F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
+            F.kl_div, F.binary_cross_entropy_with_logits, F.layer_norm, F.group_norm, torch.softmax,
+            torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax}
+
+    def cast(x, dtype):
+        return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype else x
+
+    class Autocast(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            dtype = low if func in lower else torch.float32 if func in fp32 else None
+            if dtype is not None:
+                args = tuple(cast(a, dtype) for a in args)
+                kwargs = {k: cast(v, dtype) for k, v in kwargs.items()}
+            return func(*args, **kwargs)
+
+    return Autocast()
 
 
 def _graph_nodes(root):
@@ -230,25 +262,32 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
 
 
 def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sgd",
-               dtype: torch.dtype | None = None) -> StepTrace:
+               dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
+               drops: bool = True) -> StepTrace:
     """Trace one training step of `model` on `example_inputs` (tensors of the
     batch's shape and dtype, on any device, meta included; their values are not
     read). `loss(output) -> scalar` defaults to the mean of the output; `optimizer`
     is "sgd" (momentum) or "adam"; `dtype` casts the model's floating parameters
-    and buffers and the floating inputs (e.g. torch.bfloat16). The model itself
-    is not touched: a copy is.
+    and buffers and the floating inputs (e.g. torch.bfloat16); `autocast`
+    (torch.float16 or torch.bfloat16) runs forward and loss as CUDA's
+    torch.autocast would (mixed precision: float32 parameters, lower-precision
+    convolutions and matmuls). The model itself is not touched: a copy is.
 
-    The step runs twice: as is, and with every saved activation dropped by the
-    pack hook and made again by the unpack hook, which tells when each could
-    leave the device (SavedRecord.dropped_at) and the offloaded floor."""
+    With `drops` the step runs twice: as is, and with every saved activation
+    dropped by the pack hook and made again by the unpack hook, which tells when
+    each could leave the device (SavedRecord.dropped_at) and the offloaded floor."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.plan.fake_gpu: expected a torch.nn.Module, got {type(model).__name__}")
     if optimizer not in ("sgd", "adam"):
         raise ValueError(f"cswap.plan.fake_gpu: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"cswap.plan.fake_gpu: dtype must be a floating torch.dtype, got {dtype!r}")
-    kept = _trace(model, example_inputs, loss, optimizer, dtype, drop=False)
-    dropped = _trace(model, example_inputs, loss, optimizer, dtype, drop=True)
+    for name, value in (("dtype", dtype), ("autocast", autocast)):
+        if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+            raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
+    kept = _trace(model, example_inputs, loss, optimizer, dtype, autocast, drop=False)
+    if not drops:
+        gc.collect()
+        return kept
+    dropped = _trace(model, example_inputs, loss, optimizer, dtype, autocast, drop=True)
     if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
         raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
                            "step (is its forward data-dependent or random in structure?)")
@@ -287,7 +326,7 @@ def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, drop: bool) -> StepTrace:
+def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autocast, drop: bool) -> StepTrace:
     device = torch.device(DEVICE)
     loss = loss or (lambda out: out.float().mean())
     mode = _fake_mode()
@@ -357,7 +396,8 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, drop: 
                 inputs = _fake_inputs(example_inputs, device, dtype)
                 recorder.paused = False
                 input_ids.update(id(x) for x in inputs if isinstance(x, torch.Tensor))
-                value = loss(fake(*inputs))
+                with _autocast_mode(autocast) if autocast is not None else contextlib.nullcontext():
+                    value = loss(fake(*inputs))
                 if not drop:
                     # The op each tensor is saved for: the graph node holding it (reading
                     # a node's _saved_* attributes runs the unpack hook on what it holds).

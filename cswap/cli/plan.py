@@ -1,0 +1,163 @@
+"""cswap-plan: what training a model on a named GPU will cost, predicted without the GPU.
+
+    cswap-plan --model resnet50 --dataset imagenet --batch 256 --gpu h100-sxm-80gb
+    cswap-plan --model vgg16 --batch 128 --gpu v100-sxm2-16gb --sparsity 0.6 --json plan.json --plot plan.png
+    cswap-plan --list-gpus
+
+One training step is traced on a fake GPU; per mode (none, vdnn, sc, cswap) it
+prints the predicted peak memory and whether it fits, the step time and
+slowdown against no offload, the bytes over PCIe, the compressed tensors and
+the largest batch that fits; then per saved activation what each mode does
+with it and why. Every figure is a prediction and says from what.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import models
+from ..plan import sparsity as sparsity_sources
+from ..plan.gpus import gpus
+from ..plan.whatif import MODES, RESERVE_BYTES, Prediction, parse_bytes, predict
+
+__all__ = ["main", "parse_args"]
+
+_SHAPES = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224)}
+_PRECISIONS = {"fp32": "fp32", "tf32": "tf32", "amp": "amp", "bf16": "bf16", "fp16": "fp16"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cswap-plan", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="resnet50", choices=models.names())
+    p.add_argument("--dataset", default="imagenet", choices=sorted(_SHAPES), help="input shape and classes")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--gpu", default="h100-sxm-80gb", help="a name from --list-gpus")
+    p.add_argument("--dtype", default="fp32", choices=list(_PRECISIONS),
+                   help="fp32 (TF32 convolutions, PyTorch's default), tf32, amp (fp16 autocast), bf16, fp16")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    p.add_argument("--budget", help="a memory limit below the GPU's: 40GiB, 40GB or a fraction like 0.5")
+    p.add_argument("--profile", help="a cswap-tune profile of that GPU (measured PCIe and codec times)")
+    p.add_argument("--sparsity", default="auto",
+                   help="auto (measured on a few CPU training steps on --data), a cswap-plan JSON, or a number")
+    p.add_argument("--data", default="digits", help="data for --sparsity auto: digits, synthetic, an .npz file "
+                                                     "or a folder (as cswap-train)")
+    p.add_argument("--reserve", default=f"{RESERVE_BYTES / 2**30:g}GiB",
+                   help="memory kept for the CUDA context and workspaces (default %(default)s)")
+    p.add_argument("--no-largest-batch", action="store_true", help="skip the search for the largest batch")
+    p.add_argument("--tensors", type=int, default=20, help="saved activations to list (largest first; 0: all)")
+    p.add_argument("--json", type=Path, help="write the prediction as JSON")
+    p.add_argument("--plot", type=Path, help="write a PNG of device memory over one step per mode")
+    p.add_argument("--list-gpus", action="store_true", help="list the GPUs and exit")
+    args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error(f"--batch must be at least 1, got {args.batch}")
+    return args
+
+
+def sparsity_for(spec: str, model, shape, data: str):
+    """--sparsity: 'auto' measures on CPU steps of `data`, a path reads a cswap-plan JSON,
+    anything else is one number."""
+    if spec == "auto":
+        return sparsity_sources.auto(model, torch.empty(8, *shape), data)
+    if Path(spec).is_file():
+        return sparsity_sources.from_file(spec)
+    try:
+        return sparsity_sources.from_number(float(spec))
+    except ValueError:
+        raise SystemExit(f"cswap-plan: --sparsity {spec!r}: not 'auto', an existing cswap-plan JSON file, "
+                         f"or a number in [0, 1]") from None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def report(p: Prediction, largest: bool, tensors: int) -> str:
+    g = p.gpu
+    lines = [f"cswap-plan: {p.batch} per step on {g.label} ({_gib(g.memory_bytes)}), {p.precision}, "
+             f"{p.optimizer}. PREDICTED, nothing measured on the GPU.",
+             f"limit {_gib(p.capacity_bytes)} ({'budget' if p.budget_bytes else 'memory minus reserve'})", ""]
+    head = f"{'mode':<6} {'peak':>10} {'fits':>4} {'step ms':>9} {'slowdown':>8} {'PCIe GiB':>8} " \
+           f"{'offload':>7} {'compr.':>6}" + (f" {'max batch':>9}" if largest else "")
+    lines += [head, "-" * len(head)]
+    for m, mp in p.modes.items():
+        row = (f"{m:<6} {_gib(mp.peak_bytes):>10} {'yes' if p.fits(m) else 'NO':>4} {mp.step_seconds * 1e3:>9.2f} "
+               f"{p.slowdown(m):>+8.1%} {mp.pcie_bytes / 2**30:>8.2f} {mp.offloaded:>7} {mp.compressed:>6}")
+        if largest:
+            row += f" {p.largest_batch(m):>9}"
+        lines.append(row)
+    lines += ["", "how each figure was obtained:"]
+    lines += [f"  {k:<9} {v}" for k, v in p.sources.items()]
+    shown = sorted(p.tensors, key=lambda t: -t.nbytes)
+    shown = shown[:tensors] if tensors else shown
+    lines += ["", f"saved activations ({len(shown)} of {len(p.tensors)}, largest first), named by the module "
+                  f"that made them:",
+              f"{'made in':<28} {'op':<12} {'saved by':<20} {'MiB':>7} {'sparsity':>8}  "
+              + " ".join(f"{m:<5}" for m in MODES) + "  why (cswap)"]
+    for t in shown:
+        where = f"{t.made_in or '<root>'} ({t.made_in_type})"
+        lines.append(f"{where[:28]:<28} {t.op[:12]:<12} {t.saved_by[:20]:<20} {t.nbytes / 2**20:>7.1f} "
+                     f"{t.sparsity:>8.2f}  " + " ".join(f"{t.decisions[m]:<5}" for m in MODES) + f"  {t.why}")
+    return "\n".join(lines)
+
+
+def plot(p: Prediction, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for m, mp in p.modes.items():
+        ax.plot([t * 1e3 for t in mp.curve_seconds], [b / 2**30 for b in mp.curve_bytes], label=m, lw=1.2)
+    top = max(mp.peak_bytes for mp in p.modes.values())
+    if p.capacity_bytes < 2 * top:  # the limit, where it would not flatten the curves
+        ax.axhline(p.capacity_bytes / 2**30, color="k", ls="--", lw=0.8, label="limit")
+    ax.set_xlabel("time in the step, ms (compute only)")
+    ax.set_ylabel("device memory, GiB")
+    ax.set_title(f"PREDICTED: {p.gpu.label}, batch {p.batch}, {p.precision} "
+                 f"(limit {p.capacity_bytes / 2**30:.1f} GiB)", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.list_gpus:
+        from ..plan.gpus import gpu
+
+        for name in gpus():
+            g = gpu(name)
+            print(f"{name:<16} {g.label:<28} {_gib(g.memory_bytes):>11} {g.hbm_bytes_per_s / 1e12:5.2f} TB/s "
+                  f"{g.link}")
+        return 0
+    shape = _SHAPES[args.dataset]
+    model = models.build(args.model, dataset=args.dataset)
+    try:
+        reserve = parse_bytes(args.reserve)
+        spars = sparsity_for(args.sparsity, model, shape, args.data)
+        p = predict(model, torch.empty(args.batch, *shape, device="meta"), args.gpu, precision=args.dtype,
+                    optimizer=args.optimizer, budget=args.budget, profile=args.profile, sparsity=spars,
+                    reserve_bytes=reserve)
+        print(report(p, not args.no_largest_batch, args.tensors))
+    except ValueError as exc:
+        print(f"cswap-plan: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        args.json.write_text(p.to_json())
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(p, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

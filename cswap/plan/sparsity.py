@@ -1,0 +1,139 @@
+"""How sparse each saved activation is, for a prediction: measured on a few real
+CPU steps, read from a file, or one number.
+
+Tensors are matched to a trace's records by (module that made it, producing op,
+occurrence), not by save order, so sparsity measured in float32 applies to a
+bf16 or mixed-precision trace of the same model (a zero stays a zero when cast).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..runtime.candidates import SPARSE_PRODUCERS, is_activation, op_name, producer
+from ..runtime.layers import LayerTracker
+from .profiler import sparsity_and_runs
+
+__all__ = ["SPARSE_OPS", "Sparsity", "auto", "from_file", "from_number", "measure", "record_keys"]
+
+SPARSE_OPS = frozenset(op_name(p) for p in SPARSE_PRODUCERS)
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """Per tensor key: (fraction of all-zero elements, maximal runs of non-zeros), and where it came from."""
+
+    values: dict[tuple, tuple[float, int]]
+    source: str
+
+    def of(self, key: tuple, numel: int, op: str) -> tuple[float, int]:
+        if key in self.values:
+            s, runs = self.values[key]
+            return s, runs
+        if "*" in self.values and op in SPARSE_OPS:  # one number for every ReLU / pooling output
+            s = self.values["*"][0]
+            return s, _iid_runs(numel, s)
+        return 0.0, 1 if numel else 0
+
+
+def _iid_runs(numel: int, s: float) -> int:
+    """Expected maximal runs of non-zeros when each element is zero with probability s."""
+    return max(1, round(numel * (1.0 - s) * s)) if s < 1.0 else 0
+
+
+def record_keys(records) -> list[tuple]:
+    """(made_in, op, n): the n-th tensor made in that module by that op, per record."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for made_in, op in records:
+        n = seen.get((made_in, op), 0)
+        seen[(made_in, op)] = n + 1
+        keys.append((made_in, op, n))
+    return keys
+
+
+def from_number(value: float) -> Sparsity:
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"cswap.plan.sparsity: a sparsity must be in [0, 1], got {value}")
+    return Sparsity({"*": (value, 0)}, f"assumed: {value:g} for every ReLU and pooling output, 0 elsewhere")
+
+
+def from_file(path) -> Sparsity:
+    """A prediction's JSON (cswap-plan --json): its tensors' measured sparsity and runs."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        values = {(t["made_in"], t["op"], int(t["occurrence"])): (float(t["sparsity"]), int(t["runs"]))
+                  for t in doc["tensors"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cswap.plan.sparsity: {path} is not a cswap-plan JSON with tensors' made_in, op, "
+                         f"occurrence, sparsity and runs ({exc}); write one with cswap-plan --json") from exc
+    return Sparsity(values, f"from {path}")
+
+
+def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: str = "") -> Sparsity:
+    """Train a copy of `model` on CPU for `steps` SGD steps on `batches` (an iterable
+    of input tuples) and measure every saved activation of the last one."""
+    from .fake_gpu import _Recorder
+
+    model = copy.deepcopy(model).cpu().float().train()
+    tracker = LayerTracker()
+    recorder = _Recorder(tracker, lambda: 0)  # which module made each tensor, as the trace sees it
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    made: list[tuple] = []
+    stats: list[tuple] = []
+    measuring = [False]
+
+    def pack(t):
+        if measuring[0] and is_activation(t):
+            made.append((recorder.made_in(t)[0], op_name(producer(t))))
+            nnz, runs = sparsity_and_runs(t)
+            stats.append((1.0 - int(nnz) / max(t.numel(), 1), int(runs)))
+        return t
+
+    tracker.attach(model)
+    try:
+        for step, inputs in zip(range(steps), batches):
+            measuring[0] = step == steps - 1
+            recorder.ops.clear()
+            recorder.made.clear()
+            with recorder.mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = model(*inputs)
+            opt.zero_grad(set_to_none=True)
+            out.float().mean().backward()
+            opt.step()
+    finally:
+        tracker.detach()
+    return Sparsity(dict(zip(record_keys(made), stats)), what or f"measured: {steps} CPU training steps")
+
+
+def auto(model: nn.Module, example_inputs, data: str = "digits", steps: int = 3, batch: int = 8) -> Sparsity:
+    """Measure on `steps` CPU training steps at `batch`: image batches (3 x H x H) from
+    `data` (as cswap-train reads it: "digits" is scikit-learn's, resized), any other
+    input as random normal tensors of the example's shapes."""
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    shape = tuple(inputs[0].shape[1:]) if inputs and isinstance(inputs[0], torch.Tensor) else ()
+    gen = torch.Generator().manual_seed(0)
+    if len(inputs) == 1 and len(shape) == 3 and shape[0] == 3 and shape[1] == shape[2] and \
+            inputs[0].is_floating_point():
+        from ..cli.train import load_data
+
+        x = load_data(data, shape[-1], seed=0)[0]
+        x = x[torch.randint(len(x), (steps * batch,), generator=gen)]
+        batches = [(x[i * batch:(i + 1) * batch],) for i in range(steps)]
+        what = f"{data} images"
+    else:
+        batches = [tuple(torch.randn((batch, *t.shape[1:]), generator=gen).to(t.dtype)
+                         if isinstance(t, torch.Tensor) and t.is_floating_point() else
+                         (torch.zeros((batch, *t.shape[1:]), dtype=t.dtype) if isinstance(t, torch.Tensor) else t)
+                         for t in inputs) for _ in range(steps)]
+        what = "random normal inputs"
+    return measure(model, batches, steps=steps, what=f"measured: {steps} SGD steps on this CPU, batch {batch}, "
+                                                     f"{what}, from the model's current weights")

@@ -1,0 +1,455 @@
+"""What training a model on a named GPU will cost, predicted without the GPU.
+
+    p = cswap.predict(model, torch.empty(256, 3, 224, 224), gpu="h100-sxm-80gb")
+    p.peak_bytes("cswap"), p.step_seconds("vdnn"), p.fits("none"), p.largest_batch("cswap")
+
+The pieces, each saying where its figures come from:
+
+- memory: one step traced on a fake GPU (cswap.plan.fake_gpu: every saved
+  tensor, each op, the memory in use after each op, when each saved storage
+  could leave the device). A mode's curve is the traced one minus, for every
+  storage it offloads, its bytes from when it has left (the later of the step
+  dropping its last reference and its copy out ending, from the timeline) until
+  its copy back starts, plus the compressed buffer while it is being made and
+  copied. It fits when its peak is within the GPU's memory minus RESERVE_BYTES.
+- compute: per op, the roofline of cswap.plan.roofline with the GPU family's
+  calibrated efficiency.
+- transfers and codecs: a cswap-tune profile of that GPU when given (measured);
+  otherwise AssumedProfile: PCIe at LINK_EFFICIENCY of the link's rate and each
+  codec at a stated fraction of HBM bandwidth (assumed).
+- sparsity: measured on real CPU steps, a file, or one number (cswap.plan.sparsity).
+- the timeline: the advisor's (shared D2H and H2D links, prefetch one tensor
+  ahead, a stall when a copy is late), with compute per op from above. Step
+  time = compute + exposed transfer time + codec kernel time (charged in full:
+  the kernels share the GPU with training, as the advisor's timeline mode
+  assumes).
+
+Modes are cswap.patch's: none, vdnn (every candidate raw), sc (ZVC on every
+candidate), cswap (the advisor's choice per tensor, paper eq. 1-4); candidates
+are ReLU and pooling outputs of at least MIN_BYTES, as in the runtime. With a
+budget, "budget" offloads, largest idle bytes first, any saved activation until
+the predicted peak fits (codecs by the advisor).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from .advisor import Advisor, IterationProfile, TensorProfile, simulate
+from .gpus import GPU, gpu as lookup
+from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
+from .sparsity import SPARSE_OPS, Sparsity, record_keys
+
+__all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_BYTES", "ModePrediction",
+           "Prediction", "TensorPrediction", "parse_bytes", "predict"]
+
+MODES = ("none", "vdnn", "sc", "cswap")
+MIN_BYTES = 1 << 20  # the runtime's default min_bytes on CUDA
+# The CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation, which no trace
+# of tensors sees: about 0.5-1 GiB on recent GPUs with PyTorch. Assumed.
+RESERVE_BYTES = 1 << 30
+# Pinned cudaMemcpyAsync reaches about this fraction of the link's theoretical rate. Assumed.
+LINK_EFFICIENCY = 0.8
+# Codec throughput as a fraction of HBM bandwidth (bytes of input per second / HBM bytes per
+# second), per direction. Assumed until cswap-tune has run on the GPU: rough figures for
+# one-pass bitmask / run / index codecs, and far lower for LZ4's match search.
+CODEC_HBM_FRACTION = {"zvc": (0.30, 0.40), "rle": (0.20, 0.25), "csr": (0.25, 0.30), "lz4": (0.03, 0.10)}
+CODEC_LAUNCH_S = 10e-6
+
+
+def parse_bytes(value, capacity: int | None = None) -> int:
+    """40GiB, 40GB, 4e10, 40e9 bytes, or a fraction of `capacity` (0.5)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if 0 < value <= 1 and capacity:
+            return int(value * capacity)
+        return int(value)
+    text = str(value).strip().replace(" ", "")
+    units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 1e12, "GB": 1e9, "MB": 1e6,
+             "KB": 1e3, "B": 1}
+    for unit, scale in units.items():
+        if text.upper().endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * scale)
+            except ValueError:
+                break
+    try:
+        return parse_bytes(float(text), capacity)
+    except ValueError:
+        raise ValueError(f"cswap.plan: {value!r} is not a size; write e.g. 40GiB, 40GB, 4e10 or a fraction "
+                         f"of the GPU's memory like 0.5") from None
+
+
+class AssumedProfile:
+    """The advisor's profile interface for a GPU nobody has tuned on: assumed figures (module docstring)."""
+
+    def __init__(self, gpu: GPU):
+        self.gpu = gpu
+        self.bw_d2h = self.bw_h2d = gpu.link_bytes_per_s * LINK_EFFICIENCY
+        self.codecs = tuple(CODEC_HBM_FRACTION)
+        self.source = (f"assumed: {gpu.link} at {LINK_EFFICIENCY:.0%} of {gpu.link_bytes_per_s / 1e9:.1f} GB/s; "
+                       f"codecs at {', '.join(f'{c} {a:.0%}/{b:.0%}' for c, (a, b) in CODEC_HBM_FRACTION.items())}"
+                       f" of HBM bandwidth (compress/decompress)")
+
+    def seconds(self, codec: str, direction: str, size: float, sparsity: float) -> float:
+        compress, decompress = CODEC_HBM_FRACTION[codec]
+        fraction = compress if direction == "compress" else decompress
+        return CODEC_LAUNCH_S + size / (self.gpu.hbm_bytes_per_s * fraction)
+
+
+@dataclass(frozen=True)
+class TensorPrediction:
+    """One saved activation: what it is and what each mode does with it."""
+
+    index: int
+    made_in: str
+    made_in_type: str
+    op: str
+    saved_by: str
+    occurrence: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    sparsity: float
+    runs: int
+    decisions: dict[str, str] = field(default_factory=dict)  # mode -> "keep", "raw" or a codec
+    why: str = ""
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "shape": list(self.shape)}
+
+
+@dataclass
+class ModePrediction:
+    mode: str
+    peak_bytes: int
+    step_seconds: float
+    compute_seconds: float
+    exposed_seconds: float
+    codec_seconds: float
+    pcie_bytes: int           # both directions
+    offloaded: int            # storages moved off the device
+    compressed: int
+    curve_seconds: list[float] = field(default_factory=list)  # memory over one step
+    curve_bytes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Prediction:
+    """A what-if for one model, batch and GPU. Every figure is predicted; `sources` says from what."""
+
+    gpu: GPU
+    precision: str
+    optimizer: str
+    batch: int
+    capacity_bytes: int       # the GPU's memory minus the reserve (or the budget, if smaller)
+    budget_bytes: int | None
+    modes: dict[str, ModePrediction]
+    tensors: list[TensorPrediction]
+    sources: dict[str, str]
+    _again: object = None     # predict() at another batch, for largest_batch
+    _largest: dict = field(default_factory=dict)
+    _others: dict = field(default_factory=dict)  # predictions at other batches
+
+    def _mode(self, mode: str) -> ModePrediction:
+        if mode not in self.modes:
+            raise ValueError(f"cswap.plan: no mode {mode!r} in this prediction; it has {', '.join(self.modes)}")
+        return self.modes[mode]
+
+    def peak_bytes(self, mode: str = "none") -> int:
+        return self._mode(mode).peak_bytes
+
+    def step_seconds(self, mode: str = "none") -> float:
+        return self._mode(mode).step_seconds
+
+    def fits(self, mode: str = "none") -> bool:
+        return self._mode(mode).peak_bytes <= self.capacity_bytes
+
+    def slowdown(self, mode: str) -> float:
+        return self.step_seconds(mode) / self.step_seconds("none") - 1.0
+
+    def largest_batch(self, mode: str = "none", limit: int = 1 << 16) -> int:
+        """The largest batch whose predicted peak in `mode` fits (0 if none does).
+        Peaks are near-affine in the batch: a line through this batch and half of
+        it (or 2) places it, and predictions next to the guess settle it."""
+        self._mode(mode)
+        if mode not in self._largest:
+            self._largest[mode] = self._search(mode, limit)
+        return self._largest[mode]
+
+    def _at(self, b: int) -> "Prediction":
+        if b not in self._others:
+            self._others[b] = self if b == self.batch else self._again(b)
+        return self._others[b]
+
+    def _search(self, mode: str, limit: int) -> int:
+        def fits(b: int) -> bool:
+            return b == 0 or self._at(b).fits(mode)
+
+        b1 = self.batch
+        b2 = b1 // 2 if b1 > 1 else 2
+        p1, p2 = self.peak_bytes(mode), self._at(b2).peak_bytes(mode)
+        slope = (p1 - p2) / (b1 - b2)
+        guess = limit if slope <= 0 else int((self.capacity_bytes - (p1 - slope * b1)) // slope)
+        guess = min(max(guess, 0), limit)
+        lo, hi = (guess, None) if fits(guess) else (None, guess)
+        step = max(1, guess // 64)
+        while lo is None:  # step down until one fits
+            b = max(hi - step, 0)
+            lo, hi = (b, hi) if fits(b) else (None, b)
+            step *= 2
+        while hi is None:  # step up until one does not
+            b = min(lo + step, limit)
+            if b == lo:
+                return lo
+            lo, hi = (b, None) if fits(b) else (lo, b)
+            step *= 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    def to_json(self) -> str:
+        g = self.gpu
+        doc = {
+            "what": "a prediction (cswap-plan): nothing here was measured on the GPU",
+            "gpu": {"name": g.name, "label": g.label, "memory_bytes": g.memory_bytes, "sources": list(g.sources)},
+            "precision": self.precision, "optimizer": self.optimizer, "batch": self.batch,
+            "capacity_bytes": self.capacity_bytes, "budget_bytes": self.budget_bytes, "sources": self.sources,
+            "modes": {m: {k: v for k, v in p.__dict__.items() if not k.startswith("curve")} |
+                      {"fits": self.fits(m), "largest_batch": self._largest.get(m)}
+                      for m, p in self.modes.items()},
+            "tensors": [t.to_json() for t in self.tensors],
+        }
+        return json.dumps(doc, indent=1)
+
+
+# -- the prediction ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Group:
+    """One storage of saved activations: what an offload moves."""
+
+    storage: int
+    records: list
+    nbytes: int
+    saved_at: int
+    used_at: int
+    dropped_at: int
+    sparsity: float
+    runs: int
+    op: str
+    made_in: str
+    made_in_type: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.records[0].index}:{self.made_in}"
+
+
+def _groups(trace, sparsity_of) -> list[_Group]:
+    by_storage: dict[int, list] = {}
+    for r in trace.activations():
+        if r.used_at is not None:
+            by_storage.setdefault(r.storage, []).append(r)
+    groups = []
+    end = len(trace.ops)
+    for storage, records in by_storage.items():
+        first = records[0]
+        s, runs = sparsity_of[first.index]
+        groups.append(_Group(storage, records, first.storage_bytes, min(r.saved_at for r in records),
+                             min(r.used_at for r in records),
+                             first.dropped_at if first.dropped_at is not None else end, s, runs, first.op,
+                             first.made_in, first.made_in_type))
+    groups.sort(key=lambda g: g.saved_at)
+    return groups
+
+
+def _iteration(groups: list[_Group], starts: np.ndarray, phase_s: dict) -> IterationProfile:
+    """The advisor's view of the offloaded storages: save and use times from the op times."""
+    forward_s, backward_s = phase_s["forward"], phase_s["backward"]
+    saves = [float(starts[g.saved_at]) for g in groups]
+    uses = [float(starts[g.used_at]) - forward_s for g in groups]
+    tensors = []
+    for i, g in enumerate(groups):
+        hidden_f = (saves[i + 1] if i + 1 < len(groups) else forward_s) - saves[i]
+        hidden_b = uses[i] - (uses[i + 1] if i + 1 < len(groups) else 0.0)
+        r = g.records[0]
+        tensors.append(TensorProfile(key=g.key, layer=g.made_in, layer_type=g.made_in_type, op=g.op,
+                                     shape=r.shape, itemsize=r.dtype.itemsize, sparsity=g.sparsity, runs=g.runs,
+                                     save_s=saves[i], use_s=max(uses[i], 0.0), hidden_f=max(hidden_f, 0.0),
+                                     hidden_b=max(hidden_b, 0.0)))
+    return IterationProfile(forward_s=forward_s, backward_s=backward_s, tensors=tuple(tensors))
+
+
+def _op_index(starts: np.ndarray, t: float) -> int:
+    """The first op starting at or after `t` seconds."""
+    return int(np.searchsorted(starts, t, side="left"))
+
+
+def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -> ModePrediction:
+    """One mode's peak, step time and curve, for `choices` (storage -> None raw / codec)."""
+    live = np.array([op.live_bytes for op in trace.ops], dtype=np.float64)
+    compute = sum(phase_s.values())
+    moved = [g for g in groups if g.storage in choices]
+    if not moved:
+        return ModePrediction(name, int(live.max(initial=0)), compute, compute, 0.0, 0.0, 0, 0, 0,
+                              starts.tolist(), live.astype(np.int64).tolist())
+    iteration = _iteration(moved, starts, phase_s)
+    keyed = {g.key: choices[g.storage] for g in moved}
+    sim = simulate(iteration, keyed, profile, {g.key: sizes[g.storage] for g in moved})
+    curve = live.copy()
+    codec_s = pcie = 0.0
+    forward_end = _op_index(starts, phase_s["forward"])
+    for g, t in zip(moved, iteration.tensors):
+        codec = keyed[g.key]
+        size = sizes[g.storage].get(codec, g.nbytes) if codec else g.nbytes
+        pcie += 2 * size
+        if codec:
+            codec_s += profile.seconds(codec, "compress", g.nbytes, g.sparsity)
+            codec_s += profile.seconds(codec, "decompress", g.nbytes, g.sparsity)
+        gone = max(g.dropped_at, min(_op_index(starts, sim.offload_end_s[g.key]), forward_end))
+        lead = sim.use_at_s[g.key] - sim.restore_start_s[g.key]  # how long before its use it comes back
+        back = min(max(_op_index(starts, float(starts[g.used_at]) - lead), forward_end), g.used_at)
+        if gone < back:
+            curve[gone:back] -= g.nbytes
+        if codec:  # the compressed buffer, while made and copied out, and while copied in and decoded
+            curve[g.saved_at:gone] += size
+            curve[back:g.used_at] += size
+    step = compute + sim.exposed_s + codec_s
+    return ModePrediction(name, int(curve.max()), step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),
+                          sum(1 for c in keyed.values() if c), starts.tolist(), curve.astype(np.int64).tolist())
+
+
+def _choices(mode: str, groups: list[_Group], decisions) -> dict:
+    """What `mode` offloads, as cswap.patch does: storage -> None (raw) or a codec."""
+    candidates = [g for g in groups if g.op in SPARSE_OPS and g.nbytes >= MIN_BYTES]
+    if mode == "vdnn":
+        return {g.storage: None for g in candidates}
+    if mode == "sc":
+        return {g.storage: "zvc" for g in candidates}
+    if mode == "cswap":
+        return {g.storage: decisions[g.key].codec for g in candidates}
+    return {}
+
+
+def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", optimizer: str = "sgd",
+            loss=None, budget=None, profile=None, sparsity=None, reserve_bytes: int = RESERVE_BYTES,
+            _trace_cache=None) -> Prediction:
+    """Predict one training step of `model` on `example_inputs` (a tensor or tuple,
+    any device, "meta" included: only shapes and dtypes are read) on `gpu` (a name
+    from cswap.gpus()). precision: fp32 (TF32 convolutions where the GPU has them,
+    PyTorch's default), tf32, amp (float16 autocast), bf16 or fp16 (the model cast).
+    budget: bytes, "20GiB" or a fraction of the GPU's memory: the limit `fits` checks
+    (at most the GPU's memory minus `reserve_bytes`).
+    profile: a cswap-tune profile of that GPU (a path or cswap.Profile) for PCIe and
+    codec times; otherwise assumed. sparsity: "auto" (measured on a few CPU steps of
+    the model, cswap.plan.sparsity.auto), a number for every ReLU/pooling output, a
+    cswap.plan.sparsity.Sparsity, or None (no zeros: compression never pays)."""
+    from .sparsity import auto, from_number
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"cswap.predict: expected a torch.nn.Module, got {type(model).__name__}")
+    g = lookup(gpu)
+    if precision not in PRECISIONS:
+        raise ValueError(f"cswap.predict: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision in ("bf16",) and "bf16" not in g.flops:
+        g.peak_flops("bf16")  # raises with the reason
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    if first is None or first.dim() == 0:
+        raise ValueError("cswap.predict: example_inputs must hold at least one tensor with a batch dimension")
+    batch = first.shape[0]
+    if isinstance(sparsity, str) and sparsity == "auto":
+        sparsity = auto(model, inputs)
+    elif isinstance(sparsity, (int, float)):
+        sparsity = from_number(sparsity)
+    sparsity = sparsity or Sparsity({}, "assumed: no zeros (give sparsity= to measure or state it)")
+    if profile is not None and not hasattr(profile, "bw_d2h"):
+        from ..tune.profile import read_profile
+        profile = read_profile(profile)
+    link = profile or AssumedProfile(g)
+    link_source = getattr(link, "source", None) or (f"measured: cswap-tune profile of "
+                                                    f"{profile.doc['device']['name']}" if hasattr(profile, "doc")
+                                                    else "measured: cswap-tune profile")
+    budget_bytes = parse_bytes(budget, g.memory_bytes) if budget is not None else None
+
+    x = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
+              for t in inputs)
+    trace = trace_for(model, x, precision, optimizer, loss)
+    eff, eff_source = efficiency(g)
+    times = np.array([op_seconds(op, g, precision, eff) for op in trace.ops])
+    starts = np.concatenate([[0.0], np.cumsum(times)])[:-1] if len(times) else np.zeros(0)
+    phase_s = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    for op, t in zip(trace.ops, times):
+        phase_s[op.phase] += float(t)
+
+    acts = trace.activations()
+    keys = record_keys([(r.made_in, r.op) for r in acts])
+    sparsity_of = {r.index: sparsity.of(k, _numel(r.shape), r.op) for r, k in zip(acts, keys)}
+    groups = _groups(trace, sparsity_of)
+    iteration_all = _iteration(groups, starts, phase_s) if groups else None
+    decisions = Advisor(link).decide(iteration_all) if iteration_all else {}
+    sizes = {grp.storage: decisions[grp.key].sizes if grp.key in decisions else {} for grp in groups}
+
+    modes = {m: _mode(m, trace, groups, _choices(m, groups, decisions), link, starts, phase_s, sizes)
+             for m in MODES}
+    capacity = g.memory_bytes - reserve_bytes
+    if budget_bytes is not None:
+        capacity = min(budget_bytes, capacity)
+    tensors = _tensor_predictions(acts, keys, sparsity_of, groups, decisions)
+    sources = {
+        "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
+                  f"torch {torch.__version__}); reserve {reserve_bytes / 2**30:.2f} GiB assumed for the CUDA "
+                  f"context and workspaces",
+        "compute": f"predicted: roofline over FLOPs and bytes per op ({g.label} datasheet), {eff_source}",
+        "transfers": link_source,
+        "sparsity": sparsity.source,
+        "timeline": "predicted: cswap's advisor timeline (shared D2H/H2D links, prefetch one ahead)",
+    }
+
+    def again(b: int) -> Prediction:
+        resized = tuple(torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="meta")
+                        if isinstance(t, torch.Tensor) else t for t in x)
+        return predict(model, resized, g, precision=precision, optimizer=optimizer, loss=loss, budget=budget,
+                       profile=profile, sparsity=sparsity, reserve_bytes=reserve_bytes)
+
+    return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, again)
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _tensor_predictions(acts, keys, sparsity_of, groups, decisions) -> list[TensorPrediction]:
+    group_of = {r.index: grp for grp in groups for r in grp.records}
+    plans = {m: _choices(m, groups, decisions) for m in MODES}
+    out = []
+    for r, key in zip(acts, keys):
+        grp = group_of.get(r.index)
+        s, runs = sparsity_of[r.index]
+        decided = {}
+        for m, plan in plans.items():
+            if grp is None or grp.storage not in plan:
+                decided[m] = "keep"
+            else:
+                decided[m] = plan[grp.storage] or "raw"
+        why = ""
+        if grp is not None and grp.key in decisions:
+            d = decisions[grp.key]
+            best = min(d.t_codec, key=d.t_codec.get) if d.t_codec else None
+            why = (f"T'={d.t_prime * 1e3:.3f} ms raw; best codec {best} T={d.t_codec[best] * 1e3:.3f} ms "
+                   f"({d.sizes[best] / max(grp.nbytes, 1):.0%} of the bytes)" if best else "")
+            if grp.op not in SPARSE_OPS:
+                why = "not a ReLU/pooling output: vdnn, sc and cswap keep it; " + why
+            elif grp.nbytes < MIN_BYTES:
+                why = f"under {MIN_BYTES >> 20} MiB: kept; " + why
+        out.append(TensorPrediction(r.index, r.made_in, r.made_in_type, r.op, r.saved_by, key[2], r.shape,
+                                    str(r.dtype).removeprefix("torch."), r.nbytes, s, runs, decided, why))
+    return out

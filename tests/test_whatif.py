@@ -1,0 +1,180 @@
+"""cswap-plan's prediction (cswap.plan.whatif, roofline, sparsity, cli.plan): issue 13.
+
+Nothing here can be checked against a GPU; what is checked is that the model is
+consistent with the trace it is built on and with what a real CPU step measures.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import cswap
+from cswap.cli import plan as cli
+from cswap.models import build
+from cswap.plan import fake_gpu, roofline, sparsity, whatif
+from cswap.plan.gpus import PUBLISHED_RESNET50, gpu
+
+CIFAR = (3, 32, 32)
+
+
+class InstantLink:
+    """A profile whose copies and codecs take no time: offloads leave at once."""
+
+    bw_d2h = bw_h2d = 1e30
+    codecs = ("zvc",)
+
+    def seconds(self, codec, direction, size, sparsity):
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def small():
+    torch.manual_seed(0)
+    return build("small_cnn", dataset="cifar10")
+
+
+@pytest.fixture(scope="module")
+def prediction(small):
+    return cswap.predict(small, torch.empty(16, *CIFAR), gpu="v100-sxm2-16gb", sparsity=0.5)
+
+
+def test_modes_step_times_and_peaks_are_consistent(small, prediction):
+    p = prediction
+    assert set(p.modes) == {"none", "vdnn", "sc", "cswap"}
+    trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
+    assert p.peak_bytes("none") == trace.peak_bytes
+    none = p.modes["none"]
+    assert none.exposed_seconds == 0 and none.pcie_bytes == 0 and p.step_seconds("none") == none.compute_seconds
+    for mode in ("vdnn", "sc", "cswap"):
+        m = p.modes[mode]
+        assert m.offloaded > 0 and m.pcie_bytes > 0
+        assert m.step_seconds == pytest.approx(m.compute_seconds + m.exposed_seconds + m.codec_seconds)
+        assert m.step_seconds >= p.step_seconds("none")
+    assert p.modes["vdnn"].compressed == 0 and p.modes["sc"].compressed == p.modes["sc"].offloaded
+    # ZVC on tensors half zeros moves fewer bytes than raw copies
+    assert p.modes["sc"].pcie_bytes < p.modes["vdnn"].pcie_bytes
+    assert p.fits("none") and p.capacity_bytes == gpu("v100-sxm2-16gb").memory_bytes - whatif.RESERVE_BYTES
+
+
+def test_memory_model_meets_the_traced_offload_floor(small):
+    """Offloading every saved activation over an instantaneous link, the curve the
+    model builds from the kept trace reaches the peak of the trace that drops them."""
+    trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
+    times = [roofline.op_seconds(op, gpu("a100-sxm4-40gb"), "fp32", 0.5) for op in trace.ops]
+    import numpy as np
+
+    starts = np.concatenate([[0.0], np.cumsum(times)])[:-1]
+    phase = roofline.step_seconds(trace.ops, gpu("a100-sxm4-40gb"), "fp32", 0.5)
+    groups = whatif._groups(trace, {r.index: (0.0, 1) for r in trace.activations()})
+    sizes = {g.storage: {} for g in groups}
+    every = whatif._mode("all", trace, groups, {g.storage: None for g in groups}, InstantLink(), starts, phase,
+                         sizes)
+    assert every.peak_bytes == trace.offloaded_peak_bytes
+    assert every.exposed_seconds == 0
+
+
+def test_precision_changes_what_is_saved_and_how_fast(small):
+    x = torch.empty(64, *CIFAR)
+    fp32 = cswap.predict(small, x, gpu="a100-sxm4-80gb")
+    amp = cswap.predict(small, x, gpu="a100-sxm4-80gb", precision="amp")
+    assert amp.peak_bytes("none") < fp32.peak_bytes("none")
+    assert {t.dtype for t in amp.tensors if t.op == "relu"} == {"float16"}
+    with pytest.raises(ValueError, match="no bf16"):
+        cswap.predict(small, x, gpu="v100-sxm2-16gb", precision="bf16")
+    with pytest.raises(ValueError, match="precision"):
+        cswap.predict(small, x, gpu="v100-sxm2-16gb", precision="int8")
+
+
+def test_conv_peaks_follow_pytorch_defaults():
+    conv = fake_gpu.OpRecord(0, "convolution", "forward", 10**12, 10**6, torch.float32, "", 0)
+    mm = fake_gpu.OpRecord(1, "mm", "forward", 10**12, 10**6, torch.float32, "", 0)
+    a100, v100 = gpu("a100-sxm4-80gb"), gpu("v100-sxm2-16gb")
+    assert roofline.op_seconds(conv, a100, "fp32", 1.0) == pytest.approx(1e12 / a100.flops["tf32"])
+    assert roofline.op_seconds(mm, a100, "fp32", 1.0) == pytest.approx(1e12 / a100.flops["fp32"])
+    assert roofline.op_seconds(mm, a100, "tf32", 1.0) == pytest.approx(1e12 / a100.flops["tf32"])
+    assert roofline.op_seconds(conv, v100, "fp32", 1.0) == pytest.approx(1e12 / v100.flops["fp32"])
+
+
+def test_committed_calibration_matches_the_code():
+    """cswap/data/efficiency.json is what `python -m cswap.plan.roofline` writes today."""
+    doc = json.loads(roofline.EFFICIENCY_FILE.read_text())
+    point = PUBLISHED_RESNET50[0]
+    stored = next(p for p in doc["points"] if p["gpu"] == point.gpu and p["precision"] == point.precision)
+    g = gpu(point.gpu)
+    ops = roofline.trace_for(build("resnet50", dataset="imagenet"), (point.batch, 3, 224, 224), point.precision,
+                             drop=False).ops
+    seconds = sum(roofline.step_seconds(ops, g, point.precision, doc["efficiency"][g.family]).values())
+    assert point.batch / seconds == pytest.approx(stored["predicted_images_per_s"], rel=1e-3)
+    assert stored["residual"] == pytest.approx(seconds * point.images_per_s / point.batch - 1, abs=2e-3)
+    assert all(abs(p["residual"]) < 0.5 for p in doc["points"])
+
+
+def test_largest_batch_is_the_edge_of_fitting(small):
+    p = cswap.predict(small, torch.empty(16, *CIFAR), gpu="l4-24gb", budget="48MiB")
+    b = p.largest_batch("none")
+    assert 16 < b < 4096
+    assert p._at(b).fits("none") and not p._at(b + 1).fits("none")
+    assert p.largest_batch("vdnn") >= 1
+
+
+def test_measured_sparsity_matches_the_trace_and_survives_json(small, tmp_path):
+    measured = sparsity.auto(small, torch.empty(16, *CIFAR))
+    assert "measured" in measured.source
+    p = cswap.predict(small, torch.empty(16, *CIFAR), gpu="h100-sxm-80gb", sparsity=measured)
+    relu = [t for t in p.tensors if t.op == "relu"]
+    assert relu and all(0.05 < t.sparsity < 0.95 for t in relu)  # ReLU outputs of a real step
+    path = tmp_path / "p.json"
+    path.write_text(p.to_json())
+    again = cswap.predict(small, torch.empty(16, *CIFAR), gpu="h100-sxm-80gb", sparsity=sparsity.from_file(path))
+    assert [(t.sparsity, t.runs) for t in again.tensors] == [(t.sparsity, t.runs) for t in p.tensors]
+    with pytest.raises(ValueError, match="cswap-plan JSON"):
+        sparsity.from_file(tmp_path / "missing.json")
+
+
+def test_parse_bytes():
+    assert whatif.parse_bytes("40GiB") == 40 * 2**30
+    assert whatif.parse_bytes("1.5GB") == 1_500_000_000
+    assert whatif.parse_bytes(0.5, capacity=100) == 50
+    with pytest.raises(ValueError, match="not a size"):
+        whatif.parse_bytes("lots")
+
+
+def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):
+    out_json, out_png = tmp_path / "plan.json", tmp_path / "plan.png"
+    rc = cli.main(["--model", "small_cnn", "--dataset", "cifar10", "--batch", "16", "--gpu", "l4",
+                   "--sparsity", "0.5", "--no-largest-batch", "--json", str(out_json), "--plot", str(out_png)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "PREDICTED" in text and "NVIDIA L4" in text
+    for source in ("memory", "compute", "transfers", "sparsity", "timeline"):
+        assert f"  {source}" in text
+    doc = json.loads(out_json.read_text())
+    assert set(doc["modes"]) == {"none", "vdnn", "sc", "cswap"} and doc["tensors"]
+    assert out_png.stat().st_size > 10_000
+    assert cli.main(["--list-gpus"]) == 0 and "h100-sxm-80gb" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["alexnet", "mobilenet", "squeezenet1_0", "squeezenet1_1", "plain20", "resnet18"])
+def test_every_model_predicts(name):
+    p = cswap.predict(build(name, dataset="cifar10"), torch.empty(8, *CIFAR), gpu="rtx-4090-24gb", sparsity=0.5)
+    # raw offloads only ever take bytes off the device (compressed ones stage a buffer first)
+    assert p.peak_bytes("vdnn") <= p.peak_bytes("none") and p.step_seconds("none") > 0
+    assert p.tensors and all(set(t.decisions) == set(whatif.MODES) for t in p.tensors)
+
+
+def test_a_users_own_module():
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+
+        def forward(self, x):
+            return self.net(x)
+
+    p = cswap.predict(Mlp(), torch.empty(256, 512), gpu="h200", sparsity="auto")
+    assert p.tensors and any(t.op == "relu" and t.sparsity > 0.2 for t in p.tensors)
+    assert "random normal" in p.sources["sparsity"]
+    assert cswap.gpus() == sorted(cswap.gpus()) and "h200-sxm-141gb" in cswap.gpus()
