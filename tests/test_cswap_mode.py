@@ -166,6 +166,9 @@ def test_cswap_train_defaults_learn_and_report(tmp_path, capsys):
                   if line.startswith("epoch ") and "accuracy" in line]
     assert len(accuracies) == 2 and accuracies[-1] > 50  # 10 classes: chance is 10%
     assert "features.1 (ReLU)" in out  # the per-epoch report names layers
+    # on a CPU the report says its decisions are trivial and how to predict a GPU's
+    assert "decisions are trivial" in out
+    assert "cswap-plan --model small_cnn --dataset cifar10 --batch 64 --gpu h100-sxm-80gb" in out
     assert len((reports / "epochs.jsonl").read_text().splitlines()) == 2
     assert (reports / "tensors.csv").exists()
     pytest.importorskip("matplotlib")

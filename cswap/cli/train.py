@@ -171,6 +171,13 @@ def select_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
+def cpu_note(args) -> str:
+    """On a CPU the swap times are ~0 and no decision is a real one: point to the prediction."""
+    return (f"cswap-train: on a {args.device.type} the copies cost nothing and nothing is worth compressing, so "
+            f"these decisions are trivial. To see what cswap would do on a GPU, predict it:\n"
+            f"  cswap-plan --model {args.model} --dataset cifar10 --batch {args.batch_size} --gpu h100-sxm-80gb")
+
+
 def run(args) -> list:
     from tqdm.auto import tqdm
 
@@ -218,6 +225,8 @@ def run(args) -> list:
         print(f"cswap: {s['offloaded_tensors']} tensors offloaded ({s['offloaded_bytes'] / 2**20:.1f} MiB), "
               f"{s['transferred_bytes'] / 2**20:.1f} MiB moved, {s['compressed_tensors']} compressed; "
               f"reports in {args.report_dir}", flush=True)
+        if args.device.type != "cuda":
+            print(cpu_note(args), flush=True)
         cswap.unpatch(model)
     return reports
 
