@@ -22,13 +22,12 @@ import torch
 from .. import models
 from ..plan import sparsity as sparsity_sources
 from ..plan.gpus import gpus
+from ..plan.roofline import PRECISIONS
 from ..plan.whatif import MODES, RESERVE_BYTES, Prediction, parse_bytes, predict
 
 __all__ = ["main", "parse_args"]
 
 _SHAPES = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224)}
-_PRECISIONS = {"fp32": "fp32", "tf32": "tf32", "amp": "amp", "bf16": "bf16", "fp16": "fp16"}
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cswap-plan", description=__doc__.split("\n\n")[0],
@@ -37,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dataset", default="imagenet", choices=sorted(_SHAPES), help="input shape and classes")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--gpu", default="h100-sxm-80gb", help="a name from --list-gpus")
-    p.add_argument("--dtype", default="fp32", choices=list(_PRECISIONS),
+    p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
                    help="fp32 (TF32 convolutions, PyTorch's default), tf32, amp (fp16 autocast), bf16, fp16")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--budget", help="a memory limit below the GPU's: 40GiB, 40GB or a fraction like 0.5")

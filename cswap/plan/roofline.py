@@ -20,6 +20,7 @@ times are used instead (cswap.plan.whatif).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -104,6 +105,11 @@ class Calibration:
         return self.predicted_s / self.published_s - 1.0
 
 
+def _published_precision(point: Throughput) -> str:
+    """A published "tf32" run is PyTorch's float32 default: TF32 convolutions, float32 matmuls."""
+    return "fp32" if point.precision == "tf32" else point.precision
+
+
 def calibrate(points=PUBLISHED_RESNET50, progress=None) -> tuple[dict[str, float], list[Calibration]]:
     """Fit one efficiency per GPU family: the geometric mean of roofline / published
     step time over its points (ResNet-50 v1.5 at ImageNet shape, SGD, each point's
@@ -114,8 +120,7 @@ def calibrate(points=PUBLISHED_RESNET50, progress=None) -> tuple[dict[str, float
     traces = {}
     rows = []
     for p in points:
-        precision = "fp32" if p.precision == "tf32" else p.precision  # tf32 convs are fp32's default
-        key = (p.batch, precision)
+        precision, key = _published_precision(p), (p.batch, _published_precision(p))
         if key not in traces:
             traces[key] = trace_for(model, (p.batch, 3, 224, 224), precision, drop=False).ops
         g = lookup(p.gpu)
@@ -130,9 +135,8 @@ def calibrate(points=PUBLISHED_RESNET50, progress=None) -> tuple[dict[str, float
     fitted = []
     for r in rows:
         g = lookup(r.point.gpu)
-        precision = "fp32" if r.point.precision == "tf32" else r.point.precision
-        key = (r.point.batch, precision)
-        predicted = sum(step_seconds(traces[key], g, precision, factors[g.family]).values())
+        precision = _published_precision(r.point)
+        predicted = sum(step_seconds(traces[(r.point.batch, precision)], g, precision, factors[g.family]).values())
         fitted.append(Calibration(r.point, r.roofline_s, r.published_s, predicted))
     return factors, fitted
 
@@ -140,7 +144,7 @@ def calibrate(points=PUBLISHED_RESNET50, progress=None) -> tuple[dict[str, float
 def efficiency(gpu: GPU) -> tuple[float, str]:
     """(the efficiency for `gpu`'s family, where it came from). A family without
     published points takes the mean over families, and says so."""
-    data = json.loads(EFFICIENCY_FILE.read_text())
+    data = _calibration()
     factors = data["efficiency"]
     if gpu.family in factors:
         n = sum(1 for p in data["points"] if p["family"] == gpu.family)
@@ -149,6 +153,11 @@ def efficiency(gpu: GPU) -> tuple[float, str]:
     mean = math.exp(sum(math.log(v) for v in factors.values()) / len(factors))
     return mean, (f"efficiency {mean:.2f}: no published throughput for {gpu.family}; the mean over "
                   f"{', '.join(sorted(factors))}")
+
+
+@functools.lru_cache(maxsize=1)
+def _calibration() -> dict:
+    return json.loads(EFFICIENCY_FILE.read_text())
 
 
 def _write(path: Path) -> None:

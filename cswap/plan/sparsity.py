@@ -34,8 +34,7 @@ class Sparsity:
 
     def of(self, key: tuple, numel: int, op: str) -> tuple[float, int]:
         if key in self.values:
-            s, runs = self.values[key]
-            return s, runs
+            return self.values[key]
         if "*" in self.values and op in SPARSE_OPS:  # one number for every ReLU / pooling output
             s = self.values["*"][0]
             return s, _iid_runs(numel, s)

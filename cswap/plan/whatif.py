@@ -359,8 +359,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     g = lookup(gpu)
     if precision not in PRECISIONS:
         raise ValueError(f"cswap.predict: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision in ("bf16",) and "bf16" not in g.flops:
-        g.peak_flops("bf16")  # raises with the reason
+    if precision == "bf16":
+        g.peak_flops("bf16")  # a GPU without bf16 raises, saying why
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
     if first is None or first.dim() == 0:
@@ -375,9 +375,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         from ..tune.profile import read_profile
         profile = read_profile(profile)
     link = profile or AssumedProfile(g)
-    link_source = getattr(link, "source", None) or (f"measured: cswap-tune profile of "
-                                                    f"{profile.doc['device']['name']}" if hasattr(profile, "doc")
-                                                    else "measured: cswap-tune profile")
+    link_source = link.source if profile is None else \
+        f"measured: cswap-tune profile of {profile.doc['device']['name']}"
     budget_bytes = parse_bytes(budget, g.memory_bytes) if budget is not None else None
 
     x = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
@@ -392,11 +391,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
 
     acts = trace.activations()
     keys = record_keys([(r.made_in, r.op) for r in acts])
-    sparsity_of = {r.index: sparsity.of(k, _numel(r.shape), r.op) for r, k in zip(acts, keys)}
+    sparsity_of = {r.index: sparsity.of(k, math.prod(r.shape), r.op) for r, k in zip(acts, keys)}
     groups = _groups(trace, sparsity_of)
-    iteration_all = _iteration(groups, starts, phase_s) if groups else None
-    decisions = Advisor(link).decide(iteration_all) if iteration_all else {}
-    sizes = {grp.storage: decisions[grp.key].sizes if grp.key in decisions else {} for grp in groups}
+    decisions = Advisor(link).decide(_iteration(groups, starts, phase_s)) if groups else {}
+    sizes = {grp.storage: decisions[grp.key].sizes for grp in groups}
 
     modes = {m: _mode(m, trace, groups, _choices(m, groups, decisions), link, starts, phase_s, sizes)
              for m in MODES}
@@ -421,10 +419,6 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
                        profile=profile, sparsity=sparsity, reserve_bytes=reserve_bytes)
 
     return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, again)
-
-
-def _numel(shape) -> int:
-    return math.prod(shape)
 
 
 def _tensor_predictions(acts, keys, sparsity_of, groups, decisions) -> list[TensorPrediction]:
