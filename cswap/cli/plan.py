@@ -73,7 +73,7 @@ def sparsity_for(spec: str, model, shape, data: str):
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def report(p: Prediction, largest: bool, tensors: int) -> str:
