@@ -141,7 +141,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     if mode == "cswap" and "codec_configs" not in options and policy is None:
         options["codec_configs"] = controller.codec_configs()
     tracker = LayerTracker()
-    swapper = Swapper(mode, controller.policy if mode == "cswap" else None, layer=lambda: tracker.current,
+    swapper = Swapper(mode, controller.policy if mode == "cswap" else None, layer=tracker.where,
                       observer=controller.profiler, **options)  # validates the options first
     controller.warm_up = swapper.warm_up
     unpatch(model)
@@ -172,7 +172,7 @@ def offload(mode: str | None = None, policy=None, **options):
     """Offload tensors saved for backward inside this region; yields the Swapper
     (its .stats counts what moved). Backward may run after the region ends."""
     tracker = LayerTracker()
-    swapper = Swapper(mode, policy, layer=lambda: tracker.current, **options)
+    swapper = Swapper(mode, policy, layer=tracker.where, **options)
     tracker.attach_global()
     swapper.begin_pass()
     try:

@@ -55,10 +55,10 @@ class TensorRow:
     """
 
     epoch: int
-    key: str                      # stable id across iterations, e.g. "3:features.3"
-    layer: str                    # module path, e.g. "features.3" ("" = root module)
-    layer_type: str               # module class, e.g. "ReLU"
-    op: str                       # producing op, e.g. "relu"
+    key: str                      # stable id across iterations, e.g. "3:features.2"
+    layer: str                    # path of the module that produced it, e.g. "features.2" ("" = root module)
+    layer_type: str               # its class, e.g. "MaxPool2d"
+    op: str                       # producing op, e.g. "max_pool2d"
     shape: tuple[int, ...]
     nbytes: int
     sparsity: float               # fraction of zero elements, 0..1
@@ -67,6 +67,7 @@ class TensorRow:
     t_best_s: float | None        # predicted exposed swap time with `decision`
     compressed_bytes: int | None  # bytes moved when compressed (predicted or measured)
     measured_swap_s: float | None = None
+    saved_in: str = ""            # the module running when autograd saved it, e.g. "features.3" (a Conv2d)
 
     @property
     def where(self) -> str:
@@ -96,7 +97,7 @@ class TensorRow:
         if unknown:
             raise ValueError(f"cswap.report: unknown tensor row field(s) {', '.join(sorted(unknown))}; "
                              f"fields are {', '.join(f.name for f in fields(cls))}")
-        required = {f.name for f in fields(cls) if f.name != "measured_swap_s"}
+        required = {f.name for f in fields(cls) if f.name not in ("measured_swap_s", "saved_in")}
         missing = required - set(d)
         if missing:
             raise ValueError(f"cswap.report: tensor row is missing field(s) {', '.join(sorted(missing))}")
@@ -146,14 +147,15 @@ class EpochReport:
         """A fixed-width table, one line per tensor, then totals and metrics; no line is
         wider than 110 characters (long layer names and shapes are cut with an ellipsis)."""
         lines = [f"cswap epoch {self.epoch}: {len(self.rows)} candidate tensor{'s' * (len(self.rows) != 1)}"]
-        header = _row_line("layer (type)", "op", "shape", "MiB", "sparsity", "codec", "T' ms", "T ms")
+        header = _row_line("made in (type)", "op", "saved in", "shape", "MiB", "sparsity", "codec", "T' ms",
+                           "T ms")
         lines += [header, "-" * len(header)]
         if not self.rows:
             lines.append("(no candidate tensors)")
         for r in self.rows:
-            lines.append(_row_line(_where_cell(r, _COLS[0]), r.op, "x".join(str(s) for s in r.shape),
-                                   f"{r.nbytes / _MIB:.2f}", f"{100 * r.sparsity:.1f}%", r.decision or "-",
-                                   _ms(r.t_prime_s), _ms(r.t_best_s)))
+            lines.append(_row_line(_where_cell(r, _COLS[0]), r.op, r.saved_in or "-",
+                                   "x".join(str(s) for s in r.shape), f"{r.nbytes / _MIB:.2f}",
+                                   f"{100 * r.sparsity:.1f}%", r.decision or "-", _ms(r.t_prime_s), _ms(r.t_best_s)))
         lines.append("-" * len(header))
         t = self.totals
         moved_pct = f" ({100 * t['bytes_moved'] / t['bytes_offloaded']:.1f}%)" if t["bytes_offloaded"] else ""
@@ -185,11 +187,11 @@ class EpochReport:
                    metrics=dict(d.get("metrics", {})))
 
 
-# Column widths of table(): layer (type), op, shape, MiB, sparsity, codec, T' ms, T ms.
+# Column widths of table(): made in (type), op, saved in, shape, MiB, sparsity, codec, T' ms, T ms.
 # 100 characters of cells and 10 of gaps: every row is exactly TABLE_WIDTH (110) wide.
-_COLS = (30, 11, 18, 9, 8, 6, 9, 9)
-_RIGHT = (False, False, False, True, True, False, True, True)
-_GAPS = ("  ", "  ", " ", " ", "  ", " ", " ")
+_COLS = (29, 11, 12, 14, 7, 8, 5, 7, 7)
+_RIGHT = (False, False, False, False, True, True, False, True, True)
+_GAPS = ("  ", " ", " ", " ", " ", "  ", " ", " ")
 
 
 def _row_line(*cells) -> str:

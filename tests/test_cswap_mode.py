@@ -58,7 +58,8 @@ def test_profiler_times_and_samples_the_first_iteration(tmp_path):
     it = ctl.profiler.latest()
     assert it is not None and it.forward_s > 0 and it.backward_s >= 0
     keys = [t.key for t in it.tensors]
-    assert keys == ["0:relu", "1:fc"]  # the pool output is first saved (flattened) by fc
+    assert keys == ["0:relu", "1:pool"]  # named by the module that made it, though fc saves it (flattened)
+    assert [ctl.profiler.infos[k].saved_in for k in keys] == ["relu", "fc"]  # ReLU saves its own output
     saves = [t.save_s for t in it.tensors]
     assert saves == sorted(saves) and all(t.hidden_f >= 0 and t.hidden_b >= 0 for t in it.tensors)
     # sampled sparsity is the ReLU output's real zero fraction
@@ -148,7 +149,7 @@ def test_check_decisions_measures_each_sampled_tensor(tmp_path):
     step(model, x, y)
     step(model, x, y)
     checks = cswap.check_decisions(model, sample=2, repeats=1)
-    assert [c.key for c in checks] == ["0:relu", "1:fc"]
+    assert [c.key for c in checks] == ["0:relu", "1:pool"]
     assert all(c.t_prime_s >= 0 and c.t_s > 0 for c in checks)
 
 

@@ -300,7 +300,7 @@ def test_dedup_counts_exactly():
     assert s["prefetched"] + s["on_demand"] == 3
     items = swapper_of(model)._pass.items
     assert [(i.info.op, i.info.layer) for i in items] == [
-        ("relu", "body.1"), ("max_pool2d", "body.3"), ("relu", "body.4")]
+        ("relu", "body.1"), ("max_pool2d", "body.2"), ("relu", "body.4")]
     # a second forward counts again: dedup is per pass, not across passes
     one_step(model, shape=(2, 3, 8, 8))
     assert s["offloaded_tensors"] == 6 and s["deduplicated"] == 4
@@ -494,14 +494,14 @@ def test_swap_info_fields():
     policy = Recorder()
     model = cswap.patch(nets.vgg_like(), policy=policy, min_bytes=0)
     one_step(model)
-    got = [(i.index, i.layer, i.layer_type, i.op, i.shape) for i in policy.infos]
-    assert got == [
-        (0, "features.1", "ReLU", "relu", (2, 8, 16, 16)),
-        (1, "features.3", "ReLU", "relu", (2, 8, 16, 16)),
-        (2, "features.5", "Conv2d", "max_pool2d", (2, 8, 8, 8)),  # first saved by the conv
-        (3, "features.6", "ReLU", "relu", (2, 16, 8, 8)),
-        (4, "classifier.0", "Linear", "max_pool2d", (2, 256)),    # the flattened view
-        (5, "classifier.1", "ReLU", "relu", (2, 32)),
+    got = [(i.index, i.layer, i.layer_type, i.op, i.saved_in, i.shape) for i in policy.infos]
+    assert got == [  # named by the module that made the tensor; saved_in: the one that saved it first
+        (0, "features.1", "ReLU", "relu", "features.1", (2, 8, 16, 16)),
+        (1, "features.3", "ReLU", "relu", "features.3", (2, 8, 16, 16)),
+        (2, "features.4", "MaxPool2d", "max_pool2d", "features.5", (2, 8, 8, 8)),
+        (3, "features.6", "ReLU", "relu", "features.6", (2, 16, 8, 8)),
+        (4, "features.7", "MaxPool2d", "max_pool2d", "classifier.0", (2, 256)),  # the flattened view
+        (5, "classifier.1", "ReLU", "relu", "classifier.1", (2, 32)),
     ]
     for info in policy.infos:
         assert info.dtype == torch.float32
@@ -518,7 +518,8 @@ def test_swap_info_layer_of_sequential_and_root():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 4, 3))
     cswap.patch(model, policy=policy, min_bytes=0)
     model(torch.randn(1, 3, 10, 10)).sum().backward()
-    assert [(i.layer, i.layer_type) for i in policy.infos] == [("1", "ReLU"), ("3", "Conv2d")]
+    assert [(i.layer, i.layer_type, i.saved_in) for i in policy.infos] == [("1", "ReLU", "1"),
+                                                                           ("2", "MaxPool2d", "3")]
 
     policy = Recorder()
     model = cswap.patch(nets.functional_net(), policy=policy, min_bytes=0)
@@ -535,8 +536,35 @@ def test_swap_info_in_offload_region_names_layers_by_class():
     with cswap.offload(policy=policy, min_bytes=0):
         loss = model(torch.randn(2, 3, 8, 8)).sum()
     loss.backward()
-    assert [(i.layer, i.layer_type) for i in policy.infos] == [("ReLU", "ReLU"), ("Conv2d", "Conv2d"),
-                                                               ("ReLU", "ReLU")]
+    assert [(i.layer, i.layer_type, i.saved_in) for i in policy.infos] == [
+        ("ReLU", "ReLU", "ReLU"), ("MaxPool2d", "MaxPool2d", "Conv2d"), ("ReLU", "ReLU", "ReLU")]
+
+
+class Provenance(nn.Module):
+    """An in-place ReLU after BatchNorm, a block whose output is its last child's, a
+    functional ReLU inside a forward and a pooled view saved by a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True))
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x):
+        x = self.conv(self.stem(x))
+        x = F.relu(x)  # made by no module: named after the running one (the root)
+        return self.fc(self.pool(x).view(x.shape[0], -1))
+
+
+def test_swap_info_names_the_module_that_made_the_tensor():
+    policy = Recorder()
+    model = cswap.patch(Provenance(), policy=policy, min_bytes=0)
+    model(torch.randn(2, 3, 6, 6)).sum().backward()
+    got = [(i.op, i.layer, i.layer_type, i.saved_in) for i in policy.infos]
+    assert got == [("relu", "stem.2", "ReLU", "stem.2"), ("relu", "", "Provenance", ""),
+                   ("adaptive_avg_pool2d", "pool", "AdaptiveAvgPool2d", "fc")]
 
 
 # -- 5. works with ... ----------------------------------------------------------------------------

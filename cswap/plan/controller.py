@@ -138,6 +138,7 @@ class Controller:
         rows = []
         if iteration is not None:
             for t in iteration.tensors:
+                info = self.profiler.infos.get(t.key)
                 d = decisions.get(t.key)
                 codec = self._decision(t.key)
                 t_best = None
@@ -147,11 +148,13 @@ class Controller:
                     epoch=self.epoch, key=t.key, layer=t.layer, layer_type=t.layer_type, op=t.op,
                     shape=tuple(t.shape), nbytes=t.nbytes, sparsity=t.sparsity, decision=codec,
                     t_prime_s=d.t_prime if d is not None else None, t_best_s=t_best,
-                    compressed_bytes=(d.sizes.get(codec) if d is not None and codec else None)))
+                    compressed_bytes=(d.sizes.get(codec) if d is not None and codec else None),
+                    saved_in=info.saved_in if info is not None else ""))
             return rows
         for key, (sparsity, _) in self.profiler.sparsity.items():  # sampled but never timed (no backward)
             info = self.profiler.infos[key]
             rows.append(TensorRow(epoch=self.epoch, key=key, layer=info.layer, layer_type=info.layer_type,
                                   op=info.op, shape=tuple(info.shape), nbytes=info.nbytes, sparsity=sparsity,
-                                  decision=None, t_prime_s=None, t_best_s=None, compressed_bytes=None))
+                                  decision=None, t_prime_s=None, t_best_s=None, compressed_bytes=None,
+                                  saved_in=info.saved_in))
         return rows

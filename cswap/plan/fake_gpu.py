@@ -89,7 +89,8 @@ class _Recorder:
         self.mode = Mode()
 
     def made_in(self, t: torch.Tensor) -> tuple[str, str]:
-        for candidate in (t, t._base if t._is_view() else None):
+        """The module that made `t`, through a view to its base (as the runtime names it)."""
+        for candidate in (t._base if t._is_view() else None, t):
             if candidate is not None and id(candidate) in self.made:
                 return self.made[id(candidate)]
         return ("", "")

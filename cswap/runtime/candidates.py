@@ -99,9 +99,10 @@ class SwapInfo:
     dtype: torch.dtype
     nbytes: int
     device: torch.device
-    layer: str               # module path of the running module, e.g. "features.3" ("" = root)
-    layer_type: str          # its class name, e.g. "ReLU"
+    layer: str               # module path of the module that produced it, e.g. "features.2" ("" = root)
+    layer_type: str          # its class name, e.g. "MaxPool2d"
     index: int               # position among this forward pass's offloaded tensors
+    saved_in: str = ""       # module path of the module running when autograd saved it, e.g. "features.3"
 
     @property
     def key(self) -> str:

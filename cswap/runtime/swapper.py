@@ -152,7 +152,7 @@ class Swapper:
         self.prefetch_bytes = prefetch_bytes
         self.codec_configs = dict(codec_configs or {})
         self.checksum = checksum
-        self.layer = layer or (lambda: ("", ""))
+        self.layer = layer or (lambda t: ("", "", ""))  # (made in, its type, saved in)
         self.observer = observer  # a TensorProfiler (begin_pass, on_pack, end_forward, on_unpack), or None
         self.lock = threading.RLock()
         self._warned: set[str] = set()
@@ -226,9 +226,10 @@ class Swapper:
             self._warn_now("cpu", "cswap: offloading CPU tensors to host memory saves no memory; cswap runs its "
                                   "full pipeline on CPU (against a zero-delay emulated device) only for testing "
                                   "and development")
-        layer, layer_type = self.layer()
+        layer, layer_type, saved_in = self.layer(t)
         info = SwapInfo(op=op, shape=tuple(t.shape), dtype=t.dtype, nbytes=t.numel() * t.element_size(),
-                        device=t.device, layer=layer, layer_type=layer_type, index=len(self._pass.items))
+                        device=t.device, layer=layer, layer_type=layer_type, index=len(self._pass.items),
+                        saved_in=saved_in)
         codec = self._choose_codec(info)
         item = Item(t, info, codec, dense_permutation(t), self._pass, dev)
         item.ready = dev.record_event(dev.compute_stream())
