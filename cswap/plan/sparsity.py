@@ -77,9 +77,12 @@ def from_file(path) -> Sparsity:
     return Sparsity(values, f"from {path}")
 
 
-def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: str = "") -> Sparsity:
+def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: str = "", targets=None) -> Sparsity:
     """Train a copy of `model` on CPU for `steps` SGD steps on `batches` (an iterable
-    of input tuples) and measure every saved activation of the last one."""
+    of input tuples) and measure every saved activation of the last one. With
+    `targets` (an iterable of class-index tensors, one per batch) the loss is
+    cross-entropy against them; without, the outputs' mean (a stand-in that still
+    moves the weights)."""
     from .fake_gpu import _Recorder
 
     model = copy.deepcopy(model).cpu().float().train()
@@ -99,6 +102,7 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
 
     tracker.attach(model)
     try:
+        targets = iter(targets) if targets is not None else None
         for step, inputs in zip(range(steps), batches):
             measuring[0] = step == steps - 1
             recorder.ops.clear()
@@ -106,7 +110,9 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
             with recorder.mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = model(*inputs)
             opt.zero_grad(set_to_none=True)
-            out.float().mean().backward()
+            loss = nn.functional.cross_entropy(out.float(), next(targets)) if targets is not None else \
+                out.float().mean()
+            loss.backward()
             opt.step()
     finally:
         tracker.detach()
@@ -115,8 +121,9 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
 
 def auto(model: nn.Module, example_inputs, data: str = "digits", steps: int = 3, batch: int = 8) -> Sparsity:
     """Measure on `steps` CPU training steps at `batch`: image batches (3 x H x H) from
-    `data` (as cswap-train reads it: "digits" is scikit-learn's, resized), any other
-    input as random normal tensors of the example's shapes."""
+    `data` (as cswap-train reads it: "digits" is scikit-learn's, resized) with their
+    labels and a cross-entropy loss, any other input as random normal tensors of the
+    example's shapes."""
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     shape = tuple(inputs[0].shape[1:]) if inputs and isinstance(inputs[0], torch.Tensor) else ()
     gen = torch.Generator().manual_seed(0)
@@ -124,15 +131,19 @@ def auto(model: nn.Module, example_inputs, data: str = "digits", steps: int = 3,
             inputs[0].is_floating_point():
         from ..cli.train import load_data
 
-        x = load_data(data, shape[-1], seed=0)[0]
-        x = x[torch.randint(len(x), (steps * batch,), generator=gen)]
+        x, y = load_data(data, shape[-1], seed=0)[:2]
+        pick = torch.randint(len(x), (steps * batch,), generator=gen)
+        x, y = x[pick], y[pick]
         batches = [(x[i * batch:(i + 1) * batch],) for i in range(steps)]
-        what = f"{data} images"
+        targets = [y[i * batch:(i + 1) * batch] for i in range(steps)]
+        what = f"{data} images and labels"
     else:
         batches = [tuple(torch.randn((batch, *t.shape[1:]), generator=gen).to(t.dtype)
                          if isinstance(t, torch.Tensor) and t.is_floating_point() else
                          (torch.zeros((batch, *t.shape[1:]), dtype=t.dtype) if isinstance(t, torch.Tensor) else t)
                          for t in inputs) for _ in range(steps)]
+        targets = None
         what = "random normal inputs"
-    return measure(model, batches, steps=steps, what=f"measured: {steps} SGD steps on this CPU, batch {batch}, "
-                                                     f"{what}, from the model's current weights")
+    return measure(model, batches, steps=steps, targets=targets,
+                   what=f"measured: {steps} SGD steps on this CPU, batch {batch}, {what}, from the model's "
+                        f"current weights")

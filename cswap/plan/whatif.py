@@ -349,7 +349,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     budget: bytes, "20GiB" or a fraction of the GPU's memory: the limit `fits` checks
     (at most the GPU's memory minus `reserve_bytes`).
     profile: a cswap-tune profile of that GPU (a path or cswap.Profile) for PCIe and
-    codec times; otherwise assumed. sparsity: "auto" (measured on a few CPU steps of
+    codec times, or any object the advisor takes (bw_d2h, bw_h2d, codecs, seconds)
+    with a `source` line saying where its figures come from; otherwise assumed. sparsity: "auto" (measured on a few CPU steps of
     the model, cswap.plan.sparsity.auto), a number for every ReLU/pooling output, a
     cswap.plan.sparsity.Sparsity, or None (no zeros: compression never pays)."""
     from .sparsity import auto, from_number
@@ -375,7 +376,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         from ..tune.profile import read_profile
         profile = read_profile(profile)
     link = profile or AssumedProfile(g)
-    link_source = link.source if profile is None else \
+    link_source = getattr(link, "source", None) or \
         f"measured: cswap-tune profile of {profile.doc['device']['name']}"
     budget_bytes = parse_bytes(budget, g.memory_bytes) if budget is not None else None
 
