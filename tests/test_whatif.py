@@ -178,3 +178,31 @@ def test_a_users_own_module():
     assert p.tensors and any(t.op == "relu" and t.sparsity > 0.2 for t in p.tensors)
     assert "random normal" in p.sources["sparsity"]
     assert cswap.gpus() == sorted(cswap.gpus()) and "h200-sxm-141gb" in cswap.gpus()
+
+
+def test_measured_times_replace_the_rooflines_phase_totals(small, prediction, tmp_path):
+    p = cswap.predict(small, torch.empty(16, *CIFAR), gpu="v100-sxm2-16gb", sparsity=0.5,
+                      times={"forward_s": 0.010, "backward_s": 0.025})
+    g = gpu("v100-sxm2-16gb")
+    eff = roofline.efficiency(g)[0]
+    trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
+    optimizer_s = sum(roofline.op_seconds(op, g, "fp32", eff) for op in trace.ops if op.phase == "optimizer")
+    assert p.modes["none"].compute_seconds == pytest.approx(0.035 + optimizer_s)
+    assert prediction.modes["none"].compute_seconds - optimizer_s != pytest.approx(0.035)  # the roofline's differ
+    assert p.sources["compute"].startswith("measured: forward 10.00 ms and backward 25.00 ms")
+    assert p.peak_bytes("none") == prediction.peak_bytes("none")
+    # at twice the batch, measured times scale with it
+    assert p._at(32).modes["none"].compute_seconds > 2 * 0.035
+
+    # from a cswap run's report: the profiled step's forward and backward seconds
+    model = cswap.patch(build("small_cnn", dataset="cifar10"), report_dir=tmp_path, verbose=False)
+    for _ in range(2):
+        model(torch.randn(4, *CIFAR)).sum().backward()
+    cswap.epoch_end(model)
+    cswap.unpatch(model)
+    metrics = json.loads((tmp_path / "epochs.jsonl").read_text().splitlines()[-1])["metrics"]
+    assert metrics["forward_s"] > 0 and metrics["backward_s"] > 0
+    q = cswap.predict(small, torch.empty(4, *CIFAR), gpu="v100-sxm2-16gb", times=tmp_path)
+    assert str(tmp_path) in q.sources["compute"]
+    with pytest.raises(ValueError, match="forward_s and backward_s"):
+        cswap.predict(small, torch.empty(4, *CIFAR), gpu="v100-sxm2-16gb", times={"forward_s": 1})

@@ -41,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--budget", help="a memory limit below the GPU's: 40GiB, 40GB or a fraction like 0.5")
     p.add_argument("--profile", help="a cswap-tune profile of that GPU (measured PCIe and codec times)")
+    p.add_argument("--times", help="forward and backward times measured by a cswap run on that GPU: its report "
+                                   "folder or epochs.jsonl (replaces the roofline's phase totals)")
     p.add_argument("--sparsity", default="auto",
                    help="auto (measured on a few CPU training steps on --data), a cswap-plan JSON, or a number")
     p.add_argument("--data", default="digits", help="data for --sparsity auto: digits, synthetic, an .npz file "
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
         spars = sparsity_for(args.sparsity, model, shape, args.data)
         p = predict(model, torch.empty(args.batch, *shape, device="meta"), args.gpu, precision=args.dtype,
                     optimizer=args.optimizer, budget=args.budget, profile=args.profile, sparsity=spars,
-                    reserve_bytes=reserve)
+                    times=args.times, reserve_bytes=reserve)
         print(report(p, not args.no_largest_batch, args.tensors))
     except ValueError as exc:
         print(f"cswap-plan: {exc}", file=sys.stderr)

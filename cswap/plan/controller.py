@@ -112,6 +112,9 @@ class Controller:
         self.profiler.overhead_s += time.perf_counter() - start
         all_metrics = dict(metrics or {})
         all_metrics["profiling_overhead_s"] = self.profiler.overhead_s
+        iteration = self.profiler.latest()
+        if iteration is not None:  # measured on this device: what cswap-plan --times reads
+            all_metrics["forward_s"], all_metrics["backward_s"] = iteration.forward_s, iteration.backward_s
         report = EpochReport(epoch=self.epoch, rows=rows, metrics=all_metrics)
         if self.writer is not None:
             self.writer.write(report)

@@ -13,7 +13,9 @@ The pieces, each saying where its figures come from:
   its copy back starts, plus the compressed buffer while it is being made and
   copied. It fits when its peak is within the GPU's memory minus RESERVE_BYTES.
 - compute: per op, the roofline of cswap.plan.roofline with the GPU family's
-  calibrated efficiency.
+  calibrated efficiency; with `times` (forward and backward seconds a cswap
+  run measured on that GPU, e.g. its epoch report), each phase's ops scaled so
+  the phase takes the measured time.
 - transfers and codecs: a cswap-tune profile of that GPU when given (measured);
   otherwise AssumedProfile: PCIe at LINK_EFFICIENCY of the link's rate and each
   codec at a stated fraction of HBM bandwidth (assumed).
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,7 +50,7 @@ from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, record_keys
 
 __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_BYTES", "ModePrediction",
-           "Prediction", "TensorPrediction", "parse_bytes", "predict"]
+           "Prediction", "TensorPrediction", "measured_times", "parse_bytes", "predict"]
 
 MODES = ("none", "vdnn", "sc", "cswap")
 MIN_BYTES = 1 << 20  # the runtime's default min_bytes on CUDA
@@ -339,8 +342,33 @@ def _choices(mode: str, groups: list[_Group], decisions) -> dict:
     return {}
 
 
+def measured_times(source) -> tuple[dict, str]:
+    """{"forward": s, "backward": s} and where from: a dict with forward_s and backward_s,
+    or a cswap report folder / epochs.jsonl (its last epoch that has them)."""
+    if isinstance(source, dict):
+        doc, where = source, "given"
+    else:
+        path = Path(source)
+        path = path / "epochs.jsonl" if path.is_dir() else path
+        try:
+            lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cswap.plan: cannot read measured times from {path} ({exc}); give a cswap "
+                             f"report folder or its epochs.jsonl") from exc
+        doc = next((e["metrics"] for e in reversed(lines) if "forward_s" in e.get("metrics", {})), {})
+        where = f"{path}"
+    try:
+        times = {"forward": float(doc["forward_s"]), "backward": float(doc["backward_s"])}
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"cswap.plan: no forward_s and backward_s in {where}; cswap writes them in each epoch "
+                         f"report once a step has been profiled") from None
+    if min(times.values()) <= 0:
+        raise ValueError(f"cswap.plan: measured times must be positive, got {times}")
+    return times, where
+
+
 def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", optimizer: str = "sgd",
-            loss=None, budget=None, profile=None, sparsity=None, reserve_bytes: int = RESERVE_BYTES,
+            loss=None, budget=None, profile=None, sparsity=None, times=None, reserve_bytes: int = RESERVE_BYTES,
             _trace_cache=None) -> Prediction:
     """Predict one training step of `model` on `example_inputs` (a tensor or tuple,
     any device, "meta" included: only shapes and dtypes are read) on `gpu` (a name
@@ -352,7 +380,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     codec times, or any object the advisor takes (bw_d2h, bw_h2d, codecs, seconds)
     with a `source` line saying where its figures come from; otherwise assumed. sparsity: "auto" (measured on a few CPU steps of
     the model, cswap.plan.sparsity.auto), a number for every ReLU/pooling output, a
-    cswap.plan.sparsity.Sparsity, or None (no zeros: compression never pays)."""
+    cswap.plan.sparsity.Sparsity, or None (no zeros: compression never pays).
+    times: forward and backward seconds measured by a cswap run of this model and
+    batch on that GPU (its report folder, epochs.jsonl, or {"forward_s", "backward_s"}):
+    they replace the roofline's phase totals (the roofline still shares them out per op)."""
     from .sparsity import auto, from_number
 
     if not isinstance(model, nn.Module):
@@ -384,10 +415,21 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
               for t in inputs)
     trace = trace_for(model, x, precision, optimizer, loss)
     eff, eff_source = efficiency(g)
-    times = np.array([op_seconds(op, g, precision, eff) for op in trace.ops])
-    starts = np.concatenate([[0.0], np.cumsum(times)])[:-1] if len(times) else np.zeros(0)
+    op_s = np.array([op_seconds(op, g, precision, eff) for op in trace.ops])
+    compute_source = f"predicted: roofline over FLOPs and bytes per op ({g.label} datasheet), {eff_source}"
+    if times is not None:
+        measured, where = measured_times(times)
+        phases = np.array([op.phase for op in trace.ops])
+        for phase, seconds in measured.items():
+            mask = phases == phase
+            if op_s[mask].sum() > 0:
+                op_s[mask] *= seconds / op_s[mask].sum()
+        compute_source = (f"measured: forward {measured['forward'] * 1e3:.2f} ms and backward "
+                          f"{measured['backward'] * 1e3:.2f} ms from {where}, shared out per op by the roofline; "
+                          f"optimizer step predicted")
+    starts = np.concatenate([[0.0], np.cumsum(op_s)])[:-1] if len(op_s) else np.zeros(0)
     phase_s = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    for op, t in zip(trace.ops, times):
+    for op, t in zip(trace.ops, op_s):
         phase_s[op.phase] += float(t)
 
     acts = trace.activations()
@@ -407,7 +449,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
                   f"torch {torch.__version__}); reserve {reserve_bytes / 2**30:.2f} GiB assumed for the CUDA "
                   f"context and workspaces",
-        "compute": f"predicted: roofline over FLOPs and bytes per op ({g.label} datasheet), {eff_source}",
+        "compute": compute_source,
         "transfers": link_source,
         "sparsity": sparsity.source,
         "timeline": "predicted: cswap's advisor timeline (shared D2H/H2D links, prefetch one ahead)",
@@ -416,8 +458,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     def again(b: int) -> Prediction:
         resized = tuple(torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="meta")
                         if isinstance(t, torch.Tensor) else t for t in x)
+        # measured times at another batch: in proportion to it (compute-bound layers)
+        scaled = None if times is None else {f"{k}_s": v * b / batch for k, v in measured.items()}
         return predict(model, resized, g, precision=precision, optimizer=optimizer, loss=loss, budget=budget,
-                       profile=profile, sparsity=sparsity, reserve_bytes=reserve_bytes)
+                       profile=profile, sparsity=sparsity, times=scaled, reserve_bytes=reserve_bytes)
 
     return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, again)
 
