@@ -43,7 +43,7 @@ def prediction(small):
 
 def test_modes_step_times_and_peaks_are_consistent(small, prediction):
     p = prediction
-    assert set(p.modes) == {"none", "vdnn", "sc", "cswap"}
+    assert set(p.modes) == {"none", "vdnn", "sc", "cswap", "budget"}
     trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
     assert p.peak_bytes("none") == trace.peak_bytes
     none = p.modes["none"]
@@ -152,7 +152,7 @@ def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):
     for source in ("memory", "compute", "transfers", "sparsity", "timeline"):
         assert f"  {source}" in text
     doc = json.loads(out_json.read_text())
-    assert set(doc["modes"]) == {"none", "vdnn", "sc", "cswap"} and doc["tensors"]
+    assert set(doc["modes"]) == {"none", "vdnn", "sc", "cswap", "budget"} and doc["tensors"]
     assert out_png.stat().st_size > 10_000
     assert cli.main(["--list-gpus"]) == 0 and "h100-sxm-80gb" in capsys.readouterr().out
 
@@ -162,7 +162,7 @@ def test_every_model_predicts(name):
     p = cswap.predict(build(name, dataset="cifar10"), torch.empty(8, *CIFAR), gpu="rtx-4090-24gb", sparsity=0.5)
     # raw offloads only ever take bytes off the device (compressed ones stage a buffer first)
     assert p.peak_bytes("vdnn") <= p.peak_bytes("none") and p.step_seconds("none") > 0
-    assert p.tensors and all(set(t.decisions) == set(whatif.MODES) for t in p.tensors)
+    assert p.tensors and all(set(t.decisions) == {*whatif.MODES, "budget"} for t in p.tensors)
 
 
 def test_a_users_own_module():

@@ -23,7 +23,7 @@ from .. import models
 from ..plan import sparsity as sparsity_sources
 from ..plan.gpus import gpus
 from ..plan.roofline import PRECISIONS
-from ..plan.whatif import MODES, RESERVE_BYTES, Prediction, parse_bytes, predict
+from ..plan.whatif import RESERVE_BYTES, Prediction, parse_bytes, predict
 
 __all__ = ["main", "parse_args"]
 
@@ -99,11 +99,11 @@ def report(p: Prediction, largest: bool, tensors: int) -> str:
     lines += ["", f"saved activations ({len(shown)} of {len(p.tensors)}, largest first), named by the module "
                   f"that made them:",
               f"{'made in':<28} {'op':<12} {'saved by':<20} {'MiB':>7} {'sparsity':>8}  "
-              + " ".join(f"{m:<5}" for m in MODES) + "  why (cswap)"]
+              + " ".join(f"{m:<6}" for m in p.modes) + "  why (cswap)"]
     for t in shown:
         where = f"{t.made_in or '<root>'} ({t.made_in_type})"
         lines.append(f"{where[:28]:<28} {t.op[:12]:<12} {t.saved_by[:20]:<20} {t.nbytes / 2**20:>7.1f} "
-                     f"{t.sparsity:>8.2f}  " + " ".join(f"{t.decisions[m]:<5}" for m in MODES) + f"  {t.why}")
+                     f"{t.sparsity:>8.2f}  " + " ".join(f"{t.decisions[m]:<6}" for m in p.modes) + f"  {t.why}")
     return "\n".join(lines)
 
 

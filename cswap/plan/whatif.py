@@ -11,7 +11,10 @@ The pieces, each saying where its figures come from:
   storage it offloads, its bytes from when it has left (the later of the step
   dropping its last reference and its copy out ending, from the timeline) until
   its copy back starts, plus the compressed buffer while it is being made and
-  copied. It fits when its peak is within the GPU's memory minus RESERVE_BYTES.
+  copied. When the link falls behind, the forward waits at the next offloaded
+  tensor's save for the copy before it to end (the runtime's stash limit,
+  modelled as one tensor in flight), so a tensor is gone by then at the latest.
+  It fits when its peak is within the GPU's memory minus RESERVE_BYTES.
 - compute: per op, the roofline of cswap.plan.roofline with the GPU family's
   calibrated efficiency; with `times` (forward and backward seconds a cswap
   run measured on that GPU, e.g. its epoch report), each phase's ops scaled so
@@ -28,9 +31,10 @@ The pieces, each saying where its figures come from:
 
 Modes are cswap.patch's: none, vdnn (every candidate raw), sc (ZVC on every
 candidate), cswap (the advisor's choice per tensor, paper eq. 1-4); candidates
-are ReLU and pooling outputs of at least MIN_BYTES, as in the runtime. With a
-budget, "budget" offloads, largest idle bytes first, any saved activation until
-the predicted peak fits (codecs by the advisor).
+are ReLU and pooling outputs of at least MIN_BYTES, as in the runtime. Mode
+"budget" is cswap.plan.budget's plan for the GPU's capacity (or the budget, if
+given) over every saved activation of at least MIN_BYTES (keep, raw or a codec
+each), checked on the full curve and planned again with any overshoot taken off.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import torch
 from torch import nn
 
 from .advisor import Advisor, IterationProfile, TensorProfile, simulate
+from .budget import KEEP, Instance, plan_budget
 from .gpus import GPU, gpu as lookup
 from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, record_keys
@@ -155,6 +160,7 @@ class Prediction:
     modes: dict[str, ModePrediction]
     tensors: list[TensorPrediction]
     sources: dict[str, str]
+    instance: Instance | None = None  # the budget planner's problem: every saved activation of MIN_BYTES+
     _again: object = None     # predict() at another batch, for largest_batch
     _largest: dict = field(default_factory=dict)
     _others: dict = field(default_factory=dict)  # predictions at other batches
@@ -310,14 +316,16 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
     curve = live.copy()
     codec_s = pcie = 0.0
     forward_end = _op_index(starts, phase_s["forward"])
-    for g, t in zip(moved, iteration.tensors):
+    next_save = [h.saved_at for h in moved[1:]] + [forward_end]
+    for g, t, wait in zip(moved, iteration.tensors, next_save):
         codec = keyed[g.key]
         size = sizes[g.storage].get(codec, g.nbytes) if codec else g.nbytes
         pcie += 2 * size
         if codec:
             codec_s += profile.seconds(codec, "compress", g.nbytes, g.sparsity)
             codec_s += profile.seconds(codec, "decompress", g.nbytes, g.sparsity)
-        gone = max(g.dropped_at, min(_op_index(starts, sim.offload_end_s[g.key]), forward_end))
+        # back-pressure: a forward that outruns the link waits at the next save for this copy to end
+        gone = max(g.dropped_at, min(_op_index(starts, sim.offload_end_s[g.key]), max(wait, g.saved_at + 1)))
         lead = sim.use_at_s[g.key] - sim.restore_start_s[g.key]  # how long before its use it comes back
         back = min(max(_op_index(starts, float(starts[g.used_at]) - lead), forward_end), g.used_at)
         if gone < back:
@@ -328,6 +336,37 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
     step = compute + sim.exposed_s + codec_s
     return ModePrediction(name, int(curve.max()), step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),
                           sum(1 for c in keyed.values() if c), starts.tolist(), curve.astype(np.int64).tolist())
+
+
+def _budget_instance(trace, groups: list[_Group], starts, phase_s, link, sizes) -> tuple[Instance, list]:
+    """Every saved activation of at least MIN_BYTES as a planning problem. An offloaded
+    one is away from when the step drops it (or, for one it still holds, the next op)
+    until the tensor saved after it is used in backward (prefetch one ahead)."""
+    movable = [g for g in groups if g.nbytes >= MIN_BYTES]
+    forward_end = _op_index(starts, phase_s["forward"])
+    windows = []
+    for i, g in enumerate(movable):
+        back = movable[i + 1].used_at if i + 1 < len(movable) else forward_end
+        windows.append((max(g.dropped_at, g.saved_at + 1), min(back, g.used_at)))
+    iteration = _iteration(movable, starts, phase_s)
+    curve = np.array([op.live_bytes for op in trace.ops], dtype=np.float64)
+    return (Instance.build(iteration, link, curve, windows, sizes={g.key: sizes[g.storage] for g in movable}),
+            movable)
+
+
+def _budget_mode(trace, groups, starts, phase_s, link, sizes, capacity) -> tuple[ModePrediction, dict, Instance]:
+    """The planner's choice, checked on the full curve (late copies, compressed buffers)
+    and planned again with the overshoot off the budget until it fits (or 4 tries)."""
+    inst, movable = _budget_instance(trace, groups, starts, phase_s, link, sizes)
+    target = capacity
+    for _ in range(4):
+        plan = plan_budget(inst, target)
+        choices = {g.storage: c for g, c in zip(movable, plan.choices) if c != KEEP}
+        mode = _mode("budget", trace, groups, choices, link, starts, phase_s, sizes)
+        if mode.peak_bytes <= capacity or not plan.fits:
+            break
+        target -= mode.peak_bytes - capacity
+    return mode, choices, inst
 
 
 def _choices(mode: str, groups: list[_Group], decisions) -> dict:
@@ -439,12 +478,14 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     decisions = Advisor(link).decide(_iteration(groups, starts, phase_s)) if groups else {}
     sizes = {grp.storage: decisions[grp.key].sizes for grp in groups}
 
-    modes = {m: _mode(m, trace, groups, _choices(m, groups, decisions), link, starts, phase_s, sizes)
-             for m in MODES}
+    plans = {m: _choices(m, groups, decisions) for m in MODES}
+    modes = {m: _mode(m, trace, groups, plans[m], link, starts, phase_s, sizes) for m in MODES}
     capacity = g.memory_bytes - reserve_bytes
     if budget_bytes is not None:
         capacity = min(budget_bytes, capacity)
-    tensors = _tensor_predictions(acts, keys, sparsity_of, groups, decisions)
+    modes["budget"], plans["budget"], instance = _budget_mode(trace, groups, starts, phase_s, link, sizes,
+                                                              capacity)
+    tensors = _tensor_predictions(acts, keys, sparsity_of, groups, decisions, plans)
     sources = {
         "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
                   f"torch {torch.__version__}); reserve {reserve_bytes / 2**30:.2f} GiB assumed for the CUDA "
@@ -463,12 +504,12 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         return predict(model, resized, g, precision=precision, optimizer=optimizer, loss=loss, budget=budget,
                        profile=profile, sparsity=sparsity, times=scaled, reserve_bytes=reserve_bytes)
 
-    return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, again)
+    return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, instance,
+                      again)
 
 
-def _tensor_predictions(acts, keys, sparsity_of, groups, decisions) -> list[TensorPrediction]:
+def _tensor_predictions(acts, keys, sparsity_of, groups, decisions, plans) -> list[TensorPrediction]:
     group_of = {r.index: grp for grp in groups for r in grp.records}
-    plans = {m: _choices(m, groups, decisions) for m in MODES}
     out = []
     for r, key in zip(acts, keys):
         grp = group_of.get(r.index)

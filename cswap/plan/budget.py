@@ -1,0 +1,371 @@
+"""Offload only what must go: per saved tensor keep, move raw, or compress with a
+codec, for the least step time whose peak stays within a memory budget (issue 14).
+
+    inst = Instance.build(iteration, profile, curve, windows)
+    plan = plan_budget(inst, budget)                  # choices, step time, peak
+    exact = optimum(inst, budget)                     # the same model, solved exactly (MILP)
+
+The model, which the planner, its baselines and the exact optimum share:
+
+- time: the advisor's timeline (cswap.plan.advisor): the offloaded tensors, in
+  save order, share one D2H link in forward and one H2D link in backward, each
+  restore issued when the tensor offloaded after it is used; a step costs the
+  exposed transfer time plus every (de)compression kernel's time. Kept tensors
+  take no link time.
+- memory: `curve` is the device's bytes after each op with nothing offloaded;
+  an offloaded tensor is away over its window of ops (from when the step drops
+  it until it is restored for backward: `windows`, from the trace) and the peak
+  is the curve's maximum after those subtractions. How late a copy actually
+  finishes is the timeline's business: a caller that knows it (the what-if's
+  full curve) checks the plan and plans again with the overshoot taken off.
+
+The planner (`plan_budget`): if the step fits, nothing moves. Otherwise, while
+some op is over budget, it offloads, among the tensors away at the worst op,
+the one that frees most bytes per second of step time it adds. That time is
+the best option's kernel time plus the larger of its own exposed transfer
+(paper eq. 1-4) and what it adds to a link already busier than the compute
+beside it. Then it drops tensors the budget no longer needs, tries each
+moved tensor's other options on the full timeline, and never returns a plan
+slower than offloading everything that meets the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .advisor import IterationProfile, _check_profile, _costs, _Costs, _exposed, _timeline
+
+__all__ = ["KEEP", "Instance", "Plan", "evaluate", "largest_first", "offload_everything", "optimum",
+           "plan_budget", "per_tensor_rule"]
+
+KEEP = "keep"  # a choice: the tensor stays on the device (None: offloaded raw; a codec name: compressed)
+
+
+@dataclass
+class Instance:
+    """One planning problem: the tensors that may leave, their options and the memory they hold."""
+
+    iteration: IterationProfile     # the tensors that may be offloaded, in save order
+    costs: list[_Costs]             # per tensor: bytes moved and kernel seconds per option (None = raw)
+    codecs: tuple[str, ...]
+    bw_d2h: float
+    bw_h2d: float
+    curve: np.ndarray               # device bytes after each op, nothing offloaded
+    windows: list[tuple[int, int]]  # per tensor: [first op away, first op back) when offloaded
+    standalone: list[dict] = field(default_factory=list)  # per tensor: option -> eq. 1-4 cost (seconds)
+
+    @classmethod
+    def build(cls, iteration: IterationProfile, profile, curve, windows, codecs=None, sizes=None) -> "Instance":
+        bw_d2h, bw_h2d, available = _check_profile(profile)
+        codecs = tuple(available if codecs is None else codecs)
+        costs = [_costs(t, profile, codecs, (sizes or {}).get(t.key)) for t in iteration.tensors]
+        curve = np.asarray(curve, dtype=np.float64)
+        windows = [(int(a), int(b)) for a, b in windows]
+        if len(windows) != len(iteration.tensors):
+            raise ValueError(f"cswap.plan.budget: {len(windows)} windows for {len(iteration.tensors)} tensors")
+        standalone = [{o: c.t_c[o] + c.t_dc[o] + _exposed(c.size[o], t, bw_d2h, bw_h2d) for o in c.size}
+                      for t, c in zip(iteration.tensors, costs)]
+        return cls(iteration, costs, codecs, bw_d2h, bw_h2d, curve, windows, standalone)
+
+    @property
+    def n(self) -> int:
+        return len(self.iteration.tensors)
+
+    @property
+    def nbytes(self) -> np.ndarray:
+        return np.array([t.nbytes for t in self.iteration.tensors], dtype=np.float64)
+
+    def options(self, i: int) -> list:
+        return [KEEP, None, *self.codecs]
+
+    def paper_choice(self, i: int):
+        """The paper's rule for an offloaded tensor: the codec whose cost beats the raw copy's, else raw."""
+        costs = self.standalone[i]
+        best = min(self.codecs, key=lambda k: costs[k], default=None)
+        return best if best is not None and costs[best] < costs[None] else None
+
+
+@dataclass
+class Plan:
+    choices: list                   # per tensor: KEEP, None (raw) or a codec
+    extra_seconds: float            # exposed transfers + kernels: the step's time beyond compute
+    peak_bytes: float
+    fits: bool
+    planning_seconds: float = 0.0
+
+    @property
+    def moved(self) -> int:
+        return sum(1 for c in self.choices if c != KEEP)
+
+
+def peak(inst: Instance, choices) -> float:
+    """The model's peak: the curve less each offloaded tensor's bytes over its window."""
+    if len(inst.curve) == 0:
+        return 0.0
+    delta = np.zeros(len(inst.curve) + 1)
+    for (a, b), n, c in zip(inst.windows, inst.nbytes, choices):
+        if c != KEEP and a < b:
+            delta[a] -= n
+            delta[b] += n
+    return float((inst.curve + np.cumsum(delta)[:-1]).max())
+
+
+def extra_seconds(inst: Instance, choices) -> float:
+    """Exposed transfer time plus kernel time of `choices` on the timeline."""
+    moved = [i for i, c in enumerate(choices) if c != KEEP]
+    if not moved:
+        return 0.0
+    it = inst.iteration
+    sub = IterationProfile(it.forward_s, it.backward_s, tuple(it.tensors[i] for i in moved))
+    options = [choices[i] for i in moved]
+    costs = [inst.costs[i] for i in moved]
+    sim = _timeline(sub, options, costs, inst.bw_d2h, inst.bw_h2d)
+    return sim.exposed_s + sum(c.t_c[k] + c.t_dc[k] for c, k in zip(costs, options))
+
+
+def evaluate(inst: Instance, choices, budget: float, started: float | None = None) -> Plan:
+    p = peak(inst, choices)
+    spent = time.perf_counter() - started if started is not None else 0.0
+    return Plan(list(choices), extra_seconds(inst, choices), p, p <= budget, spent)
+
+
+# -- covering the deficit ------------------------------------------------------------------------------------
+
+
+def _cover(inst: Instance, budget: float, pick) -> list | None:
+    """Offload tensors until no op is over budget: at the worst op, `pick(candidates,
+    choices)` names (tensor, option) among the tensors away there. None if it cannot."""
+    choices = [KEEP] * inst.n
+    over = inst.curve - budget
+    nbytes = inst.nbytes
+    while len(over) and over.max() > 0:
+        worst = int(over.argmax())
+        candidates = [i for i, (a, b) in enumerate(inst.windows) if choices[i] == KEEP and a <= worst < b]
+        if not candidates:
+            return None
+        i, option = pick(candidates, choices)
+        choices[i] = option
+        a, b = inst.windows[i]
+        over[a:b] -= nbytes[i]
+    return choices
+
+
+def _prune(inst: Instance, budget: float, choices: list, order) -> list:
+    """Keep again, in `order`, each moved tensor the budget does not need."""
+    choices = list(choices)
+    curve = inst.curve.copy()
+    nbytes = inst.nbytes
+    for i, c in enumerate(choices):
+        if c != KEEP:
+            a, b = inst.windows[i]
+            curve[a:b] -= nbytes[i]
+    for i in order:
+        if choices[i] == KEEP:
+            continue
+        a, b = inst.windows[i]
+        if a >= b or (curve[a:b] + nbytes[i]).max() <= budget:
+            curve[a:b] += nbytes[i]
+            choices[i] = KEEP
+    return choices
+
+
+def plan_budget(inst: Instance, budget: float, refine: bool = True) -> Plan:
+    """The planner (module docstring)."""
+    started = time.perf_counter()
+    keep_all = [KEEP] * inst.n
+    if len(inst.curve) == 0 or inst.curve.max() <= budget:
+        return evaluate(inst, keep_all, budget, started)
+    it = inst.iteration
+    load = {"d2h": 0.0, "h2d": 0.0}
+
+    def added(i, option) -> float:
+        c = inst.costs[i]
+        d2h, h2d = c.size[option] / inst.bw_d2h, c.size[option] / inst.bw_h2d + c.t_dc[option]
+        crowd = (max(load["d2h"] + d2h - it.forward_s, 0.0) - max(load["d2h"] - it.forward_s, 0.0) +
+                 max(load["h2d"] + h2d - it.backward_s, 0.0) - max(load["h2d"] - it.backward_s, 0.0))
+        return c.t_c[option] + c.t_dc[option] + max(inst.standalone[i][option] - c.t_c[option] - c.t_dc[option],
+                                                    crowd)
+
+    def pick(candidates, choices):
+        best = None
+        for i in candidates:
+            option = min([None, *inst.codecs], key=lambda o: added(i, o))
+            score = inst.nbytes[i] / (added(i, option) + 1e-9)
+            if best is None or score > best[0]:
+                best = (score, i, option)
+        _, i, option = best
+        c = inst.costs[i]
+        load["d2h"] += c.size[option] / inst.bw_d2h
+        load["h2d"] += c.size[option] / inst.bw_h2d + c.t_dc[option]
+        return i, option
+
+    choices = _cover(inst, budget, pick)
+    if choices is None:  # nothing can fit: offload all there is
+        return evaluate(inst, [inst.paper_choice(i) for i in range(inst.n)], budget, started)
+    dearest = sorted((i for i, c in enumerate(choices) if c != KEEP),
+                     key=lambda i: -inst.standalone[i][choices[i]] / max(inst.nbytes[i], 1.0))
+    choices = _prune(inst, budget, choices, dearest)
+    best = extra_seconds(inst, choices)
+    if refine:
+        for i in sorted(range(inst.n), key=lambda i: -inst.nbytes[i]):
+            if choices[i] == KEEP:
+                continue
+            for option in [None, *inst.codecs]:
+                if option == choices[i]:
+                    continue
+                trial = choices[:i] + [option] + choices[i + 1:]
+                t = extra_seconds(inst, trial)
+                if t < best:
+                    choices, best = trial, t
+    everything = [inst.paper_choice(i) for i in range(inst.n)]
+    if extra_seconds(inst, everything) < best and peak(inst, everything) <= budget:
+        choices = everything
+    return evaluate(inst, choices, budget, started)
+
+
+# -- baselines -----------------------------------------------------------------------------------------------
+
+
+def offload_everything(inst: Instance, budget: float) -> Plan:
+    """cswap.patch(model) without a budget: every tensor offloaded, codecs by the paper's rule."""
+    started = time.perf_counter()
+    return evaluate(inst, [inst.paper_choice(i) for i in range(inst.n)], budget, started)
+
+
+def largest_first(inst: Instance, budget: float) -> Plan:
+    """Offload the largest tensor away at the worst op until the step fits; raw copies."""
+    started = time.perf_counter()
+    choices = _cover(inst, budget, lambda cands, _: (max(cands, key=lambda i: inst.nbytes[i]), None))
+    return evaluate(inst, choices if choices is not None else [None] * inst.n, budget, started)
+
+
+def per_tensor_rule(inst: Instance, budget: float) -> Plan:
+    """The paper's rule, per tensor and blind to the shared link: offload the tensor away
+    at the worst op whose eq. 1-4 cost per byte is lowest, with the codec the rule picks."""
+    started = time.perf_counter()
+
+    def pick(cands, _):
+        i = min(cands, key=lambda i: (inst.standalone[i][inst.paper_choice(i)] / max(inst.nbytes[i], 1.0),
+                                      -inst.nbytes[i]))
+        return i, inst.paper_choice(i)
+
+    choices = _cover(inst, budget, pick)
+    if choices is None:
+        choices = [inst.paper_choice(i) for i in range(inst.n)]
+    return evaluate(inst, choices, budget, started)
+
+
+# -- the exact optimum ---------------------------------------------------------------------------------------
+
+
+def optimum(inst: Instance, budget: float, time_limit: float = 60.0) -> Plan:
+    """The least extra step time within the budget on the same model, as a mixed-integer
+    program (scipy.optimize.milp, HiGHS). The timeline's max() terms become lower bounds
+    that the minimisation makes tight; keeping a tensor switches its link constraints off
+    (big-M). For small instances (tens of tensors)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    started = time.perf_counter()
+    n, it = inst.n, inst.iteration
+    if n == 0 or inst.curve.max() <= budget:
+        return evaluate(inst, [KEEP] * n, budget, started)
+    opts = [KEEP, None, *inst.codecs]
+    k = len(opts)
+    names: dict = {}
+
+    def var(*key):
+        return names.setdefault(key, len(names))
+
+    for i in range(n):
+        for o in range(k):
+            var("x", i, o)
+    for i in range(n):
+        for v in ("E", "start", "H", "I", "S", "stall", "T"):
+            var(v, i)
+    var("F")
+    var("H", n)  # the H2D link is free from backward's start
+    var("S", n)  # no shift before the first restore
+    m = len(names)
+    x = [[names["x", i, o] for o in range(k)] for i in range(n)]
+    d2h = [[inst.costs[i].size[o] / inst.bw_d2h if o != KEEP else 0.0 for o in opts] for i in range(n)]
+    h2d = [[inst.costs[i].size[o] / inst.bw_h2d + inst.costs[i].t_dc[o] if o != KEEP else 0.0 for o in opts]
+           for i in range(n)]
+    t_c = [[inst.costs[i].t_c[o] if o != KEEP else 0.0 for o in opts] for i in range(n)]
+    t_dc = [[inst.costs[i].t_dc[o] if o != KEEP else 0.0 for o in opts] for i in range(n)]
+    big = it.forward_s + it.backward_s + sum(max(a) + max(b) + max(c) for a, b, c in zip(d2h, h2d, t_c)) + 1.0
+    rows, lo, hi = [], [], []
+
+    def row(terms: dict, lower=-np.inf, upper=np.inf):
+        r = np.zeros(m)
+        for j, v in terms.items():
+            r[j] += v
+        rows.append(r)
+        lo.append(lower)
+        hi.append(upper)
+
+    def plus(terms: dict, i, table, sign=1.0):
+        for o in range(k):
+            terms[x[i][o]] = terms.get(x[i][o], 0.0) + sign * table[i][o]
+        return terms
+
+    keep = [x[i][0] for i in range(n)]
+    fs, v = it.forward_s, names.__getitem__
+    for i, t in enumerate(it.tensors):
+        row({x[i][o]: 1.0 for o in range(k)}, 1.0, 1.0)
+        # forward: E_i >= E_{i-1} + d2h_i ; E_i >= save_i + t_c,i + d2h_i (unless kept)
+        terms = plus({v(("E", i)): 1.0}, i, d2h, -1.0)
+        if i:
+            terms[v(("E", i - 1))] = -1.0
+        row(terms, 0.0)
+        terms = plus(plus({v(("E", i)): 1.0, keep[i]: big}, i, d2h, -1.0), i, t_c, -1.0)
+        row(terms, t.save_s)
+    row({v(("F",)): 1.0, v(("E", n - 1)): -1.0}, -fs)
+    row({v(("H", n)): 1.0, v(("F",)): -1.0}, fs, fs)
+    row({v(("S", n)): 1.0}, 0.0, 0.0)
+    for i in range(n - 1, -1, -1):
+        t = it.tensors[i]
+        # issue: the use of the nearest later-saved tensor that was offloaded (backward's start if none)
+        if i == n - 1:
+            row({v(("I", i)): 1.0, v(("F",)): -1.0}, fs)
+        else:
+            row({v(("I", i)): 1.0, v(("T", i + 1)): -1.0, keep[i + 1]: big}, 0.0)
+            row({v(("I", i)): 1.0, v(("I", i + 1)): -1.0, keep[i + 1]: -big}, -big)
+        row({v(("start", i)): 1.0, v(("I", i)): -1.0}, 0.0)
+        row({v(("start", i)): 1.0, v(("H", i + 1)): -1.0}, 0.0)
+        row({v(("start", i)): 1.0, v(("E", i)): -1.0}, 0.0)
+        row({v(("H", i)): 1.0, v(("H", i + 1)): -1.0}, 0.0)
+        row(plus({v(("H", i)): 1.0, v(("start", i)): -1.0, keep[i]: big}, i, h2d, -1.0), 0.0)
+        # stall_i >= start_i + h2d_i - (forward_s + F + use_i + S_{i+1})
+        row(plus({v(("stall", i)): 1.0, v(("start", i)): -1.0, v(("F",)): 1.0, v(("S", i + 1)): 1.0,
+                  keep[i]: big}, i, h2d, -1.0), -fs - t.use_s)
+        row({v(("S", i)): 1.0, v(("S", i + 1)): -1.0, v(("stall", i)): -1.0}, 0.0, 0.0)
+        row({v(("T", i)): 1.0, v(("F",)): -1.0, v(("S", i)): -1.0}, fs + t.use_s, fs + t.use_s)
+    # memory: at every op over budget, the tensors away there free enough
+    over = inst.curve - budget
+    seen = set()
+    for p in np.flatnonzero(over > 0):
+        cover = tuple(i for i, (a, b) in enumerate(inst.windows) if a <= p < b)
+        if (cover, over[p]) in seen:
+            continue
+        seen.add((cover, over[p]))
+        row({keep[i]: -inst.nbytes[i] for i in cover}, over[p] - sum(inst.nbytes[i] for i in cover))
+    c = np.zeros(m)
+    for i in range(n):
+        for o in range(k):
+            c[x[i][o]] = t_c[i][o] + t_dc[i][o]
+    c[v(("F",))] += 1.0
+    c[v(("S", 0))] += 1.0
+    integrality = np.zeros(m)
+    integrality[[x[i][o] for i in range(n) for o in range(k)]] = 1
+    lower = np.zeros(m)
+    upper = np.full(m, np.inf)
+    upper[[x[i][o] for i in range(n) for o in range(k)]] = 1.0
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality,
+               bounds=Bounds(lower, upper), options={"time_limit": time_limit})
+    if res.x is None:  # infeasible: nothing meets the budget
+        return evaluate(inst, [inst.paper_choice(i) for i in range(n)], budget, started)
+    choices = [opts[int(np.argmax([res.x[x[i][o]] for o in range(k)]))] for i in range(n)]
+    return evaluate(inst, choices, budget, started)

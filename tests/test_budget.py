@@ -1,0 +1,108 @@
+"""The memory-budget planner (cswap.plan.budget, issue 14): its model, its exact optimum and its plans."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import cswap
+from cswap.models import build
+from cswap.plan.advisor import IterationProfile, TensorProfile
+from cswap.plan.budget import (KEEP, Instance, extra_seconds, largest_first, offload_everything, optimum, peak,
+                               per_tensor_rule, plan_budget)
+from cswap.plan.gpus import gpu
+from cswap.plan.whatif import AssumedProfile
+
+
+def slow_link():
+    profile = AssumedProfile(gpu("l4-24gb"))
+    profile.codecs = ("zvc", "rle")
+    profile.bw_d2h = profile.bw_h2d = 1e9  # slow enough that transfers show
+    return profile
+
+
+def instance(n: int, seed: int) -> Instance:
+    """n tensors nested like a network's: saved in order, used in reverse, each held across the middle."""
+    rng = random.Random(seed)
+    forward_s, backward_s = 0.01, 0.02
+    saves = sorted(rng.uniform(0, forward_s) for _ in range(n))
+    uses = sorted((rng.uniform(0, backward_s) for _ in range(n)), reverse=True)
+    tensors = []
+    for i in range(n):
+        numel = rng.choice([1, 2, 4, 8]) * 2**18
+        tensors.append(TensorProfile(key=f"{i}:l{i}", layer=f"l{i}", layer_type="ReLU", op="relu", shape=(numel,),
+                                     itemsize=4, sparsity=rng.uniform(0.2, 0.8), runs=numel // 4, save_s=saves[i],
+                                     use_s=uses[i], hidden_f=0.001, hidden_b=0.002))
+    ops = 4 * n
+    curve = np.full(ops, 1e6)
+    for i, t in enumerate(tensors):
+        curve[2 * i:ops - 2 * i] += t.nbytes
+    windows = [(2 * i + 1, ops - 2 * i - 1) for i in range(n)]
+    return Instance.build(IterationProfile(forward_s, backward_s, tuple(tensors)), slow_link(), curve, windows)
+
+
+def brute_force(inst: Instance, budget: float):
+    best = None
+    for choices in itertools.product([KEEP, None, *inst.codecs], repeat=inst.n):
+        if peak(inst, choices) <= budget:
+            t = extra_seconds(inst, choices)
+            if best is None or t < best:
+                best = t
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_integer_program_is_the_exact_optimum_of_the_model(seed):
+    inst = instance(6, seed)
+    floor = peak(inst, [None] * inst.n)
+    budget = random.Random(seed).uniform(floor, inst.curve.max())
+    exact = brute_force(inst, budget)
+    best = optimum(inst, budget)
+    assert best.fits and exact is not None
+    assert best.extra_seconds == pytest.approx(exact, abs=1e-9)
+    plan = plan_budget(inst, budget)
+    assert plan.fits and plan.extra_seconds >= exact - 1e-12
+    for baseline in (offload_everything, largest_first, per_tensor_rule):
+        assert baseline(inst, budget).extra_seconds >= exact - 1e-12
+
+
+def test_a_step_that_fits_moves_nothing():
+    inst = instance(8, 0)
+    plan = plan_budget(inst, inst.curve.max())
+    assert plan.moved == 0 and plan.extra_seconds == 0 and plan.fits
+
+
+def test_plans_meet_the_budget_and_never_lose_to_offloading_everything():
+    for seed in range(20):
+        inst = instance(12, seed)
+        floor = peak(inst, [None] * inst.n)
+        budget = random.Random(seed).uniform(floor, inst.curve.max())
+        plan = plan_budget(inst, budget)
+        assert plan.fits and plan.peak_bytes <= budget
+        everything = offload_everything(inst, budget)
+        assert plan.extra_seconds <= everything.extra_seconds + 1e-12
+    # below what offloading everything reaches, it says so and moves all it can
+    inst = instance(12, 0)
+    plan = plan_budget(inst, 0.5 * peak(inst, [None] * inst.n))
+    assert not plan.fits and plan.moved == inst.n
+
+
+def test_predict_plans_for_the_budget_on_the_full_curve():
+    model = build("resnet18", dataset="cifar10")
+    x = torch.empty(256, 3, 32, 32)
+    free = cswap.predict(model, x, gpu="v100-sxm2-16gb", sparsity=0.5)
+    assert free.modes["budget"].offloaded == 0  # it fits: nothing moves
+    assert all(t.decisions["budget"] == "keep" for t in free.tensors)
+    everything = free.instance.n
+    assert everything > 0
+    floor = cswap.predict(model, x, gpu="v100-sxm2-16gb", sparsity=0.5, budget="1B").peak_bytes("budget")
+    budget = (free.peak_bytes("none") + floor) // 2
+    p = cswap.predict(model, x, gpu="v100-sxm2-16gb", sparsity=0.5, budget=budget)
+    assert p.fits("budget") and p.peak_bytes("budget") <= budget
+    assert 0 < p.modes["budget"].offloaded < everything
+    assert p.step_seconds("budget") >= p.step_seconds("none")
+    assert any(t.decisions["budget"] != "keep" for t in p.tensors)
