@@ -78,7 +78,9 @@ def test_totals_empty():
 
 
 def test_table_contents():
-    text = hand_report().table()
+    rep = hand_report()
+    rep.rows[1].saved_in = "features.5"  # a max-pool output, saved by the next convolution
+    text = rep.table()
     for layer in ("features.1 (ReLU)", "features.4 (MaxPool2d)", "features.6 (ReLU)", "classifier.0 (ReLU)"):
         assert layer in text
     lines = {line.split()[0]: line for line in text.splitlines() if line.startswith(("features", "classifier"))}
@@ -87,6 +89,7 @@ def test_table_contents():
     assert "37.5%" in lines["features.1"] and "12.5%" in lines["features.4"] and "90.0%" in lines["features.6"]
     assert "10.000" in lines["features.1"] and "4.000" in lines["features.1"]   # T' and T in ms
     assert "2x5x10x5" in lines["features.1"] and "max_pool2d" in lines["features.4"]
+    assert lines["features.4"].split()[3] == "features.5" and lines["features.1"].split()[3] == "-"
     total = next(line for line in text.splitlines() if line.startswith("total:"))
     assert "4 tensors" in total and "3 compressed" in total
     assert f"{7500 / 2**20:.2f} MiB offloaded" in total and f"{3800 / 2**20:.2f} MiB moved" in total
@@ -122,6 +125,8 @@ def test_dict_round_trip_through_json():
     back = EpochReport.from_dict(json.loads(json.dumps(d)))
     assert back == rep
     assert isinstance(back.rows[0].shape, tuple)
+    older = {k: v for k, v in d["rows"][0].items() if k != "saved_in"}  # a report written before saved_in
+    assert TensorRow.from_dict(older).saved_in == ""
 
 
 def test_to_dict_plain_numbers():

@@ -56,6 +56,10 @@ class Instance:
     curve: np.ndarray               # device bytes after each op, nothing offloaded
     windows: list[tuple[int, int]]  # per tensor: [first op away, first op back) when offloaded
     standalone: list[dict] = field(default_factory=list)  # per tensor: option -> eq. 1-4 cost (seconds)
+    nbytes: np.ndarray = field(init=False)                 # per tensor: device bytes it holds
+
+    def __post_init__(self):
+        self.nbytes = np.array([t.nbytes for t in self.iteration.tensors], dtype=np.float64)
 
     @classmethod
     def build(cls, iteration: IterationProfile, profile, curve, windows, codecs=None, sizes=None) -> "Instance":
@@ -73,13 +77,6 @@ class Instance:
     @property
     def n(self) -> int:
         return len(self.iteration.tensors)
-
-    @property
-    def nbytes(self) -> np.ndarray:
-        return np.array([t.nbytes for t in self.iteration.tensors], dtype=np.float64)
-
-    def options(self, i: int) -> list:
-        return [KEEP, None, *self.codecs]
 
     def paper_choice(self, i: int):
         """The paper's rule for an offloaded tensor: the codec whose cost beats the raw copy's, else raw."""
@@ -136,8 +133,8 @@ def evaluate(inst: Instance, choices, budget: float, started: float | None = Non
 
 
 def _cover(inst: Instance, budget: float, pick) -> list | None:
-    """Offload tensors until no op is over budget: at the worst op, `pick(candidates,
-    choices)` names (tensor, option) among the tensors away there. None if it cannot."""
+    """Offload tensors until no op is over budget: at the worst op, `pick(candidates)`
+    names (tensor, option) among the kept tensors away there. None if it cannot."""
     choices = [KEEP] * inst.n
     over = inst.curve - budget
     nbytes = inst.nbytes
@@ -146,7 +143,7 @@ def _cover(inst: Instance, budget: float, pick) -> list | None:
         candidates = [i for i, (a, b) in enumerate(inst.windows) if choices[i] == KEEP and a <= worst < b]
         if not candidates:
             return None
-        i, option = pick(candidates, choices)
+        i, option = pick(candidates)
         choices[i] = option
         a, b = inst.windows[i]
         over[a:b] -= nbytes[i]
@@ -189,11 +186,11 @@ def plan_budget(inst: Instance, budget: float, refine: bool = True) -> Plan:
         return c.t_c[option] + c.t_dc[option] + max(inst.standalone[i][option] - c.t_c[option] - c.t_dc[option],
                                                     crowd)
 
-    def pick(candidates, choices):
+    def pick(candidates):
         best = None
         for i in candidates:
-            option = min([None, *inst.codecs], key=lambda o: added(i, o))
-            score = inst.nbytes[i] / (added(i, option) + 1e-9)
+            cost, option = min(((added(i, o), o) for o in [None, *inst.codecs]), key=lambda pair: pair[0])
+            score = inst.nbytes[i] / (cost + 1e-9)
             if best is None or score > best[0]:
                 best = (score, i, option)
         _, i, option = best
@@ -238,7 +235,7 @@ def offload_everything(inst: Instance, budget: float) -> Plan:
 def largest_first(inst: Instance, budget: float) -> Plan:
     """Offload the largest tensor away at the worst op until the step fits; raw copies."""
     started = time.perf_counter()
-    choices = _cover(inst, budget, lambda cands, _: (max(cands, key=lambda i: inst.nbytes[i]), None))
+    choices = _cover(inst, budget, lambda cands: (max(cands, key=lambda i: inst.nbytes[i]), None))
     return evaluate(inst, choices if choices is not None else [None] * inst.n, budget, started)
 
 
@@ -247,7 +244,7 @@ def per_tensor_rule(inst: Instance, budget: float) -> Plan:
     at the worst op whose eq. 1-4 cost per byte is lowest, with the codec the rule picks."""
     started = time.perf_counter()
 
-    def pick(cands, _):
+    def pick(cands):
         i = min(cands, key=lambda i: (inst.standalone[i][inst.paper_choice(i)] / max(inst.nbytes[i], 1.0),
                                       -inst.nbytes[i]))
         return i, inst.paper_choice(i)
