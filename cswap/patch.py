@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import inspect
 import warnings
 import weakref
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from .plan.controller import Controller
+from .plan.runtime_budget import AUTO
 from .runtime.layers import LayerTracker
 from .runtime.stats import SwapStats
 from .runtime.swapper import Swapper, check_policy
@@ -41,6 +44,7 @@ class _Patch:
         self.traced = False          # a forward of this model was traced by torch.compile
         self.warned_traced = False
         self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
+        self.restore_forward = None  # budget="auto": puts the model's own forward back
         self.handles = [
             model.register_forward_pre_hook(self._enter, prepend=True),
             model.register_forward_hook(self._exit, always_call=True),
@@ -77,7 +81,47 @@ class _Patch:
             self.warned_traced = True
             warnings.warn(_traced_advice("ran under torch.compile"), RuntimeWarning, stacklevel=3)
 
+    def retry_on_oom(self, model: nn.Module) -> None:
+        """budget="auto": wrap the model's forward so that a forward that runs out of
+        device memory is retried once with every saved activation offloaded."""
+        own = model.__dict__.get("forward")  # an instance attribute of the user's, if any
+        forward = model.forward
+
+        @functools.wraps(forward)
+        def retrying(*args, **kwargs):
+            if not (self.controller.budget.waiting_for_oom and self.depth == 1 and self.hooks_ctx is not None):
+                return forward(*args, **kwargs)
+            try:
+                return forward(*args, **kwargs)
+            except torch.OutOfMemoryError as exc:
+                message = str(exc)  # leaving the handler frees the failed attempt's tensors
+            self._restart_pass(message)
+            try:
+                return forward(*args, **kwargs)
+            except torch.OutOfMemoryError as exc:
+                raise torch.OutOfMemoryError(
+                    f"cswap: the forward ran out of device memory, and again with every saved activation "
+                    f"offloaded (budget='auto'): what remains (parameters, gradients, optimizer state, the "
+                    f"largest layer's working set) does not fit. Lower the batch size. ({exc})") from exc
+
+        model.forward = retrying
+        self.restore_forward = lambda: (setattr(model, "forward", own) if own is not None
+                                        else model.__dict__.pop("forward", None))
+
+    def _restart_pass(self, message: str) -> None:
+        """Drop the failed forward's pass and start the retry's, now profiled."""
+        self.hooks_ctx.__exit__(None, None, None)
+        self.swapper.end_pass()
+        gc.collect()  # the failed attempt's graph, before the retry allocates again
+        self.controller.out_of_memory(message)
+        self.tracker.reset()
+        self.swapper.begin_pass()
+        self.hooks_ctx = _hooks(self.swapper)
+        self.hooks_ctx.__enter__()
+
     def remove(self) -> None:
+        if self.restore_forward is not None:
+            self.restore_forward()
         for handle in self.handles:
             handle.remove()
         if self.hooks_ctx is not None:  # unpatched from inside forward
@@ -101,8 +145,8 @@ def _hooks(swapper: Swapper):
     return torch.autograd.graph.saved_tensors_hooks(swapper.pack, swapper.unpack)
 
 
-def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=None, advisor: str = "independent",
-          report_dir=None, verbose: bool = True, **options) -> nn.Module:
+def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None, profile=None,
+          advisor: str = "independent", report_dir=None, verbose: bool = True, **options) -> nn.Module:
     """Offload the activations `model` saves for backward to host memory.
 
     Returns the same module, patched in place (patching again replaces the
@@ -114,6 +158,14 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     "save_on_cpu" (PyTorch's torch.autograd.graph.save_on_cpu(pin_memory=True)
     around each forward: every saved tensor, parameters included; a baseline).
 
+    budget: offload only what must go to keep the device's memory within it:
+    bytes, a size like "20GiB", a fraction of the device's memory like 0.8, or
+    "auto" (nothing leaves until a forward runs out of device memory; that step
+    is retried with every saved activation offloaded and a budget is chosen).
+    Every saved activation is then a candidate (candidates="all"): after the
+    first step (offloaded raw, timed and its memory traced) the planner keeps,
+    moves raw or compresses each for the least predicted step time within the
+    budget, and plans again each epoch end (cswap.plan.runtime_budget).
     profile: a cswap.Profile or a path (default: cswap.load_profile()).
     advisor: "independent" (paper eq. 1-4 per tensor) or "timeline" (a
     simulated iteration with shared PCIe links). report_dir: where
@@ -133,20 +185,31 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, profile=Non
     mode = mode or "cswap"
     unknown = sorted(set(options) - set(SWAPPER_OPTIONS))
     if unknown:
-        raise TypeError(f"cswap.patch: unknown option {unknown[0]!r}; options are mode, policy, profile, advisor, "
+        raise TypeError(f"cswap.patch: unknown option {unknown[0]!r}; options are mode, policy, budget, profile, advisor, "
                         f"report_dir, verbose, {', '.join(SWAPPER_OPTIONS)}")
     check_policy(mode, policy)  # the swapper only ever sees the controller's policy
+    if budget is not None:
+        if mode != "cswap" or policy is not None:
+            raise ValueError(f"cswap.patch: a budget is planned in mode='cswap' without a policy (got "
+                             f"mode={mode!r}{', a policy' if policy is not None else ''}); drop one of them")
+        if options.setdefault("candidates", "all") != "all":
+            raise ValueError("cswap.patch: with a budget every saved activation is a candidate; drop "
+                             "candidates= (the plan keeps what need not leave)")
     controller = Controller(mode, profile, user_policy=policy, advisor_mode=advisor, report_dir=report_dir,
-                            verbose=verbose)
+                            verbose=verbose, budget=budget)
     if mode == "cswap" and "codec_configs" not in options and policy is None:
         options["codec_configs"] = controller.codec_configs()
     tracker = LayerTracker()
     swapper = Swapper(mode, controller.policy if mode == "cswap" else None, layer=tracker.where,
                       observer=controller.profiler, **options)  # validates the options first
     controller.warm_up = swapper.warm_up
+    if controller.budget is not None:
+        swapper.memory_limit = controller.budget.limit
     unpatch(model)
     tracker.attach(model)
-    _PATCHED[model] = _Patch(model, swapper, tracker, controller)
+    _PATCHED[model] = entry = _Patch(model, swapper, tracker, controller)
+    if budget == AUTO:
+        entry.retry_on_oom(model)
     if getattr(model, "_compiled_call_impl", None) is not None:  # model.compile(): hooks run inside the graph
         warnings.warn(_traced_advice("was compiled in place (model.compile())"), RuntimeWarning, stacklevel=2)
         _PATCHED[model].warned_traced = True

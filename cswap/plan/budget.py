@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..runtime.candidates import KEEP  # a choice beside None (offload raw) and a codec name
 from .advisor import IterationProfile, _check_profile, _costs, _Costs, _exposed, _timeline
 
 __all__ = ["KEEP", "Instance", "Plan", "evaluate", "largest_first", "offload_everything", "optimum",
-           "plan_budget", "per_tensor_rule"]
+           "parse_bytes", "plan_budget", "per_tensor_rule"]
 
-KEEP = "keep"  # a choice: the tensor stays on the device (None: offloaded raw; a codec name: compressed)
 
 
 @dataclass
@@ -127,6 +127,28 @@ def evaluate(inst: Instance, choices, budget: float, started: float | None = Non
     p = peak(inst, choices)
     spent = time.perf_counter() - started if started is not None else 0.0
     return Plan(list(choices), extra_seconds(inst, choices), p, p <= budget, spent)
+
+
+def parse_bytes(value, capacity: int | None = None) -> int:
+    """40GiB, 40GB, 4e10, 40e9 bytes, or a fraction of `capacity` (0.5)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if 0 < value <= 1 and capacity:
+            return int(value * capacity)
+        return int(value)
+    text = str(value).strip().replace(" ", "")
+    units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 1e12, "GB": 1e9, "MB": 1e6,
+             "KB": 1e3, "B": 1}
+    for unit, scale in units.items():
+        if text.upper().endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * scale)
+            except ValueError:
+                break
+    try:
+        return parse_bytes(float(text), capacity)
+    except ValueError:
+        raise ValueError(f"cswap.plan: {value!r} is not a size; write e.g. 40GiB, 40GB, 4e10 or a fraction "
+                         f"of the GPU's memory like 0.5") from None
 
 
 # -- covering the deficit ------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ import sys
 import time
 
 from ..report import EpochReport, ReportWriter, TensorRow
-from ..runtime.candidates import SwapInfo
+from ..runtime.candidates import KEEP, SwapInfo
 from ..tune.profile import Profile, load_profile
 from .advisor import MODES as ADVISOR_MODES
 from .advisor import Advisor, Decision
 from .profiler import TensorProfiler
+from .runtime_budget import RuntimeBudget
 
 __all__ = ["Controller"]
 
@@ -40,8 +41,10 @@ def _check_options(profile, advisor_mode, report_dir, verbose) -> None:
 
 class Controller:
     def __init__(self, mode: str, profile=None, user_policy=None, advisor_mode: str = "independent",
-                 report_dir=None, verbose: bool = True):
+                 report_dir=None, verbose: bool = True, budget=None):
         _check_options(profile, advisor_mode, report_dir, verbose)
+        # With a budget the planner chooses keep, raw or a codec per tensor (cswap.plan.runtime_budget).
+        self.budget = RuntimeBudget(budget) if budget is not None else None
         self.mode = mode
         self._profile_source = profile
         self._profile = None
@@ -50,6 +53,7 @@ class Controller:
         self.user_policy = user_policy
         self.chosen: dict[str, str | None] = {}   # what a user policy chose, per tensor key
         self.profiler = TensorProfiler()
+        self.profiler.record_memory = self.budget is not None and not self.budget.waiting_for_oom
         self.decisions: dict[str, Decision] = {}
         self.epoch = 0
         self.writer = ReportWriter(report_dir) if report_dir is not None else None
@@ -82,24 +86,40 @@ class Controller:
     # -- the policy the swapper asks in "cswap" mode -------------------------------------------
 
     def policy(self, info: SwapInfo) -> str | None:
-        """The user's policy, else the advisor's codec for this tensor (None, i.e.
-        uncompressed, until the first iteration has been profiled)."""
+        """The user's policy, else the budget plan's choice (KEEP, None or a codec), else
+        the advisor's codec for this tensor (None, i.e. uncompressed, until the first
+        iteration has been profiled)."""
+        if self.budget is not None and self.budget.waiting_for_oom:
+            return KEEP  # passive mode: as unpatched until a forward runs out of memory
         if self.user_policy is not None:
             codec = self.chosen[info.key] = self.user_policy(info)
             return codec
         if self.profiler.iteration is not self._decided_from:
             self.decide()  # the first timed iteration just completed
+        if self.budget is not None:
+            return self.budget.choice(info.key)
         decision = self.decisions.get(info.key)
         return decision.codec if decision is not None else None
+
+    def out_of_memory(self, message: str) -> None:
+        """Passive mode: a forward ran out of device memory. Its retry offloads every
+        saved activation raw and is the profiled step the budget is planned from."""
+        self.budget.waiting_for_oom = False
+        self.budget.oom_message = message.splitlines()[0][:200] if message else "torch.OutOfMemoryError"
+        self.profiler.record_memory = True
+        self.profiler.arm_timing()
+        self.profiler.arm_sampling()
 
     def decide(self) -> dict[str, Decision]:
         iteration = self.profiler.latest()
         if iteration is not None and self.mode != "none":
             self.decisions = self.advisor.decide(iteration)
             self._decided_from = self.profiler.iteration
+            if self.budget is not None:
+                self.budget.replan(iteration, self.profiler.memory, self.profile, self.profiler.device)
             if self.warm_up is not None:
-                self.warm_up({(d.codec, t.itemsize) for t in iteration.tensors
-                              if (d := self.decisions.get(t.key)) is not None and d.codec is not None})
+                self.warm_up({(codec, t.itemsize) for t in iteration.tensors
+                              if (codec := self._decision(t.key)) not in (None, KEEP)})
         return self.decisions
 
     # -- epochs ---------------------------------------------------------------------------------
@@ -115,6 +135,8 @@ class Controller:
         iteration = self.profiler.latest()
         if iteration is not None:  # measured on this device: what cswap-plan --times reads
             all_metrics["forward_s"], all_metrics["backward_s"] = iteration.forward_s, iteration.backward_s
+        if self.budget is not None:
+            all_metrics.update(self.budget.metrics())
         report = EpochReport(epoch=self.epoch, rows=rows, metrics=all_metrics)
         if self.writer is not None:
             self.writer.write(report)
@@ -133,6 +155,8 @@ class Controller:
             return None
         if self.user_policy is not None:
             return self.chosen.get(key)
+        if self.budget is not None:
+            return self.budget.choice(key)
         d = self.decisions.get(key)
         return d.codec if d is not None else None
 
@@ -145,13 +169,13 @@ class Controller:
                 d = decisions.get(t.key)
                 codec = self._decision(t.key)
                 t_best = None
-                if d is not None:
+                if d is not None and codec != KEEP:
                     t_best = d.t_codec.get(codec, d.t_prime) if codec else d.t_prime
                 rows.append(TensorRow(
                     epoch=self.epoch, key=t.key, layer=t.layer, layer_type=t.layer_type, op=t.op,
                     shape=tuple(t.shape), nbytes=t.nbytes, sparsity=t.sparsity, decision=codec,
                     t_prime_s=d.t_prime if d is not None else None, t_best_s=t_best,
-                    compressed_bytes=(d.sizes.get(codec) if d is not None and codec else None),
+                    compressed_bytes=(d.sizes.get(codec) if d is not None and codec not in (None, KEEP) else None),
                     saved_in=info.saved_in if info is not None else ""))
             return rows
         for key, (sparsity, _) in self.profiler.sparsity.items():  # sampled but never timed (no backward)

@@ -21,12 +21,13 @@ import time
 from dataclasses import dataclass, field, replace
 from math import prod
 
+import numpy as np
 import torch
 
 from ..runtime.candidates import SwapInfo
 from .advisor import IterationProfile, TensorProfile
 
-__all__ = ["TensorProfiler", "sparsity_and_runs"]
+__all__ = ["MemoryTrace", "TensorProfiler", "sparsity_and_runs"]
 
 _WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -60,7 +61,36 @@ class _Pass:
     forward_end: object = None
     backward_start: object = None
     last_use: object = None
-    records: dict[str, _Record] = field(default_factory=dict)
+    records: dict[str, _Record] = field(default_factory=dict)   # offloaded: timed and sampled
+    kept: dict[str, _Record] = field(default_factory=dict)      # kept on the device by the plan: sampled
+    ticks: list = field(default_factory=list)                   # (device bytes, keys away), per save and use
+
+
+@dataclass
+class MemoryTrace:
+    """Device memory through one timed iteration, at each save and use of a saved tensor
+    (a tick), with every candidate offloaded raw. `curve[k]` is what the device would
+    have held at tick k had nothing been offloaded (what it held plus what was away);
+    `windows[key]` the ticks [a, b) over which that tensor was away (its copy out done
+    and the step done with it, until its copy back started; empty when never away)."""
+
+    curve: np.ndarray
+    windows: dict[str, tuple[int, int]]
+    measured_peak: int  # the most the device held at a tick, offloading everything
+
+
+def _memory_trace(ticks, nbytes: dict[str, int]) -> MemoryTrace | None:
+    if not ticks:
+        return None
+    curve = np.array([held + sum(nbytes[k] for k in away) for held, away in ticks], dtype=np.float64)
+    windows: dict[str, tuple[int, int]] = {}
+    for k, (_, away) in enumerate(ticks):
+        for key in away:
+            a, b = windows.get(key, (k, k))
+            if b == k:  # still the first stretch away (a later one would be a second round)
+                windows[key] = (a, k + 1)
+    return MemoryTrace(curve, {key: windows.get(key, (0, 0)) for key in nbytes},
+                       int(max(held for held, _ in ticks)))
 
 
 class TensorProfiler:
@@ -74,6 +104,9 @@ class TensorProfiler:
         self.sparsity: dict[str, tuple[float, int]] = {}    # key -> (sparsity, runs), latest sample
         self.infos: dict[str, SwapInfo] = {}                # key -> latest info
         self.overhead_s = 0.0                               # host seconds spent profiling, since reset
+        self.record_memory = False                          # trace device memory in the timed pass
+        self.memory: MemoryTrace | None = None              # ...of the latest complete timing
+        self.device = None                                  # the Device of the latest complete timing
 
     @property
     def active(self) -> bool:
@@ -100,12 +133,35 @@ class TensorProfiler:
             self.timing_armed = self.sampling_armed = False
         self.overhead_s += time.perf_counter() - start
 
-    def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo, device) -> None:
+    def on_tick(self, pass_, device, incoming: int = 0) -> None:
+        """A tensor is about to be saved or used (the swapper's pass_ holds its items):
+        in the timed pass, with record_memory, note what the device holds and what is away."""
+        p = self.current
+        if p is None or not p.timing or not self.record_memory:
+            return
+        start = time.perf_counter()
+        away = ()
+        if pass_ is not None:
+            records = p.records
+            away = tuple(item.key for item in pass_.items
+                         if item.released and item.restored is None and item.weak() is None
+                         and item.key in records and records[item.key].used is None)
+        p.ticks.append((device.memory_allocated() + incoming, away))
+        self.overhead_s += time.perf_counter() - start
+
+    def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo, device, offloaded: bool = True) -> None:
         p = self.current
         self.infos[key] = info
         if p is None:
             return
         start = time.perf_counter()
+        if not offloaded:  # kept by the plan: only its sparsity
+            p.device = p.device or device
+            if p.sampling:
+                record = p.kept[key] = _Record(info)
+                record.nnz, record.runs = sparsity_and_runs(t)
+            self.overhead_s += time.perf_counter() - start
+            return
         if p.start is None:
             p.device = device
             p.start = self._stamp(device)
@@ -140,7 +196,7 @@ class TensorProfiler:
         """Read back the observed pass (one sync on CUDA): sparsity samples, and the
         iteration's timing if backward used every recorded tensor."""
         p, self.current = self.current, None
-        if p is None or not p.records:
+        if p is None or not (p.records or p.kept):
             if p is not None:  # nothing was offloaded in it: observe the next pass instead
                 self.timing_armed |= p.timing
                 self.sampling_armed |= p.sampling
@@ -148,11 +204,15 @@ class TensorProfiler:
         start = time.perf_counter()
         p.device.synchronize()
         if p.sampling:
-            for key, r in p.records.items():
+            for key, r in {**p.records, **p.kept}.items():
                 self.sparsity[key] = (1.0 - int(r.nnz) / max(prod(r.info.shape), 1), int(r.runs))
-        complete = p.timing and p.forward_end is not None and all(r.used is not None for r in p.records.values())
+        complete = p.timing and p.records and p.forward_end is not None and \
+            all(r.used is not None for r in p.records.values())
         if complete:
             self.iteration = self._iteration(p)
+            self.device = p.device
+            if self.record_memory:
+                self.memory = _memory_trace(p.ticks, {k: r.info.nbytes for k, r in p.records.items()})
         elif p.timing:
             self.timing_armed = True  # no (complete) backward: time the next pass
         self.overhead_s += time.perf_counter() - start

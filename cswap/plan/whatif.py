@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from .advisor import Advisor, IterationProfile, TensorProfile, simulate
-from .budget import KEEP, Instance, plan_budget
+from .budget import KEEP, Instance, parse_bytes, plan_budget
 from .gpus import GPU, gpu as lookup
 from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, record_keys
@@ -69,28 +69,6 @@ LINK_EFFICIENCY = 0.8
 # one-pass bitmask / run / index codecs, and far lower for LZ4's match search.
 CODEC_HBM_FRACTION = {"zvc": (0.30, 0.40), "rle": (0.20, 0.25), "csr": (0.25, 0.30), "lz4": (0.03, 0.10)}
 CODEC_LAUNCH_S = 10e-6
-
-
-def parse_bytes(value, capacity: int | None = None) -> int:
-    """40GiB, 40GB, 4e10, 40e9 bytes, or a fraction of `capacity` (0.5)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if 0 < value <= 1 and capacity:
-            return int(value * capacity)
-        return int(value)
-    text = str(value).strip().replace(" ", "")
-    units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 1e12, "GB": 1e9, "MB": 1e6,
-             "KB": 1e3, "B": 1}
-    for unit, scale in units.items():
-        if text.upper().endswith(unit):
-            try:
-                return int(float(text[: -len(unit)]) * scale)
-            except ValueError:
-                break
-    try:
-        return parse_bytes(float(text), capacity)
-    except ValueError:
-        raise ValueError(f"cswap.plan: {value!r} is not a size; write e.g. 40GiB, 40GB, 4e10 or a fraction "
-                         f"of the GPU's memory like 0.5") from None
 
 
 class AssumedProfile:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COMPILED_GRAPH", "SPARSE_PRODUCERS", "SwapInfo", "is_activation", "op_name", "producer",
+__all__ = ["COMPILED_GRAPH", "KEEP", "SPARSE_PRODUCERS", "SwapInfo", "is_activation", "op_name", "producer",
            "saved_by_compiled_graph"]
 
 # grad_fn names (without the trailing version digit) of ops whose outputs are
@@ -31,6 +31,7 @@ SPARSE_PRODUCERS = frozenset({
     "AdaptiveAvgPool2DBackward", "AdaptiveAvgPool3DBackward",
 })
 COMPILED_GRAPH = "compiled_graph"
+KEEP = "keep"  # what a policy returns to leave a candidate on the device
 _VERSION = re.compile(r"\d+$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 

@@ -126,9 +126,21 @@ class Device:
     def reset_peak(self) -> None:
         raise NotImplementedError
 
+    def total_memory(self) -> int | None:
+        """The device's memory in bytes (None: unlimited)."""
+        raise NotImplementedError
+
+    def usable_memory(self) -> int | None:
+        """What memory_allocated() can reach now: free memory plus what PyTorch holds (None: unlimited)."""
+        raise NotImplementedError
+
     # -- what the host and compute touch (the emulator's accounting and race checks) ---------
     def on_saved(self, t: torch.Tensor) -> None:
         """Autograd saved `t`, written by compute before now."""
+
+    def uncounted_bytes(self, t: torch.Tensor) -> int:
+        """Bytes saving `t` will add to memory_allocated() (on a GPU, none: its op allocated them)."""
+        return 0
 
     def on_use(self, t: torch.Tensor) -> None:
         """Compute reads `t` from now on."""
@@ -232,6 +244,13 @@ class CudaDevice(Device):
 
     def reset_peak(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
+
+    def total_memory(self) -> int:
+        return torch.cuda.get_device_properties(self.device).total_memory
+
+    def usable_memory(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return free + torch.cuda.memory_reserved(self.device)
 
 
 _CUDA: dict[int, CudaDevice] = {}

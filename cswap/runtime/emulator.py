@@ -27,7 +27,8 @@ at least as hostile as a GPU's:
 - Memory. `live_bytes` counts the device bytes held by saved activations
   (from the moment autograd saves them until their storage dies) and by the
   runtime's own buffers; `peak_bytes` their maximum. With `capacity_bytes`, an
-  allocation beyond it raises torch.OutOfMemoryError.
+  allocation or a first save beyond it raises torch.OutOfMemoryError (a saved
+  tensor stands for the op output a GPU would have failed to allocate).
 - Pinned memory as PyTorch's caching host allocator keeps it: blocks rounded
   up to a power of two, and kept after being freed until empty_host_cache().
 - Errors. An exception in device work on a stream, or an injected failure
@@ -557,9 +558,21 @@ class EmulatedDevice(Device):
             buf = self._track(t)
             if buf.counted or buf.kind != "saved":
                 return
+            if self.capacity_bytes is not None and self.live_bytes + buf.nbytes > self.capacity_bytes:
+                # on a GPU the op's output allocation would have failed: the forward stops here
+                raise torch.OutOfMemoryError(
+                    f"cswap emulated device: out of memory holding a saved tensor of {buf.nbytes} bytes "
+                    f"({self.live_bytes} of {self.capacity_bytes} bytes in use)")
             buf.counted = True
             self._grow(buf.nbytes)
         self._host_side_access(t, self._compute, True, "autograd's save")
+
+    def uncounted_bytes(self, t: torch.Tensor) -> int:
+        """A first save is where the emulator counts a saved storage (the op's allocation)."""
+        with self._lock:
+            buf = self._buffers.get(t.untyped_storage().data_ptr())
+            counted = buf is not None and (buf.block is not None or buf.counted)
+        return 0 if counted else t.untyped_storage().nbytes()
 
     def on_use(self, t: torch.Tensor) -> None:
         if not self._host_side_access(t, self._compute, False, "backward's use"):
@@ -692,6 +705,12 @@ class EmulatedDevice(Device):
 
     def max_memory_reserved(self) -> int:
         return self.peak_reserved_bytes
+
+    def total_memory(self) -> int | None:
+        return self.capacity_bytes
+
+    def usable_memory(self) -> int | None:
+        return self.capacity_bytes
 
     def reset_peak(self) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["Item", "Handle", "Kept", "Pass", "dense_permutation", "inverse", "flat_bytes", "modified_error"]
+__all__ = ["Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "inverse", "flat_bytes", "modified_error"]
 
 
 def dense_permutation(t: torch.Tensor) -> list[int] | None:
@@ -64,11 +64,23 @@ class Kept:
 class Pass:
     """The items offloaded during one forward pass, in pack order."""
 
-    __slots__ = ("items", "nbytes", "__weakref__")
+    __slots__ = ("items", "nbytes", "candidates", "__weakref__")
 
     def __init__(self):
         self.items: list[Item] = []
-        self.nbytes = 0  # offloaded in this pass
+        self.nbytes = 0      # offloaded in this pass
+        self.candidates = 0  # tensors that could have left (offloaded or kept by the policy): keys' index
+
+
+class KeptByPolicy:
+    """The dedup entry of a candidate the policy kept on the device: later saves of it
+    (or of a dense view of it) stay too, and take no key of their own."""
+
+    __slots__ = ("perm",)
+    freed = False
+
+    def __init__(self, perm):
+        self.perm = perm
 
 
 class Item:

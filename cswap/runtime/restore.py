@@ -96,12 +96,15 @@ class Restorer:
         ascending = before is not None and not before.freed and before.round != round_
         order = range(item.index + 1, len(items)) if ascending else range(item.index - 1, -1, -1)
         budget = self.sw.prefetch_limit(item.pass_)
+        memory_limit = self.sw.memory_limit()
         for j in order:
             other = items[j]
             if other.freed or other.round != round_:  # gone, or already served in this backward
                 continue
             if other.info.nbytes > budget:
                 break
+            if memory_limit is not None and other.device.memory_allocated() + other.info.nbytes > memory_limit:
+                break  # over the memory budget: backward fetches it when it needs it
             if other.restored is None and other.error is None and other.failure is None:
                 try:
                     if self.restore(other):
@@ -117,12 +120,14 @@ class Restorer:
 
     def on_demand(self, item: Item) -> bool:
         """`restore`; when the device is out of memory, give back the prefetched
-        restores backward has not used yet (their host copies stay) and retry once."""
+        restores backward has not used yet (their host copies stay), wait for the
+        copies out still in flight to release their tensors, and retry once."""
         try:
             return self.restore(item)
         except torch.OutOfMemoryError:
             self.sw.stats.add("oom_retries")
             self.drop_unused_prefetches(item)
+            self.sw.synchronize()  # and tensors still being copied out leave the device first
             try:
                 return self.restore(item)
             except torch.OutOfMemoryError as exc:

@@ -49,11 +49,11 @@ import torch
 from .. import codecs
 from ..codecs.base import WORD_DTYPES
 from . import emulator
-from .candidates import COMPILED_GRAPH, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer, \
+from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer, \
     saved_by_compiled_graph
 from .device import Device, device_of
 from .host_pool import HostPool
-from .items import Handle, Item, Kept, Pass, dense_permutation, modified_error
+from .items import Handle, Item, Kept, KeptByPolicy, Pass, dense_permutation, modified_error
 from .offload import Offloader
 from .restore import Restorer
 from .stats import SwapStats
@@ -153,7 +153,10 @@ class Swapper:
         self.codec_configs = dict(codec_configs or {})
         self.checksum = checksum
         self.layer = layer or (lambda t: ("", "", ""))  # (made in, its type, saved in)
-        self.observer = observer  # a TensorProfiler (begin_pass, on_pack, end_forward, on_unpack), or None
+        self.observer = observer  # a TensorProfiler (begin_pass, on_tick, on_pack, end_forward, on_unpack), or None
+        # Device bytes to stay within (a memory budget's plan), or None: pack waits for copies
+        # out and prefetch holds back while the device holds more (patch wires the budget).
+        self.memory_limit: Callable[[], int | None] = lambda: None
         self.lock = threading.RLock()
         self._warned: set[str] = set()
         self._notices: list[str] = []
@@ -209,7 +212,13 @@ class Swapper:
     def pack(self, t: torch.Tensor):
         self.surface()
         dev = device_of(t) if isinstance(t, torch.Tensor) else None
-        if dev is not None and held_for_backward(t):
+        held = dev is not None and held_for_backward(t)
+        incoming = dev.uncounted_bytes(t) if held else 0  # (the emulator counts a storage at its first save)
+        if dev is not None and self.observer is not None:
+            self.observer.on_tick(self._pass, dev, incoming)  # what the device holds, this tensor included
+        if dev is not None and self.memory_limit() is not None:
+            self._wait_within(self.memory_limit() - incoming, dev)
+        if held:
             dev.on_saved(t)
         op = None
         if self.mode not in ("none", "save_on_cpu") and dev is not None:
@@ -218,7 +227,8 @@ class Swapper:
             return Kept(t)
         shared = self._already_offloaded(t)
         if shared is not None:
-            self.stats.add("deduplicated")
+            if not isinstance(shared, Kept):
+                self.stats.add("deduplicated")
             return shared
         if self._pass is None:
             self._pass = Pass()
@@ -228,9 +238,15 @@ class Swapper:
                                   "and development")
         layer, layer_type, saved_in = self.layer(t)
         info = SwapInfo(op=op, shape=tuple(t.shape), dtype=t.dtype, nbytes=t.numel() * t.element_size(),
-                        device=t.device, layer=layer, layer_type=layer_type, index=len(self._pass.items),
+                        device=t.device, layer=layer, layer_type=layer_type, index=self._pass.candidates,
                         saved_in=saved_in)
+        self._pass.candidates += 1
         codec = self._choose_codec(info)
+        if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
+            self._seen[id(t)] = (weakref.ref(t), t._version, KeptByPolicy(dense_permutation(t)))
+            if self.observer is not None:
+                self.observer.on_pack(info.key, t, info, dev, offloaded=False)
+            return Kept(t)
         item = Item(t, info, codec, dense_permutation(t), self._pass, dev)
         item.ready = dev.record_event(dev.compute_stream())
         self.device, self.tensor_device = dev, t.device
@@ -263,6 +279,21 @@ class Swapper:
             waited_since = waited_since or time.perf_counter()
             self._wait_released(oldest, at="pack.stash_full")
         item.pass_.nbytes += nbytes
+        if waited_since is not None:
+            self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
+
+    def _wait_within(self, limit: int, dev: Device) -> None:
+        """Over the memory budget: wait for the oldest copies out to complete and release
+        them until the device holds at most `limit` bytes or nothing is in flight (the
+        plan counted on those tensors being gone by now)."""
+        waited_since = None
+        while dev.memory_allocated() > limit:
+            with self.lock:
+                if not self._inflight:
+                    break
+                oldest = self._inflight[0]
+            waited_since = waited_since or time.perf_counter()
+            self._wait_released(oldest, at="pack.stash_full")
         if waited_since is not None:
             self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
 
@@ -299,11 +330,13 @@ class Swapper:
         (a flatten after pooling): the same bytes are never sent twice."""
         entry = self._seen.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == t._version and not entry[2].freed:
-            return Handle(entry[2], self)
+            return Kept(t) if isinstance(entry[2], KeptByPolicy) else Handle(entry[2], self)
         base = t._base if t._is_view() else None
         entry = self._seen.get(id(base)) if base is not None else None
         if entry is not None and entry[0]() is base and entry[1] == t._version and not entry[2].freed \
                 and entry[2].perm is not None:
+            if isinstance(entry[2], KeptByPolicy):
+                return Kept(t)
             # The restored base has the original strides from storage offset 0.
             view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
             return Handle(entry[2], self, view)
@@ -329,20 +362,30 @@ class Swapper:
         return op_name(name or "") if self.candidates == "all" or name in SPARSE_PRODUCERS else None
 
     def _choose_codec(self, info: SwapInfo) -> str | None:
+        """None (offload raw), a codec, or KEEP (leave it on the device)."""
         if self.mode in ("vdnn", "vdnnpp"):  # vdnnpp compresses on the host, after the transfer
             return None
         if self.mode == "sc":
             return "zvc"
         codec = self.policy(info)
-        if codec is not None and codec not in codecs.names():
-            raise ValueError(f"cswap: policy returned {codec!r} for {info.where}; expected None or one of "
-                             f"{', '.join(codecs.names())}")
+        if codec is not None and codec != KEEP and codec not in codecs.names():
+            raise ValueError(f"cswap: policy returned {codec!r} for {info.where}; expected None (offload raw), "
+                             f"{KEEP!r} (leave it on the device) or one of {', '.join(codecs.names())}")
         return codec
 
     # -- unpack ---------------------------------------------------------------------------
 
     def unpack(self, packed):
         self.surface()
+        if self.observer is not None:
+            dev = packed.item.device if isinstance(packed, Handle) else device_of(packed.tensor)
+            if dev is not None:
+                self.observer.on_tick(self._pass, dev)
+        limit = self.memory_limit()
+        if limit is not None:
+            dev = packed.item.device if isinstance(packed, Handle) else device_of(packed.tensor)
+            if dev is not None:
+                self._wait_within(limit, dev)
         if isinstance(packed, Kept):
             t = packed.tensor
             if t._version != packed.version:

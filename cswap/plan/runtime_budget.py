@@ -1,0 +1,160 @@
+"""`cswap.patch(model, budget=...)`: the budget planner on what the runtime measured.
+
+The first step after patch offloads every saved activation raw and is timed
+(cswap.plan.profiler), with the device's memory read at each save and use
+(a MemoryTrace). From that step the planner (cswap.plan.budget) chooses per
+tensor keep, raw or a codec; each epoch end plans again with the new
+sparsity. The budget is in the bytes PyTorch allocates on the device
+(torch.cuda.memory_allocated), compared at each save and use: a temporary
+that lives and dies between two of them is not seen, so leave headroom.
+
+budget="auto" (Capuchin's passive mode): nothing leaves until a forward runs
+out of device memory; cswap.patch then retries that step with every saved
+activation offloaded (the oldest leave first), which is also the profiled
+step, and plans for AUTO_HEADROOM of what the device can hold.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from .budget import KEEP, Instance, Plan, offload_everything, parse_bytes, plan_budget
+
+__all__ = ["AUTO", "AUTO_HEADROOM", "RuntimeBudget", "check_budget"]
+
+AUTO = "auto"
+AUTO_HEADROOM = 0.9  # of what the device can hold: fragmentation and the temporaries between ticks
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def check_budget(budget) -> None:
+    """Bad budgets fail at patch time, saying what is accepted."""
+    if budget is None or budget == AUTO:
+        return
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise TypeError(f"cswap.patch: budget must be bytes (an int), a size like '20GiB', a fraction of the "
+                        f"device's memory like 0.8, or 'auto'; got {type(budget).__name__}")
+    try:
+        value = parse_bytes(budget, capacity=1 << 60)
+    except ValueError:
+        raise ValueError(f"cswap.patch: budget={budget!r} is not a size; write e.g. 20GiB, 20e9, a fraction of "
+                         f"the device's memory like 0.8, or 'auto'") from None
+    if value <= 0:
+        raise ValueError(f"cswap.patch: budget must be positive, got {budget!r}")
+
+
+def _is_fraction(budget) -> bool:
+    if isinstance(budget, str):
+        try:
+            budget = float(budget)
+        except ValueError:
+            return False
+    return isinstance(budget, float) and 0 < budget <= 1
+
+
+class RuntimeBudget:
+    """The plan of one patched model: per tensor key, KEEP, None (raw) or a codec."""
+
+    def __init__(self, spec):
+        check_budget(spec)
+        self.spec = spec
+        self.waiting_for_oom = spec == AUTO  # passive mode, until a forward runs out of memory
+        self.oom_message = ""
+        self.bytes: int | None = None
+        self.choices: dict[str, object] = {}
+        self.plan: Plan | None = None
+        self.everything: Plan | None = None  # offloading every tensor, as patch(model) without a budget
+        self.instance: Instance | None = None
+        self.compute_s = 0.0
+        self._said: set[str] = set()
+
+    def limit(self) -> int | None:
+        """The bytes the runtime keeps the device within once there is a plan that moves something."""
+        return self.bytes if self.plan is not None and self.plan.moved else None
+
+    def choice(self, key: str):
+        """What to do with this tensor: raw until there is a plan (the profiled step), and for
+        a tensor the profiled step did not see."""
+        return self.choices.get(key)
+
+    def resolve(self, device) -> int:
+        """The budget in bytes on `device` (a cswap.runtime.device.Device)."""
+        if self.spec == AUTO:
+            usable = device.usable_memory()
+            if usable is None:
+                raise ValueError("cswap: budget='auto' found no device memory limit (the emulated device has "
+                                 "no capacity_bytes); give the budget in bytes")
+            return int(AUTO_HEADROOM * usable)
+        if _is_fraction(self.spec):
+            total = device.total_memory()
+            if total is None:
+                raise ValueError(f"cswap: budget={self.spec!r} is a fraction of the device's memory, but this "
+                                 f"device has no limit (the emulated device without capacity_bytes); give bytes")
+            return int(float(self.spec) * total)
+        return parse_bytes(self.spec)
+
+    def replan(self, iteration, memory, profile, device) -> dict:
+        """Plan from the profiled step (`iteration`, its MemoryTrace `memory`) and the
+        profile's link and codec figures; returns the new choices."""
+        if memory is None or not iteration.tensors:
+            return self.choices
+        self.bytes = self.resolve(device)
+        windows = [memory.windows.get(t.key, (0, 0)) for t in iteration.tensors]
+        self.instance = inst = Instance.build(iteration, profile, memory.curve, windows)
+        self.plan = plan_budget(inst, self.bytes)
+        self.everything = offload_everything(inst, self.bytes)
+        self.compute_s = iteration.forward_s + iteration.backward_s
+        self.choices = {t.key: c for t, c in zip(iteration.tensors, self.plan.choices)}
+        self._tell()
+        return self.choices
+
+    def _tell(self) -> None:
+        """Say once what the plan means: fits without offloading, fits by offloading, or cannot fit."""
+        plan, budget = self.plan, self.bytes
+        peak = f"predicted peak {_size(plan.peak_bytes)} of a {_size(budget)} budget"
+        if plan.moved == 0 and plan.fits:
+            self._once("fits", f"cswap: the step fits in the budget ({peak}): nothing is offloaded", None)
+        elif not plan.fits:
+            self._once("over", f"cswap: the step does not fit in the budget even with every saved activation "
+                               f"offloaded ({peak}); offloading all of them. Lower the batch size or raise the "
+                               f"budget", RuntimeWarning)
+        if self.spec == AUTO:
+            self._once("auto", f"cswap: budget='auto' chose {_size(budget)} ({AUTO_HEADROOM:.0%} of what "
+                               f"the device can hold) after a forward ran out of device memory "
+                               f"({self.oom_message}); {plan.moved} of {len(plan.choices)} saved activations now "
+                               f"leave the device ({peak}). Pass budget= to choose it yourself", RuntimeWarning)
+
+    def _once(self, key: str, message: str, category) -> None:
+        if key in self._said:
+            return
+        self._said.add(key)
+        if category is None:
+            print(message, flush=True)
+        else:
+            warnings.warn(message, category, stacklevel=2)
+
+    def metrics(self) -> dict:
+        """What the epoch report shows: the budget, the predicted peaks, and the predicted
+        step time of the plan against offloading everything and offloading nothing."""
+        if self.plan is None:
+            return {"budget": "auto: waiting for an out-of-memory" if self.waiting_for_oom else "not planned yet"}
+        inst = self.instance
+        return {
+            "budget_bytes": self.bytes,
+            "predicted_peak_bytes": int(self.plan.peak_bytes),
+            "predicted_peak_no_offload_bytes": int(inst.curve.max()) if len(inst.curve) else 0,
+            "predicted_peak_offload_all_bytes": int(self.everything.peak_bytes),
+            "predicted_step_s": self.compute_s + self.plan.extra_seconds,
+            "predicted_step_no_offload_s": self.compute_s,
+            "predicted_step_offload_all_s": self.compute_s + self.everything.extra_seconds,
+            "plan": f"{sum(c == KEEP for c in self.plan.choices)} keep, "
+                    f"{sum(c is None for c in self.plan.choices)} raw, "
+                    f"{sum(c not in (KEEP, None) for c in self.plan.choices)} compressed",
+            "planning_ms": 1e3 * self.plan.planning_seconds,
+        }
