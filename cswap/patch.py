@@ -262,6 +262,8 @@ def epoch_end(model: nn.Module, metrics: dict | None = None) -> "EpochReport":
     kept = entry.swapper.stats["kept_on_gpu"]
     since = kept - entry.kept_before if kept >= entry.kept_before else kept  # (stats reset mid-epoch)
     metrics = {**(metrics or {}), "kept_on_gpu": since}  # candidates left on the device this epoch
+    if entry.controller.budget is not None:  # measured, beside the plan's predicted peak
+        metrics["peak_gpu_bytes"] = entry.swapper.stats["peak_gpu_bytes"]
     entry.kept_before = kept
     return entry.controller.epoch_end(metrics)
 

@@ -33,6 +33,8 @@ import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .runtime.candidates import KEEP
+
 __all__ = ["EpochReport", "ReportWriter", "TensorRow"]
 
 _MIB = 2**20
@@ -46,8 +48,8 @@ TABLE_WIDTH = 110  # the widest line table() prints (metrics wrap onto further l
 class TensorRow:
     """One candidate tensor in one epoch.
 
-    `decision` is the codec the tensor is compressed with from now on, or None
-    (offloaded uncompressed). `t_prime_s` is the cost model's predicted exposed
+    `decision` is the codec the tensor is compressed with from now on, None
+    (offloaded uncompressed), or "keep" (left on the device by a budget's plan). `t_prime_s` is the cost model's predicted exposed
     swap time without compression (T', paper eq. 1-2) and `t_best_s` the
     predicted time with `decision` (T, eq. 3-4; equal to T' when there is no
     codec). `compressed_bytes` is what crosses PCIe for this tensor when it is
@@ -62,7 +64,7 @@ class TensorRow:
     shape: tuple[int, ...]
     nbytes: int
     sparsity: float               # fraction of zero elements, 0..1
-    decision: str | None          # codec name, or None: offloaded uncompressed
+    decision: str | None          # codec name, None: offloaded uncompressed, or "keep" (a budget's plan)
     t_prime_s: float | None       # predicted exposed swap time without compression
     t_best_s: float | None        # predicted exposed swap time with `decision`
     compressed_bytes: int | None  # bytes moved when compressed (predicted or measured)
@@ -77,6 +79,8 @@ class TensorRow:
     @property
     def bytes_moved(self) -> int:
         """Bytes this tensor moves to the host: compressed size if compressed and known, else nbytes."""
+        if self.decision == KEEP:
+            return 0
         if self.decision is not None and self.compressed_bytes is not None:
             return self.compressed_bytes
         return self.nbytes
@@ -132,14 +136,15 @@ class EpochReport:
         predictions; negative when a forced codec is slower), compressed_layers (rows with a
         decision) and tensors (rows)."""
         saved = 0.0
-        for r in self.rows:
+        moved = [r for r in self.rows if r.decision != KEEP]  # a budget's plan keeps some on the device
+        for r in moved:
             if r.decision is not None and r.t_prime_s is not None and r.t_best_s is not None:
                 saved += r.t_prime_s - r.t_best_s
         return {
-            "bytes_offloaded": sum(r.nbytes for r in self.rows),
-            "bytes_moved": sum(r.bytes_moved for r in self.rows),
+            "bytes_offloaded": sum(r.nbytes for r in moved),
+            "bytes_moved": sum(r.bytes_moved for r in moved),
             "swap_time_saved_s": saved,
-            "compressed_layers": sum(1 for r in self.rows if r.decision is not None),
+            "compressed_layers": sum(1 for r in moved if r.decision is not None),
             "tensors": len(self.rows),
         }
 
@@ -414,7 +419,7 @@ def _unlink(path) -> None:
 # Drawn on matplotlib.figure.Figure with the Agg canvas: never pyplot, so the user's backend
 # and open figures are untouched and nothing needs a display.
 
-_CODEC_COLOURS = {"zvc": "#1f77b4", "rle": "#ff7f0e", "csr": "#2ca02c", "lz4": "#d62728"}
+_CODEC_COLOURS = {"zvc": "#1f77b4", "rle": "#ff7f0e", "csr": "#2ca02c", "lz4": "#d62728", "keep": "#bbbbbb"}
 _EXTRA_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f")
 _NONE_COLOUR = "#ffffff"
 _ABSENT_COLOUR = "#d9d9d9"

@@ -23,7 +23,7 @@ _FIELDS = {
     "prefetch_oom": "prefetches stopped by device out of memory (fetched on demand instead)",
     "oom_retries": "on-demand restores retried after device out of memory",
     "prefetch_stall_s": "seconds compute waited for on-demand restores (device time, from events)",
-    "offload_stall_s": "seconds forward waited because the in-flight offloads reached stash_bytes",
+    "offload_stall_s": "seconds forward waited because the in-flight offloads reached stash_bytes (or the memory budget)",
     "peak_offload_bytes": "most bytes offloaded but not yet released at once (bounded by stash_bytes)",
     "peak_prefetch_bytes": "most bytes restored ahead of use at once (bounded by prefetch_bytes)",
     "host_pool_bytes": "host memory held by the buffer pool now",

@@ -1,0 +1,247 @@
+"""cswap.patch(model, budget=...) and budget="auto" on the emulated device (issue 14 §1, §3, §5).
+
+The first step offloads every saved activation raw and traces the device's
+memory; from then on the plan keeps, moves raw or compresses each tensor. Each
+test checks gradients bit for bit against stock autograd, and the device's
+measured peak (the emulator counts every saved activation and cswap's buffers)
+against the budget.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import cswap
+import nets
+from cswap.patch import _PATCHED
+from emulated import NETS, SLOW, exact, gradients
+
+STEPS = 4
+
+
+def batch(shape, i):
+    return nets.batches(shape, 1, seed=i)[0]  # a fresh batch each step: none stays alive on the device
+
+
+def unpatched_peak(make, shape) -> int:
+    with cswap.testing.emulated_device(**SLOW) as dev:
+        gradients(make(), *batch(shape, 0))
+    return dev.peak_bytes
+
+
+def offload_all_peak(make, shape) -> int:
+    """The device's peak with every saved activation offloaded raw: what no budget gets below."""
+    model = cswap.patch(make(), mode="vdnn", candidates="all", min_bytes=0)
+    try:
+        with cswap.testing.emulated_device(**SLOW) as dev:
+            for i in range(3):
+                dev.reset_peak()
+                gradients(model, *batch(shape, i))
+        return dev.peak_bytes
+    finally:
+        cswap.unpatch(model)
+
+
+def between(make, shape, fraction: float) -> int:
+    low, high = offload_all_peak(make, shape), unpatched_peak(make, shape)
+    return int(low + fraction * (high - low))
+
+
+def train(model, shape, expected, dev) -> list[int]:
+    """STEPS steps, gradients checked; the device's peak of each."""
+    peaks = []
+    for i in range(STEPS):
+        dev.reset_peak()
+        assert exact(gradients(model, *batch(shape, i)), expected[i]), f"step {i}: gradients differ"
+        peaks.append(dev.peak_bytes)
+    return peaks
+
+
+@pytest.fixture(params=["small_cnn", "resnet_blocks"])
+def net(request):
+    make, shape = NETS[request.param]
+    stock = make()
+    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+    return make, shape, expected
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.7])
+def test_a_budget_between_offload_all_and_none_is_met_by_moving_only_part(net, fraction):
+    make, shape, expected = net
+    budget = between(make, shape, fraction)
+    model = cswap.patch(make(), budget=budget, min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the default profile's notice
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                peaks = train(model, shape, expected, dev)
+                report = cswap.epoch_end(model)
+        assert dev.hazards == []
+        assert max(peaks[1:]) <= budget, (peaks, budget)  # planned steps stay within it
+        choices = [r.decision for r in report.rows]
+        assert "keep" in choices and any(c != "keep" for c in choices), choices  # only part moves
+        m = report.metrics
+        assert m["budget_bytes"] == budget and m["predicted_peak_bytes"] <= budget
+        assert m["predicted_peak_offload_all_bytes"] <= m["predicted_peak_bytes"] < \
+            m["predicted_peak_no_offload_bytes"]
+        assert m["predicted_step_no_offload_s"] <= m["predicted_step_s"] <= m["predicted_step_offload_all_s"]
+        table = report.table()
+        assert "keep" in table and "budget_bytes=" in table
+    finally:
+        cswap.unpatch(model)
+
+
+def test_a_step_that_fits_moves_nothing_and_says_so_once(capsys):
+    make, shape = NETS["small_cnn"]
+    stock = make()
+    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+    model = cswap.patch(make(), budget="1GiB", min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                gradients(model, *batch(shape, 0))  # the profiled step: everything leaves
+                assert cswap.stats(model)["offloaded_tensors"] > 0
+                cswap.stats(model).reset()
+                train(model, shape, expected, dev)
+                report = cswap.epoch_end(model)
+        assert cswap.stats(model)["offloaded_tensors"] == 0
+        assert {r.decision for r in report.rows} == {"keep"}
+        assert report.totals["bytes_offloaded"] == 0
+        out = capsys.readouterr().out
+        assert out.count("the step fits in the budget") == 1, out
+    finally:
+        cswap.unpatch(model)
+
+
+def test_an_unreachable_budget_offloads_everything_and_warns():
+    make, shape = NETS["small_cnn"]
+    stock = make()
+    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+    model = cswap.patch(make(), budget=1024, min_bytes=0, verbose=False)
+    try:
+        with pytest.warns(RuntimeWarning, match="does not fit in the budget even with every saved activation"):
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                train(model, shape, expected, dev)
+        assert _PATCHED[model].controller.budget.plan.moved == len(_PATCHED[model].controller.budget.choices)
+    finally:
+        cswap.unpatch(model)
+
+
+def test_the_plan_is_made_again_at_each_epoch_end(net):
+    make, shape, expected = net
+    budget = between(make, shape, 0.5)
+    model = cswap.patch(make(), budget=budget, min_bytes=0, verbose=False)
+    controller = _PATCHED[model].controller
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                train(model, shape, expected, dev)
+                first = controller.budget.plan
+                sampled = dict(controller.profiler.sparsity)
+                cswap.epoch_end(model)
+                train(model, shape, expected, dev)  # sparsity sampled again, kept tensors included
+                cswap.epoch_end(model)
+        assert controller.budget.plan is not first
+        assert set(controller.budget.choices) <= set(controller.profiler.sparsity) == set(sampled)
+    finally:
+        cswap.unpatch(model)
+
+
+def test_a_fraction_of_the_device_memory():
+    make, shape = NETS["small_cnn"]
+    capacity = 2 * unpatched_peak(make, shape)
+    model = cswap.patch(make(), budget=0.3, min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with cswap.testing.emulated_device(capacity_bytes=capacity, **SLOW):
+                for i in range(2):
+                    gradients(model, *batch(shape, i))
+        assert _PATCHED[model].controller.budget.bytes == int(0.3 * capacity)
+    finally:
+        cswap.unpatch(model)
+
+
+# -- passive mode ---------------------------------------------------------------------------------------------
+
+def test_auto_retries_the_step_that_ran_out_of_memory_then_plans(net):
+    make, shape, expected = net
+    capacity = between(make, shape, 0.7)
+    with cswap.testing.emulated_device(capacity_bytes=capacity, **SLOW):
+        with pytest.raises(torch.OutOfMemoryError):
+            gradients(make(), *batch(shape, 0))  # unpatched, it does not fit
+    model = cswap.patch(make(), budget="auto", min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with cswap.testing.emulated_device(capacity_bytes=capacity, **SLOW) as dev:
+                peaks = train(model, shape, expected, dev)
+                report = cswap.epoch_end(model)
+        chose = [w for w in caught if "budget='auto' chose" in str(w.message)]
+        assert len(chose) == 1, [str(w.message) for w in caught]
+        assert max(peaks) <= capacity and dev.hazards == []
+        assert report.metrics["budget_bytes"] == int(0.9 * capacity)
+    finally:
+        cswap.unpatch(model)
+    assert "forward" not in vars(model)  # unpatch gave the model its own forward back
+
+
+def test_auto_moves_nothing_while_the_step_fits():
+    make, shape = NETS["small_cnn"]
+    stock = make()
+    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+    model = cswap.patch(make(), budget="auto", min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no budget chosen, nothing to say
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                train(model, shape, expected, dev)
+        assert cswap.stats(model)["offloaded_tensors"] == 0
+        assert _PATCHED[model].controller.budget.waiting_for_oom
+    finally:
+        cswap.unpatch(model)
+
+
+def test_auto_says_what_to_do_when_even_offloading_everything_does_not_fit():
+    make, shape = NETS["small_cnn"]
+    model = cswap.patch(make(), budget="auto", min_bytes=0, verbose=False)
+    try:
+        with cswap.testing.emulated_device(capacity_bytes=8000, **SLOW):
+            with pytest.raises(torch.OutOfMemoryError, match="again with every saved activation offloaded"):
+                gradients(model, *batch(shape, 0))
+    finally:
+        cswap.unpatch(model)
+
+
+# -- arguments ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"budget": "lots"}, ValueError, "not a size"),
+    ({"budget": -5}, ValueError, "positive"),
+    ({"budget": [1]}, TypeError, "budget must be"),
+    ({"budget": "1GiB", "mode": "vdnn"}, ValueError, "mode='cswap' without a policy"),
+    ({"budget": "1GiB", "policy": lambda info: None}, ValueError, "without a policy"),
+    ({"budget": "1GiB", "candidates": "sparse"}, ValueError, "every saved activation is a candidate"),
+])
+def test_bad_budget_arguments_fail_at_patch_time(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        cswap.patch(NETS["small_cnn"][0](), **kwargs)
+
+
+def test_a_fraction_needs_a_device_with_a_memory_size():
+    make, shape = NETS["small_cnn"]
+    model = cswap.patch(make(), budget=0.5, min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with cswap.testing.emulated_device(**SLOW):
+                gradients(model, *batch(shape, 0))
+                with pytest.raises(ValueError, match="fraction of the device's memory"):
+                    gradients(model, *batch(shape, 1))
+    finally:
+        cswap.unpatch(model)
