@@ -156,17 +156,20 @@ def parse_bytes(value, capacity: int | None = None) -> int:
 
 def _cover(inst: Instance, budget: float, pick) -> list | None:
     """Offload tensors until no op is over budget: at the worst op, `pick(candidates)`
-    names (tensor, option) among the kept tensors away there. None if it cannot."""
+    names (tensor, option) among the kept tensors away there, given the op's deficit in bytes.
+    None if it cannot."""
     choices = [KEEP] * inst.n
     over = inst.curve - budget
     nbytes = inst.nbytes
+    starts, ends = (np.array(w, dtype=np.int64).reshape(-1) for w in zip(*inst.windows)) if inst.n else ([], [])
+    kept = np.ones(inst.n, dtype=bool)
     while len(over) and over.max() > 0:
         worst = int(over.argmax())
-        candidates = [i for i, (a, b) in enumerate(inst.windows) if choices[i] == KEEP and a <= worst < b]
-        if not candidates:
+        candidates = np.flatnonzero(kept & (starts <= worst) & (worst < ends))
+        if not len(candidates):
             return None
-        i, option = pick(candidates)
-        choices[i] = option
+        i, option = pick(candidates, over[worst])
+        choices[i], kept[i] = option, False
         a, b = inst.windows[i]
         over[a:b] -= nbytes[i]
     return choices
@@ -191,55 +194,131 @@ def _prune(inst: Instance, budget: float, choices: list, order) -> list:
     return choices
 
 
-def plan_budget(inst: Instance, budget: float, refine: bool = True) -> Plan:
-    """The planner (module docstring)."""
-    started = time.perf_counter()
-    keep_all = [KEEP] * inst.n
-    if len(inst.curve) == 0 or inst.curve.max() <= budget:
-        return evaluate(inst, keep_all, budget, started)
+def _greedy_pick(inst: Instance, useful_only: bool):
+    """The cover's choice: among the tensors away at the worst op, the one that frees the
+    most bytes (with useful_only, at most the op's deficit: more is wasted there) per
+    second it adds. That time is the best option's kernel time plus the larger of its
+    own exposed transfer (eq. 1-4) and what it adds to a link busier than the compute
+    beside it (the load of what was picked so far). Vectorised over tensors x options."""
     it = inst.iteration
-    load = {"d2h": 0.0, "h2d": 0.0}
+    options = [None, *inst.codecs]
+    size = np.array([[c.size[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, -1)
+    t_dc = np.array([[c.t_dc[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, -1)
+    kernels = t_dc + np.array([[c.t_c[o] for o in options] for c in inst.costs],
+                              dtype=np.float64).reshape(inst.n, -1)
+    exposed = np.array([[inst.standalone[i][o] for o in options] for i in range(inst.n)],
+                       dtype=np.float64).reshape(inst.n, -1) - kernels
+    d2h, h2d = size / inst.bw_d2h, size / inst.bw_h2d + t_dc
+    load = [0.0, 0.0]  # seconds of D2H and H2D link time picked so far
 
-    def added(i, option) -> float:
-        c = inst.costs[i]
-        d2h, h2d = c.size[option] / inst.bw_d2h, c.size[option] / inst.bw_h2d + c.t_dc[option]
-        crowd = (max(load["d2h"] + d2h - it.forward_s, 0.0) - max(load["d2h"] - it.forward_s, 0.0) +
-                 max(load["h2d"] + h2d - it.backward_s, 0.0) - max(load["h2d"] - it.backward_s, 0.0))
-        return c.t_c[option] + c.t_dc[option] + max(inst.standalone[i][option] - c.t_c[option] - c.t_dc[option],
-                                                    crowd)
+    def pick(candidates, deficit):
+        c = np.asarray(candidates)
+        over_f, over_b = max(load[0] - it.forward_s, 0.0), max(load[1] - it.backward_s, 0.0)
+        crowd = (np.maximum(load[0] + d2h[c] - it.forward_s, 0.0) - over_f +
+                 np.maximum(load[1] + h2d[c] - it.backward_s, 0.0) - over_b)
+        added = kernels[c] + np.maximum(exposed[c], crowd)
+        best_option = added.argmin(axis=1)
+        cost = added[np.arange(len(c)), best_option]
+        freed = np.minimum(inst.nbytes[c], deficit) if useful_only else inst.nbytes[c]
+        k = int(np.argmax(freed / (cost + 1e-9)))
+        i, o = int(c[k]), int(best_option[k])
+        load[0] += d2h[i, o]
+        load[1] += h2d[i, o]
+        return i, options[o]
 
-    def pick(candidates):
-        best = None
-        for i in candidates:
-            cost, option = min(((added(i, o), o) for o in [None, *inst.codecs]), key=lambda pair: pair[0])
-            score = inst.nbytes[i] / (cost + 1e-9)
-            if best is None or score > best[0]:
-                best = (score, i, option)
-        _, i, option = best
-        c = inst.costs[i]
-        load["d2h"] += c.size[option] / inst.bw_d2h
-        load["h2d"] += c.size[option] / inst.bw_h2d + c.t_dc[option]
-        return i, option
+    return pick
 
-    choices = _cover(inst, budget, pick)
-    if choices is None:  # nothing can fit: offload all there is
-        return evaluate(inst, [inst.paper_choice(i) for i in range(inst.n)], budget, started)
-    dearest = sorted((i for i, c in enumerate(choices) if c != KEEP),
-                     key=lambda i: -inst.standalone[i][choices[i]] / max(inst.nbytes[i], 1.0))
-    choices = _prune(inst, budget, choices, dearest)
-    best = extra_seconds(inst, choices)
-    if refine:
-        for i in sorted(range(inst.n), key=lambda i: -inst.nbytes[i]):
-            if choices[i] == KEEP:
-                continue
-            for option in [None, *inst.codecs]:
-                if option == choices[i]:
-                    continue
+
+def _refine_options(inst: Instance, choices: list, best: float) -> tuple[list, float]:
+    """Each moved tensor, largest first, tries its other options on the full timeline."""
+    for i in sorted(range(inst.n), key=lambda i: -inst.nbytes[i]):
+        if choices[i] == KEEP:
+            continue
+        for option in [None, *inst.codecs]:
+            if option != choices[i]:
                 trial = choices[:i] + [option] + choices[i + 1:]
                 t = extra_seconds(inst, trial)
                 if t < best:
                     choices, best = trial, t
+    return choices, best
+
+
+def _swap_search(inst: Instance, budget: float, choices: list, best: float, deadline: float) -> tuple[list, float]:
+    """Local search until no move helps or the deadline: keep one or two moved tensors and
+    move one kept tensor instead (any option), or keep one and move two (raw or the
+    paper's codec each), when the budget still holds and the step gets faster. Dearest
+    moved tensors and largest kept ones are tried first; the first improvement is taken."""
+    def better(out: tuple, into: tuple):
+        trial = list(choices)
+        for i in out:
+            trial[i] = KEEP
+        for j in into:
+            trial[j] = None
+        if peak(inst, trial) > budget:  # every option frees the same bytes
+            return None
+        if len(into) == 1:
+            combos = [(o,) for o in [None, *inst.codecs]]
+        else:
+            combos = [(a, b) for a in {None, inst.paper_choice(into[0])} for b in {None, inst.paper_choice(into[1])}]
+        found = None
+        for combo in combos:
+            for j, option in zip(into, combo):
+                trial[j] = option
+            t = extra_seconds(inst, trial)
+            if t < (found[1] if found else best * (1 - 1e-9)):
+                found = (list(trial), t)
+        return found
+
+    while time.perf_counter() < deadline:
+        moved = sorted((i for i, c in enumerate(choices) if c != KEEP),
+                       key=lambda i: -inst.standalone[i][choices[i]])
+        kept = sorted((j for j, c in enumerate(choices) if c == KEEP and inst.windows[j][0] < inst.windows[j][1]),
+                      key=lambda j: -inst.nbytes[j])
+        singles_out, singles_in = [(i,) for i in moved], [(j,) for j in kept]
+        pairs_out = [(a, b) for k, a in enumerate(moved) for b in moved[k + 1:]]
+        pairs_in = [(a, b) for k, a in enumerate(kept) for b in kept[k + 1:]]
+        found = None
+        for outs, ins in ((singles_out, singles_in), (pairs_out, singles_in), (singles_out, pairs_in)):
+            for out in outs:
+                for into in ins:
+                    found = better(out, into)
+                    if found is not None or time.perf_counter() > deadline:
+                        break
+                if found is not None or time.perf_counter() > deadline:
+                    break
+            if found is not None or time.perf_counter() > deadline:
+                break
+        if found is None:
+            break
+        choices, best = found
+    return choices, best
+
+
+def plan_budget(inst: Instance, budget: float, refine: bool = True, search_seconds: float = 0.03) -> Plan:
+    """The planner (module docstring). search_seconds bounds the local search."""
+    started = time.perf_counter()
+    if len(inst.curve) == 0 or inst.curve.max() <= budget:
+        return evaluate(inst, [KEEP] * inst.n, budget, started)
     everything = [inst.paper_choice(i) for i in range(inst.n)]
+    starts = []
+    for useful_only in (True, False):
+        choices = _cover(inst, budget, _greedy_pick(inst, useful_only))
+        if choices is None:  # nothing can fit: offload all there is
+            return evaluate(inst, everything, budget, started)
+        dearest = sorted((i for i, c in enumerate(choices) if c != KEEP),
+                         key=lambda i: -inst.standalone[i][choices[i]] / max(inst.nbytes[i], 1.0))
+        choices = _prune(inst, budget, choices, dearest)
+        starts.append((extra_seconds(inst, choices), choices))
+    # and the other way round: everything moved, then kept again dearest per byte first
+    dearest = sorted(range(inst.n), key=lambda i: -inst.standalone[i][everything[i]] / max(inst.nbytes[i], 1.0))
+    choices = _prune(inst, budget, everything, dearest)
+    starts.append((extra_seconds(inst, choices), choices))
+    best, choices = min(starts, key=lambda pair: pair[0])
+    if refine:
+        choices, best = _refine_options(inst, choices, best)
+        searched, after = _swap_search(inst, budget, choices, best, started + search_seconds)
+        if searched is not choices:  # the search moved other tensors: their options again
+            choices, best = _refine_options(inst, searched, after)
     if extra_seconds(inst, everything) < best and peak(inst, everything) <= budget:
         choices = everything
     return evaluate(inst, choices, budget, started)
@@ -257,7 +336,7 @@ def offload_everything(inst: Instance, budget: float) -> Plan:
 def largest_first(inst: Instance, budget: float) -> Plan:
     """Offload the largest tensor away at the worst op until the step fits; raw copies."""
     started = time.perf_counter()
-    choices = _cover(inst, budget, lambda cands: (max(cands, key=lambda i: inst.nbytes[i]), None))
+    choices = _cover(inst, budget, lambda cands, deficit: (max(cands, key=lambda i: inst.nbytes[i]), None))
     return evaluate(inst, choices if choices is not None else [None] * inst.n, budget, started)
 
 
@@ -266,7 +345,7 @@ def per_tensor_rule(inst: Instance, budget: float) -> Plan:
     at the worst op whose eq. 1-4 cost per byte is lowest, with the codec the rule picks."""
     started = time.perf_counter()
 
-    def pick(cands):
+    def pick(cands, deficit):
         i = min(cands, key=lambda i: (inst.standalone[i][inst.paper_choice(i)] / max(inst.nbytes[i], 1.0),
                                       -inst.nbytes[i]))
         return i, inst.paper_choice(i)

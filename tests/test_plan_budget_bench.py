@@ -1,0 +1,47 @@
+"""benchmarks/plan_budget.py --quick: the optimality benchmark runs, writes its files, and its figures hold."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import plan_budget
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan-budget")
+    assert plan_budget.main(["--quick", "--out", str(out)]) == 0
+    return json.loads((out / "plan_budget.json").read_text()), (out / "plan_budget.md").read_text()
+
+
+def test_every_instance_is_compared_on_the_same_model(quick):
+    doc, text = quick
+    rows = doc["rows"]
+    assert len(rows) == 12 and all(5 <= r["tensors"] <= 20 for r in rows)
+    for r in rows:
+        assert r["optimum_fits"] and r["planner_fits"]                      # budgets lie above the floor
+        for name in plan_budget.STRATEGIES:                                  # nothing beats the exact optimum
+            assert r[f"{name}_vs_optimum"] >= -1e-6, (name, r)
+        assert r["planner_ms"] <= r["offload_everything_ms"] * (1 + 1e-9)    # never slower than moving all
+    assert "nothing ran on a GPU" in doc["environment"]["what"]
+    assert "| planner |" in text and "Planning time" in text
+
+
+def test_the_planner_is_near_the_optimum_on_the_quick_instances(quick):
+    rows = quick[0]["rows"]
+    assert sum(r["planner_vs_optimum"] <= 0.02 for r in rows) >= 11
+    assert sum(r["planner_vs_optimum"] for r in rows) < sum(r["per_tensor_rule_vs_optimum"] for r in rows)
+
+
+def test_subsets_keep_the_trace_and_only_limit_who_may_leave():
+    inst = plan_budget.trace("resnet18", 4, "a100-sxm4-40gb", 0.5)
+    sub = plan_budget.subset(inst, [0, 3, 5])
+    assert sub.n == 3 and list(sub.curve) == list(inst.curve)
+    assert sub.windows == [inst.windows[i] for i in (0, 3, 5)]
+    assert [t.key for t in sub.iteration.tensors] == [inst.iteration.tensors[i].key for i in (0, 3, 5)]
