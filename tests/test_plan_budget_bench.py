@@ -26,8 +26,8 @@ def test_every_instance_is_compared_on_the_same_model(quick):
     assert len(rows) == 12 and all(5 <= r["tensors"] <= 20 for r in rows)
     for r in rows:
         assert r["optimum_fits"] and r["planner_fits"]                      # budgets lie above the floor
-        for name in plan_budget.STRATEGIES:                                  # nothing beats the exact optimum
-            assert r[f"{name}_vs_optimum"] >= -1e-6, (name, r)
+        for name in plan_budget.STRATEGIES:  # nothing beats the optimum (within HiGHS's 1e-4 relative MIP gap)
+            assert r[f"{name}_vs_optimum"] >= -1e-3, (name, r)
         assert r["planner_ms"] <= r["offload_everything_ms"] * (1 + 1e-9)    # never slower than moving all
     assert "nothing ran on a GPU" in doc["environment"]["what"]
     assert "| planner |" in text and "Planning time" in text
