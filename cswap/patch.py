@@ -152,7 +152,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     Returns the same module, patched in place (patching again replaces the
     settings). Modes: "cswap" (the default: the advisor decides per tensor,
     each epoch, whether and how to compress it; or `policy(info) -> codec
-    name or None` decides), "vdnn" (offload every candidate uncompressed),
+    name, None (offload raw) or "keep" (leave it on the device)` decides), "vdnn" (offload every candidate uncompressed),
     "sc" (ZVC on every candidate), "none" (hooks only, the overhead baseline),
     "vdnnpp" (offload uncompressed, compress on the host with CPU threads),
     "save_on_cpu" (PyTorch's torch.autograd.graph.save_on_cpu(pin_memory=True)

@@ -110,7 +110,7 @@ class Swapper:
     """Offloads saved activations; see the module docstring.
 
     mode: "none" (hooks only), "vdnn" (offload, no compression), "sc" (ZVC on
-    every candidate), "cswap" (policy(info) -> codec name or None), "vdnnpp"
+    every candidate), "cswap" (policy(info) -> codec name, None or "keep"), "vdnnpp"
     (offload uncompressed, then ZVC-compress on the host with CPU threads to
     shrink the pinned footprint, and decompress on the host before the
     prefetch: vDNN++ as the CSWAP paper emulates it), "save_on_cpu" (the
@@ -216,8 +216,9 @@ class Swapper:
         incoming = dev.uncounted_bytes(t) if held else 0  # (the emulator counts a storage at its first save)
         if dev is not None and self.observer is not None:
             self.observer.on_tick(self._pass, dev, incoming)  # what the device holds, this tensor included
-        if dev is not None and self.memory_limit() is not None:
-            self._wait_within(self.memory_limit() - incoming, dev)
+        limit = self.memory_limit() if dev is not None else None
+        if limit is not None:
+            self._wait_within(limit - incoming, dev)
         if held:
             dev.on_saved(t)
         op = None
