@@ -64,12 +64,16 @@ def train(model, shape, expected, dev) -> list[int]:
     return peaks
 
 
+def with_expected(name: str):
+    """(make, shape, stock autograd's gradients for each step's batch)."""
+    make, shape = NETS[name]
+    stock = make()
+    return make, shape, [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+
+
 @pytest.fixture(params=["small_cnn", "resnet_blocks"])
 def net(request):
-    make, shape = NETS[request.param]
-    stock = make()
-    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
-    return make, shape, expected
+    return with_expected(request.param)
 
 
 @pytest.mark.parametrize("fraction", [0.3, 0.7])
@@ -99,9 +103,7 @@ def test_a_budget_between_offload_all_and_none_is_met_by_moving_only_part(net, f
 
 
 def test_a_step_that_fits_moves_nothing_and_says_so_once(capsys):
-    make, shape = NETS["small_cnn"]
-    stock = make()
-    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+    make, shape, expected = with_expected("small_cnn")
     model = cswap.patch(make(), budget="1GiB", min_bytes=0, verbose=False)
     try:
         with warnings.catch_warnings():
@@ -122,9 +124,7 @@ def test_a_step_that_fits_moves_nothing_and_says_so_once(capsys):
 
 
 def test_an_unreachable_budget_offloads_everything_and_warns():
-    make, shape = NETS["small_cnn"]
-    stock = make()
-    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+    make, shape, expected = with_expected("small_cnn")
     model = cswap.patch(make(), budget=1024, min_bytes=0, verbose=False)
     try:
         with pytest.warns(RuntimeWarning, match="does not fit in the budget even with every saved activation"):
@@ -146,14 +146,20 @@ def test_the_plan_is_made_again_at_each_epoch_end(net):
             with cswap.testing.emulated_device(**SLOW) as dev:
                 train(model, shape, expected, dev)
                 first = controller.budget.plan
-                sampled = dict(controller.profiler.sparsity)
                 cswap.epoch_end(model)
-                train(model, shape, expected, dev)  # sparsity sampled again, kept tensors included
+                controller.profiler.sparsity.clear()  # what the next epoch samples, alone
+                train(model, shape, expected, dev)
                 cswap.epoch_end(model)
         assert controller.budget.plan is not first
-        assert set(controller.budget.choices) <= set(controller.profiler.sparsity) == set(sampled)
+        kept = {k for k, c in first_choices(first, controller).items() if c == "keep"}
+        assert kept and kept <= set(controller.profiler.sparsity)  # kept tensors are sampled too
+        assert set(controller.budget.choices) == set(controller.profiler.sparsity)
     finally:
         cswap.unpatch(model)
+
+
+def first_choices(plan, controller) -> dict:
+    return {t.key: c for t, c in zip(controller.budget.instance.iteration.tensors, plan.choices)}
 
 
 def test_a_fraction_of_the_device_memory():
@@ -196,9 +202,7 @@ def test_auto_retries_the_step_that_ran_out_of_memory_then_plans(net):
 
 
 def test_auto_moves_nothing_while_the_step_fits():
-    make, shape = NETS["small_cnn"]
-    stock = make()
-    expected = [gradients(stock, *batch(shape, i)) for i in range(STEPS)]
+    make, shape, expected = with_expected("small_cnn")
     model = cswap.patch(make(), budget="auto", min_bytes=0, verbose=False)
     try:
         with warnings.catch_warnings():

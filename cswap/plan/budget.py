@@ -294,7 +294,7 @@ def _swap_search(inst: Instance, budget: float, choices: list, best: float, dead
     return choices, best
 
 
-def plan_budget(inst: Instance, budget: float, refine: bool = True, search_seconds: float = 0.03) -> Plan:
+def plan_budget(inst: Instance, budget: float, search_seconds: float = 0.03) -> Plan:
     """The planner (module docstring). search_seconds bounds the local search."""
     started = time.perf_counter()
     if len(inst.curve) == 0 or inst.curve.max() <= budget:
@@ -314,11 +314,10 @@ def plan_budget(inst: Instance, budget: float, refine: bool = True, search_secon
     choices = _prune(inst, budget, everything, dearest)
     starts.append((extra_seconds(inst, choices), choices))
     best, choices = min(starts, key=lambda pair: pair[0])
-    if refine:
-        choices, best = _refine_options(inst, choices, best)
-        searched, after = _swap_search(inst, budget, choices, best, started + search_seconds)
-        if searched is not choices:  # the search moved other tensors: their options again
-            choices, best = _refine_options(inst, searched, after)
+    choices, best = _refine_options(inst, choices, best)
+    searched, after = _swap_search(inst, budget, choices, best, started + search_seconds)
+    if searched is not choices:  # the search moved other tensors: their options again
+        choices, best = _refine_options(inst, searched, after)
     if extra_seconds(inst, everything) < best and peak(inst, everything) <= budget:
         choices = everything
     return evaluate(inst, choices, budget, started)

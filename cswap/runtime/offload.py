@@ -269,7 +269,6 @@ class Offloader:
             item.released = True
             src, sent = item.src, item.sent
             item.src = item.sent = None
-            sw.unstash(item)
             host = item.host if sw.mode == "vdnnpp" and item.header is None and not item.freed \
                 and item.failure is None else None
         if host is not None:
@@ -280,6 +279,8 @@ class Offloader:
                                                         thread_name_prefix="cswap-host-zvc")
             self._host_threads.submit(self._host_compress, item, host)
         del src, sent  # the device memory goes here (unless the user still holds the tensor)
+        with sw.lock:  # only now: a pack waiting for memory sees it gone once nothing is in flight
+            sw.unstash(item)
 
     def _host_compress(self, item: Item, host: torch.Tensor) -> None:
         """vdnnpp: ZVC the host copy on the CPU and give the pinned buffer back."""

@@ -307,6 +307,8 @@ class Swapper:
             except Exception as exc:  # noqa: BLE001 - the copy failed: raised by surface()
                 self.fail(exc, item)
         self.offloader.release(item)
+        if item.stashed:  # another thread is releasing it: let it finish (it unstashes last)
+            time.sleep(0)
 
     def warm_up(self, choices) -> None:
         """Build now the kernels for each (codec, itemsize) in `choices`, on the device
@@ -378,14 +380,12 @@ class Swapper:
 
     def unpack(self, packed):
         self.surface()
-        if self.observer is not None:
-            dev = packed.item.device if isinstance(packed, Handle) else device_of(packed.tensor)
-            if dev is not None:
-                self.observer.on_tick(self._pass, dev)
         limit = self.memory_limit()
-        if limit is not None:
+        if self.observer is not None or limit is not None:
             dev = packed.item.device if isinstance(packed, Handle) else device_of(packed.tensor)
-            if dev is not None:
+            if dev is not None and self.observer is not None:
+                self.observer.on_tick(self._pass, dev)
+            if dev is not None and limit is not None:
                 self._wait_within(limit, dev)
         if isinstance(packed, Kept):
             t = packed.tensor
