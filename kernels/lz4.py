@@ -33,23 +33,34 @@ match starts at least 12 bytes before the end of the chunk.
 
 Encoder (one program per chunk, grid-stride over chunks; run twice: pass 1
 writes each block's size, the host takes one prefix sum and allocates, pass 2
-writes the bytes). The chunk is cut into NSEG = CHUNK // SEG segments of
-SEG = 32 bytes. A full segment is a match segment if its bytes equal those of
-segment s - 1 (offset 32: turns a zero run into one long overlapping match) or
-else those of the earliest segment with the same hash (an atomic_min into a
-per-program table of two entries per segment, indexed by the top bits of
-h = (h ^ w) * HASH_MUL mod 2**32 folded over the segment's 8 little-endian
-int32 words w; the bytes are compared, so a collision only loses a match).
-The last two full segments and a partial tail are always literals, which keeps
-the end-of-block rules. A sequence begins at segment 0 and wherever segment s - 1 is a match that
-segment s does not extend with the same offset, so a sequence is literal
-segments then match segments; prefix sums give each sequence's L, M, offset,
-size and position. The program walks the chunk in phases (hash, match,
-sequences, sequence headers, literals), each a loop of steps of a few segments
-per thread whose results go through the program's scratch, so registers stay
-bounded whatever the block. The encoder finds only repeats aligned to 32 bytes
-(zero runs and repeated tiles); it is built for speed on the GPU, not for the
-ratio of a byte-wise LZ4 search.
+writes the bytes). It is LZ4's greedy parse with a wider search, in two steps:
+
+1. Candidates, all positions at once. For every position i where a match may
+   start (i <= n - 12), two candidates: the latest earlier position with the
+   same hash of the 4 bytes at i, and the latest with the same hash of the 8
+   bytes at i (hashes: LZ4's multiplicative hash, HASH_MUL, top hash_bits
+   bits; one table per hash, holding the latest position inserted). A
+   candidate counts only if its first 4 bytes equal those at i (a collision
+   loses a match, never corrupts one); it is kept as an offset (0: none). The
+   program hashes HASH_TILE positions at a time: within the tile the latest
+   earlier lane with the same hash is found by comparing all pairs, else the
+   table answers for earlier tiles; then the tile's positions enter the
+   table (atomic_max: the latest wins).
+2. The walk, sequential per chunk as LZ4 is, a vector of positions per step:
+   the first position from here with a candidate starts a match; both
+   candidates' matches are measured byte for byte (a vector of bytes per
+   step, up to the last 5 bytes) and the longer is taken (the 4-byte one on
+   a tie); the sequence is emitted (pass 2) and the walk resumes after the
+   match. A step with no candidate moves on by the whole vector.
+
+The latest 4-byte match is what LZ4's table gives; the 8-byte one finds the
+longer repeats a nearer 4-byte copy hides (rows or tiles repeated at a longer
+period). Both backends find the same candidates and the same parse, so they
+write the same bytes; the PyTorch reference gets the candidates by sorting
+(hash, position) and every position's match length from chains of equal
+offsets, then the parse by pointer doubling. On real activations (small_cnn,
+VGG16, ResNet-18 ReLU and pooling outputs) the blocks are within 1% of the
+`lz4` package's default (LZ4_compress_default) on the same bytes.
 
 Decoder: one chunk per warp, so a program of W warps decodes W chunks at once.
 Each chunk's sequences are walked in order as LZ4 requires, all the program's
@@ -73,7 +84,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import LaunchConfig, decoder_output, default_config, launch_grid
+from .launch import LaunchConfig, decoder_output, default_config, interpreting, launch_grid
 
 __all__ = [
     "CHUNK", "MAX_BLOCK_INPUT", "check_chunk", "hash_bits", "scratch_words", "OK", "TRUNCATED", "OFFSET_ZERO",
@@ -84,40 +95,41 @@ __all__ = [
 
 # MAX_BLOCK_INPUT = 65536: the largest input whose every byte a 16-bit LZ4 offset
 # (<= 65535) can reach, so chunks are independent and a chunk is one LZ4 block.
-# CHUNK = 16384, what we write: one chunk is one warp's work when decoding, and
-# 16 KiB chunks give a tensor 4x the warps of 64 KiB ones (an 8 MB tensor 512,
-# about four per H100 SM) for +0.06% bytes on real activations
-# (benchmarks/lz4_chunks.py: small_cnn, VGG16, ResNet-18 ReLU/pool outputs,
-# 110 MiB, ratio 1.261 at 64 KiB, 1.260 at 16 KiB, 1.256 at 8 KiB).
+# CHUNK = 16384, what we write: one chunk is one warp's work when decoding (and one
+# program's when encoding), and 16 KiB chunks give a tensor 4x the warps of 64 KiB
+# ones (an 8 MB tensor 512, about four per H100 SM) for about 1.4% more bytes
+# (small_cnn's activations on digits: ratio 1.882 at 16 KiB, 1.909 at 64 KiB;
+# benchmarks/lz4_chunks.py measures it on more models).
 MAX_BLOCK_INPUT = 65536
 CHUNK = 16384
-# SEG = 32 bytes (8 int32 words): zero runs and tensors made of repeated tiles
-# (>= 32 B) still match. Untuned (no GPU measurement yet); SEG, the table size
-# and the step sizes are free to change: the decoder reads any valid LZ4 block.
-SEG = 32
+# LZ4's own rules and names (lz4/lib/lz4.c): a match is at least MINMATCH bytes, the
+# last match starts at least MFLIMIT bytes before the end of the block, and the last
+# LASTLITERALS bytes are literals.
+MINMATCH = 4
+MFLIMIT = 12
+LASTLITERALS = 5
+# Knuth's multiplicative hash, LZ4's own (2654435761 = 2**32 / golden ratio).
+HASH_MUL = 0x9E3779B1
 
 
 def hash_bits(chunk: int) -> int:
-    """Bits of the encoder's hash table: two entries per segment keep collisions rare
-    (12 bits, 4096 entries, for a 64 KiB chunk's 2048 segments; 10 at 16 KiB)."""
-    return (2 * (chunk // SEG) - 1).bit_length()
+    """Bits of the encoder's hash table: one entry per two positions (13 bits, 8192
+    entries, at 16 KiB chunks; LZ4's default table has 4096 entries for 64 KiB)."""
+    return chunk.bit_length() - 2
 
 
-# Knuth's multiplicative hash constant, 2**32 / golden ratio.
-HASH_MUL = 0x9E3779B1
-# The encoder walks a chunk in steps: SEGS_PER_THREAD segments per thread (two
-# segments' 16 words hashed and compared three ways stay in registers) and
-# LITERAL_BYTES per thread when copying literals (one 16-byte load, then byte
-# stores: a literal lands at any byte offset of the block). Holding all 2048
-# segments at once (the first encoder) took 249-255 registers and spilled.
-SEGS_PER_THREAD = 2
-LITERAL_BYTES = 16
+# The encoder's vector widths: HASH_TILE positions hashed and matched at once (the
+# in-tile search compares HASH_TILE x HASH_TILE hashes: 64 per position); the length
+# and parse steps and the literal copies take the program's threads (one position or
+# byte each).
+HASH_TILE = 64
+HASH_TILE_INTERPRETED = 256
 # DECODE_BYTES_PER_LANE = 4: a warp copies 128 bytes of literals or match per step.
 DECODE_BYTES_PER_LANE = 4
 # Each encoder program needs scratch_words(chunk) int32 words of global scratch;
-# capping the programs at 4096 bounds it to 4096 * 20 KB = 84 MB at 16 KiB chunks (336 MB at
-# 64 KiB) whatever grid is asked for.
-MAX_ENCODE_PROGRAMS = 4096
+# capping the programs at 512 bounds it to 512 * 192 KiB = 96 MiB at 16 KiB chunks
+# (384 MiB at 64 KiB) whatever grid is asked for (an H100 runs about 4 per SM).
+MAX_ENCODE_PROGRAMS = 512
 _ALIGN = 16
 
 # Per-chunk decoder status codes (status[c] = (code, byte position)).
@@ -136,20 +148,20 @@ _OFFSET_BEFORE_START = tl.constexpr(OFFSET_BEFORE_START)
 _OVERFLOW = tl.constexpr(OVERFLOW)
 _ENDS_WITH_MATCH = tl.constexpr(ENDS_WITH_MATCH)
 _SHORT = tl.constexpr(SHORT)
+_MINMATCH = tl.constexpr(MINMATCH)
+_MFLIMIT = tl.constexpr(MFLIMIT)
+_LASTLITERALS = tl.constexpr(LASTLITERALS)
 
-# Scratch of one encoder program, in int32 words (offsets computed in the kernel):
-# hash table [1 << hash_bits(chunk)]; per segment: hash, match offset (0 =
-# literal), sequence [NSEG each]; per sequence: literal and match bytes before it [NSEG + 1 each],
-# first segment, match offset, block position of its literal 0 minus that
-# literal's chunk position [NSEG each].
+# Scratch of one encoder program, in int32 words: two hash tables [1 << hash_bits(chunk)
+# each] and per position its two candidates' offsets [chunk each].
 def scratch_words(chunk: int) -> int:
     """int32 words of scratch one encoder program needs for chunks of `chunk` bytes."""
-    return (1 << hash_bits(chunk)) + 8 * (chunk // SEG) + 2
+    return (2 << hash_bits(chunk)) + 2 * chunk
 
 
 def check_chunk(chunk: int) -> None:
     """The encoders' chunk: a power of two from 1 KiB to 64 KiB (any block size up to
-    64 KiB is standard LZ4; the encoder needs whole 32-byte segments)."""
+    64 KiB is standard LZ4; a power of two sizes the hash table)."""
     if not isinstance(chunk, int) or isinstance(chunk, bool) or not 1024 <= chunk <= MAX_BLOCK_INPUT \
             or chunk & (chunk - 1):
         raise ValueError(f"cswap.kernels.lz4: chunk must be a power of two in [1024, {MAX_BLOCK_INPUT}], "
@@ -180,159 +192,154 @@ def sections(payload: torch.Tensor, num_chunks: int, blocks_nbytes: int) -> tupl
 # -- Triton: encoder -------------------------------------------------------------------
 
 
+@triton.jit
+def _word(src, i, mask):
+    """The 4 bytes at src + i as a little-endian uint32 (bytes are loaded one by one:
+    positions have any alignment)."""
+    w = tl.load(src + i, mask=mask, other=0).to(tl.uint32)
+    w |= tl.load(src + i + 1, mask=mask, other=0).to(tl.uint32) << 8
+    w |= tl.load(src + i + 2, mask=mask, other=0).to(tl.uint32) << 16
+    return w | (tl.load(src + i + 3, mask=mask, other=0).to(tl.uint32) << 24)
+
+
+@triton.jit
+def _candidate(table, h, i, live, v, src, t0, HT: tl.constexpr):
+    """Offset to the latest earlier position with hash h whose 4 bytes equal v (0: none),
+    for a tile of HT positions i = t0 + [0, HT); then the tile enters the table."""
+    lane = tl.arange(0, HT)
+    same = (h[:, None] == h[None, :]) & (lane[None, :] < lane[:, None]) & live[None, :]
+    inside = tl.max(tl.where(same, lane[None, :], -1), axis=1)
+    tl.debug_barrier()  # every earlier tile's inserts are done
+    # .cg: read the atomics' result from L2, never a stale L1 line
+    earlier = tl.load(table + h, mask=live, other=-1, cache_modifier=".cg")
+    tl.debug_barrier()  # every lane has read the table before this tile enters it
+    tl.atomic_max(table + h, i, mask=live, sem="relaxed")
+    cand = tl.where(inside >= 0, t0 + inside, earlier)
+    ok = live & (cand >= 0)
+    return tl.where(ok & (_word(src, cand, ok) == v), i - cand, 0)
+
+
+@triton.jit
+def _match_length(src, q, off, last, STEP: tl.constexpr):
+    """Length of the match at q with offset `off` (its first 4 bytes are known to agree),
+    ending at `last` at the latest; 0 when off is 0."""
+    lane = tl.arange(0, STEP)
+    k = q + _MINMATCH
+    going = off > 0
+    while going:
+        pos = k + lane
+        live = pos < last
+        a = tl.load(src + pos, mask=live, other=0)
+        b = tl.load(src + pos - off, mask=live, other=0)
+        agree = tl.min(tl.where(live & (a == b), STEP, lane), axis=0)
+        k += agree
+        going = agree == STEP
+    return tl.where(off > 0, k - q, 0)
+
+
+@triton.jit
+def _sequence_size(lit, ml):
+    ext_l = tl.where(lit >= 15, (lit - 15) // 255 + 1, 0)
+    ext_m = tl.where(ml >= _MINMATCH + 15, (ml - _MINMATCH - 15) // 255 + 1, 0)
+    return 1 + ext_l + lit + tl.where(ml > 0, 2 + ext_m, 0)
+
+
+@triton.jit
+def _emit(dst, lits, lit, off, ml, STEP: tl.constexpr):
+    """Write one sequence at dst: `lit` literals from `lits`, then (ml > 0) a match of
+    length ml at offset off. The block was pre-filled with 255, so of each length's
+    extension bytes only the last is written."""
+    lane = tl.arange(0, STEP)
+    ext_l = tl.where(lit >= 15, (lit - 15) // 255 + 1, 0)
+    token = (tl.minimum(lit, 15) << 4) | tl.where(ml > 0, tl.minimum(ml - _MINMATCH, 15), 0)
+    tl.store(dst, token.to(tl.uint8))
+    tl.store(dst + ext_l, ((lit - 15) % 255).to(tl.uint8), mask=lit >= 15)
+    for j in range(0, lit, STEP):
+        idx = j + lane
+        live = idx < lit
+        tl.store(dst + 1 + ext_l + idx, tl.load(lits + idx, mask=live, other=0), mask=live)
+    po = dst + 1 + ext_l + lit
+    has = ml > 0
+    tl.store(po, (off & 255).to(tl.uint8), mask=has)
+    tl.store(po + 1, (off >> 8).to(tl.uint8), mask=has)
+    ext_m = tl.where(ml >= _MINMATCH + 15, (ml - _MINMATCH - 15) // 255 + 1, 0)
+    tl.store(po + 1 + ext_m, ((ml - _MINMATCH - 15) % 255).to(tl.uint8), mask=ml >= _MINMATCH + 15)
+
+
 @triton.jit(do_not_specialize=["nbytes", "num_chunks"])
-def _lz4_compress_kernel(src8_ptr, src32_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, nbytes,
-                         num_chunks, CHUNK: tl.constexpr, SEG: tl.constexpr, HBITS: tl.constexpr,
-                         STEP: tl.constexpr, LIT_ROWS: tl.constexpr, LIT_BYTES: tl.constexpr,
+def _lz4_compress_kernel(src_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, nbytes, num_chunks,
+                         CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr, STEP: tl.constexpr,
                          SCRATCH: tl.constexpr, WRITE: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
-    NSEG: tl.constexpr = CHUNK // SEG
-    W: tl.constexpr = SEG // 4
     HSIZE: tl.constexpr = 1 << HBITS
-    T0: tl.constexpr = 0
-    HASH: tl.constexpr = T0 + HSIZE
-    CODE: tl.constexpr = HASH + NSEG
-    SEQ: tl.constexpr = CODE + NSEG
-    SL: tl.constexpr = SEQ + NSEG
-    SM: tl.constexpr = SL + NSEG + 1
-    BEG: tl.constexpr = SM + NSEG + 1
-    OFF: tl.constexpr = BEG + NSEG
-    LB: tl.constexpr = OFF + NSEG
-    tl.static_assert(LB + NSEG <= SCRATCH)
-    tl.static_assert(SEG % LIT_BYTES == 0)
+    T4: tl.constexpr = 0
+    T8: tl.constexpr = HSIZE
+    D4: tl.constexpr = 2 * HSIZE
+    D8: tl.constexpr = D4 + CHUNK
+    tl.static_assert(D8 + CHUNK <= SCRATCH)
     sc = scratch_ptr + pid * SCRATCH
+    hl = tl.arange(0, HT)
     lane = tl.arange(0, STEP)
     for c in range(pid, num_chunks, nprog):
         tl.debug_barrier()  # the previous chunk's scratch reads finish before we overwrite it
         n = tl.minimum(nbytes - c * CHUNK, CHUNK).to(tl.int32)
-        words = src32_ptr + c * (CHUNK // 4)
-        nfull = n // SEG
-        nactive = (n + SEG - 1) // SEG
-        # 1. Hash each full segment's 8 words; the table keeps the earliest segment per hash.
-        for h0 in range(0, HSIZE, STEP):
-            tl.store(sc + T0 + h0 + lane, tl.full([STEP], NSEG, tl.int32), mask=h0 + lane < HSIZE)
+        src = src_ptr + c * CHUNK
+        starts = tl.maximum(n - (_MFLIMIT - 1), 0)  # positions where a match may start
+        last = n - _LASTLITERALS
+        # 1. Two candidates per position: the latest earlier one with the same 4 bytes
+        # and with the same 8 (by hash, then checked), as offsets (0: none).
+        for h0 in range(0, 2 * HSIZE, STEP):
+            tl.store(sc + T4 + h0 + lane, tl.full([STEP], -1, tl.int32), mask=h0 + lane < 2 * HSIZE)
         tl.debug_barrier()
-        for s0 in range(0, NSEG, STEP):
-            s = s0 + lane
-            full = s < nfull
-            h = tl.zeros([STEP], dtype=tl.uint32)
-            for j in tl.static_range(W):
-                w = tl.load(words + s * W + j, mask=full, other=0)
-                h = (h ^ w.to(tl.uint32, bitcast=True)) * 0x9E3779B1  # HASH_MUL
-            h = (h >> (32 - HBITS)).to(tl.int32)
-            tl.store(sc + HASH + s, h)
-            # Relaxed: the barrier below orders the table for its readers.
-            tl.atomic_min(sc + T0 + h, s, mask=full, sem="relaxed")
+        for t0 in range(0, starts, HT):
+            i = t0 + hl
+            live = i < starts
+            lo = _word(src, i, live)
+            hi = _word(src, i + 4, live)
+            mixed = lo * 0x9E3779B1  # HASH_MUL
+            h4 = (mixed >> (32 - HBITS)).to(tl.int32)
+            h8 = (((mixed ^ hi) * 0x9E3779B1) >> (32 - HBITS)).to(tl.int32)
+            tl.store(sc + D4 + i, _candidate(sc + T4, h4, i, live, lo, src, t0, HT), mask=live)
+            tl.store(sc + D8 + i, _candidate(sc + T8, h8, i, live, lo, src, t0, HT), mask=live)
         tl.debug_barrier()
-        # 2. Match offset of each segment (0 = literal). The last two full segments
-        # and the partial tail stay literal (end-of-block rules).
-        for s0 in range(0, NSEG, STEP):
-            s = s0 + lane
-            full = s < nfull
-            # .cg: read the atomics' result from L2, never a stale L1 line
-            cand = tl.load(sc + T0 + tl.load(sc + HASH + s), mask=full, other=NSEG, cache_modifier=".cg")
-            allowed = s < nfull - 2
-            ok_a = allowed & (s >= 1)
-            ok_b = allowed & (cand < s)
-            eq_a = ok_a
-            eq_b = ok_b
-            for j in tl.static_range(W):
-                w = tl.load(words + s * W + j, mask=allowed, other=0)
-                wa = tl.load(words + (s - 1) * W + j, mask=ok_a, other=0)
-                wb = tl.load(words + cand * W + j, mask=ok_b, other=0)
-                eq_a = eq_a & (w == wa)
-                eq_b = eq_b & (w == wb)
-            tl.store(sc + CODE + s, tl.where(eq_a, SEG, tl.where(eq_b, (s - cand) * SEG, 0)))
-        tl.debug_barrier()
-        # 3. Sequences: literal segments, then match segments sharing one offset.
-        nseq = n * 0
-        lit_before = n * 0
-        mat_before = n * 0
-        for s0 in range(0, NSEG, STEP):
-            s = s0 + lane
-            kind = tl.load(sc + CODE + s)
-            prev = tl.load(sc + CODE + s - 1, mask=s >= 1, other=0)
-            active = s < nactive
-            is_m = kind > 0
-            cont = is_m & (prev == kind)
-            begin = active & ((s == 0) | ((prev > 0) & (cont == 0)))
-            seg_lit = tl.where(active & (kind == 0), tl.minimum(n - s * SEG, SEG), 0)
-            seg_mat = tl.where(is_m, SEG, 0)
-            bi = begin.to(tl.int32)
-            seq = nseq + tl.cumsum(bi, axis=0) - 1
-            tl.store(sc + SL + seq, lit_before + tl.cumsum(seg_lit, axis=0) - seg_lit, mask=begin)
-            tl.store(sc + SM + seq, mat_before + tl.cumsum(seg_mat, axis=0) - seg_mat, mask=begin)
-            tl.store(sc + BEG + seq, s, mask=begin)
-            tl.store(sc + OFF + seq, kind, mask=is_m)  # all match segments of a sequence agree
-            tl.store(sc + SEQ + s, seq, mask=active)
-            nseq += tl.sum(bi, axis=0)
-            lit_before += tl.sum(seg_lit, axis=0)
-            mat_before += tl.sum(seg_mat, axis=0)
-        tl.store(sc + SL + nseq, lit_before)
-        tl.store(sc + SM + nseq, mat_before)
-        tl.debug_barrier()
-        # 4. One lane per sequence: its size, position, and (WRITE) its token,
-        # length extensions and offset. The block was pre-filled with 255, so every
-        # extension byte but the last is already written.
+        # 2. The greedy parse: from each position, the first later one with a candidate
+        # starts a match (the longer of its two); the walk resumes after the match.
         if WRITE:
             base = tl.load(offsets_ptr + c)
         else:
             base = c * 0
-        total = n * 0
-        for k0 in range(0, nseq, STEP):
-            k = k0 + lane
-            kv = k < nseq
-            lit = tl.load(sc + SL + k + 1, mask=kv, other=0) - tl.load(sc + SL + k, mask=kv, other=0)
-            mat = tl.load(sc + SM + k + 1, mask=kv, other=0) - tl.load(sc + SM + k, mask=kv, other=0)
-            ext_l = tl.where(lit >= 15, (lit - 15) // 255 + 1, 0)
-            ext_m = tl.where(mat >= 19, (mat - 19) // 255 + 1, 0)
-            size = tl.where(kv, 1 + ext_l + lit + tl.where(mat > 0, 2 + ext_m, 0), 0)
-            pos = total + tl.cumsum(size, axis=0) - size
-            if WRITE:
-                off = tl.load(sc + OFF + k, mask=kv & (mat > 0), other=0)
-                p = dst_ptr + base + pos
-                token = (tl.minimum(lit, 15) << 4) | tl.where(mat > 0, tl.minimum(mat - 4, 15), 0)
-                tl.store(p, token.to(tl.uint8), mask=kv)
-                tl.store(p + ext_l, ((lit - 15) % 255).to(tl.uint8), mask=kv & (lit >= 15))
-                po = p + 1 + ext_l + lit
-                has_m = kv & (mat > 0)
-                tl.store(po, (off & 255).to(tl.uint8), mask=has_m)
-                tl.store(po + 1, (off >> 8).to(tl.uint8), mask=has_m)
-                tl.store(po + 1 + ext_m, ((mat - 19) % 255).to(tl.uint8), mask=kv & (mat >= 19))
-                beg = tl.load(sc + BEG + k, mask=kv, other=0)
-                tl.store(sc + LB + k, pos + 1 + ext_l - beg * SEG, mask=kv)
-            total += tl.sum(size, axis=0)
+        dst = dst_ptr + base
+        p = n * 0
+        anchor = n * 0
+        size = n * 0
+        while p < starts:
+            idx = p + lane
+            live = idx < starts
+            a4 = tl.load(sc + D4 + idx, mask=live, other=0)
+            a8 = tl.load(sc + D8 + idx, mask=live, other=0)
+            f = tl.min(tl.where((a4 > 0) | (a8 > 0), lane, STEP), axis=0)
+            if f < STEP:
+                q = p + f
+                o4 = tl.sum(tl.where(lane == f, a4, 0), axis=0)
+                o8 = tl.sum(tl.where(lane == f, a8, 0), axis=0)
+                l4 = _match_length(src, q, o4, last, STEP)
+                l8 = _match_length(src, q, o8, last, STEP)
+                ml = tl.where(l8 > l4, l8, l4)
+                off = tl.where(l8 > l4, o8, o4)
+                lit = q - anchor
+                if WRITE:
+                    _emit(dst + size, src + anchor, lit, off, ml, STEP)
+                size += _sequence_size(lit, ml)
+                p = q + ml
+                anchor = p
+            else:
+                p += STEP
+        lit = n - anchor
         if WRITE:
-            tl.debug_barrier()
-            # 5. Literal bytes: byte i of the chunk goes to block position LB[SEQ[i // SEG]] + i.
-            # A row is LIT_BYTES bytes of one segment: one vector load, the lookups once.
-            row = tl.arange(0, LIT_ROWS)
-            col = tl.arange(0, LIT_BYTES)
-            src = src8_ptr + c * CHUNK
-            dst = dst_ptr + base
-            for b0 in range(0, n, LIT_ROWS * LIT_BYTES):
-                first = b0 + row * LIT_BYTES
-                sg = first // SEG
-                lit_row = (first < n) & (tl.load(sc + CODE + sg, mask=first < n, other=1) == 0)
-                lb = tl.load(sc + LB + tl.load(sc + SEQ + sg, mask=lit_row, other=0), mask=lit_row, other=0)
-                i = first[:, None] + col[None, :]
-                dpos = lb[:, None] + i
-                m = lit_row[:, None] & (i < n) & (dpos >= 0) & (dpos < total)
-                tl.store(dst + dpos, tl.load(src + i, mask=m, other=0), mask=m)
+            _emit(dst + size, src + anchor, lit, n * 0, n * 0, STEP)
         else:
-            tl.store(sizes_ptr + c, total.to(tl.int64))
-
-
-def _word_views(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8, int32) views of the same bytes; copies only when `data` is not 16-byte
-    aligned or not a whole number of words (the int32 loads need both)."""
-    n = data.numel()
-    if data.data_ptr() % 16 or n % 4:
-        padded = torch.zeros(-(-n // 16) * 16, dtype=torch.uint8, device=data.device)
-        padded[:n] = data
-        data = padded
-    return data, data.view(torch.int32)
+            tl.store(sizes_ptr + c, (size + _sequence_size(lit, n * 0)).to(tl.int64))
 
 
 def _check_bytes(data: torch.Tensor, where: str) -> None:
@@ -354,16 +361,15 @@ def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None,
     if num_chunks == 0:
         alloc(layout(0, 0)[1]).zero_()
         return 0, 0
-    src8, src32 = _word_views(data)
     programs, warps = launch_grid(config, num_chunks, data.device)
     programs = min(programs, MAX_ENCODE_PROGRAMS)
     scratch = torch.empty(programs * scratch_words(chunk), dtype=torch.int32, device=data.device)
     sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
-    threads = 32 * warps
-    args = dict(CHUNK=chunk, SEG=SEG, HBITS=hash_bits(chunk), STEP=min(chunk // SEG, SEGS_PER_THREAD * threads),
-                LIT_ROWS=threads, LIT_BYTES=LITERAL_BYTES, SCRATCH=scratch_words(chunk), num_warps=warps)
-    _lz4_compress_kernel[(programs,)](src8, src32, sizes, sizes, src8, scratch, nbytes, num_chunks,
-                                      WRITE=False, **args)
+    # The interpreter pays per operation, not per element: wider tiles (same bytes out).
+    tile = HASH_TILE_INTERPRETED if interpreting() else HASH_TILE
+    args = dict(CHUNK=chunk, HBITS=hash_bits(chunk), HT=tile, STEP=32 * warps, SCRATCH=scratch_words(chunk),
+                num_warps=warps)
+    _lz4_compress_kernel[(programs,)](data, sizes, sizes, data, scratch, nbytes, num_chunks, WRITE=False, **args)
     ends = torch.cumsum(sizes, 0)
     blocks_nbytes = int(ends[-1])  # the one host sync: sizes the buffer
     payload = alloc(layout(num_chunks, blocks_nbytes)[1])
@@ -372,8 +378,7 @@ def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None,
     offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
     offsets[1:].copy_(ends)
     blocks.fill_(255)
-    _lz4_compress_kernel[(programs,)](src8, src32, offsets, sizes, blocks, scratch, nbytes, num_chunks,
-                                      WRITE=True, **args)
+    _lz4_compress_kernel[(programs,)](data, offsets, sizes, blocks, scratch, nbytes, num_chunks, WRITE=True, **args)
     return num_chunks, blocks_nbytes
 
 
@@ -546,8 +551,10 @@ def lz4_decompress(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: i
 
 # -- PyTorch reference: encoder (same bytes as the Triton encoder) -------------------------
 
-# Chunks per step of the reference encoder: bounds its temporaries to ~50 MB.
-_REF_GROUP = 16
+# Chunks per step of the reference encoder: bounds its temporaries to ~100 MB at 16 KiB chunks.
+_REF_GROUP = 64
+# Bytes compared in the first step when the reference extends a match (then twice as many each step).
+_COMPARE = 16
 
 
 def _mul32(h: torch.Tensor, k: int) -> torch.Tensor:
@@ -556,61 +563,136 @@ def _mul32(h: torch.Tensor, k: int) -> torch.Tensor:
     return (h * lo + (((h * hi) & 0xFFFF) << 16)) & 0xFFFFFFFF
 
 
-def _plan(group: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Segments, sequences and block sizes for chunks `group` (uint8 [Cg, chunk],
-    zero-padded) of lengths `n` (int64 [Cg]): the Triton kernel's steps, batched."""
-    dev = group.device
-    cg = n.numel()
-    NSEG = group.shape[1] // SEG  # noqa: N806  (the kernel's name)
-    s = torch.arange(NSEG, device=dev)
-    words = group.view(torch.int32).view(cg, NSEG, SEG // 4).to(torch.int64) & 0xFFFFFFFF
-    nfull = (n // SEG)[:, None]
-    full = s < nfull
-    h = torch.zeros(cg, NSEG, dtype=torch.int64, device=dev)
-    for j in range(SEG // 4):
-        h = _mul32(h ^ words[..., j], HASH_MUL)
-    h = h >> (32 - hash_bits(group.shape[1]))
-    table = torch.full((cg, 1 << hash_bits(group.shape[1])), NSEG, dtype=torch.int64, device=dev)
-    table.scatter_reduce_(1, h, torch.where(full, s, NSEG), "amin")
-    cand = table.gather(1, h)
-    allowed = s < nfull - 2
-    ok_a = allowed & (s >= 1)
-    ok_b = allowed & (cand < s)
-    prev_words = torch.roll(words, 1, dims=1)
-    eq_a = ok_a & (words == prev_words).all(-1)
-    cand_words = words.gather(1, cand.clamp(max=NSEG - 1)[..., None].expand(-1, -1, SEG // 4))
-    eq_b = ok_b & (words == cand_words).all(-1)
-    kind = torch.where(eq_a, SEG, torch.where(eq_b, (s - cand) * SEG, 0))
-    prev = torch.nn.functional.pad(kind[:, :-1], (1, 0))
-    active = s < ((n + SEG - 1) // SEG)[:, None]
-    is_m = kind > 0
-    cont = is_m & (prev == kind)
-    begin = active & ((s == 0) | ((prev > 0) & ~cont))
-    seg_lit = torch.where(active & ~is_m, (n[:, None] - s * SEG).clamp(max=SEG), 0)
-    seg_mat = torch.where(is_m, SEG, 0)
-    seq = torch.cumsum(begin, 1) - 1
-    nseq = begin.sum(1)
-    dump = NSEG + 1  # column for lanes that store nothing
-    col = torch.where(begin, seq, dump)
-    sl = torch.zeros(cg, NSEG + 2, dtype=torch.int64, device=dev)
-    sm = torch.zeros_like(sl)
-    beg = torch.zeros_like(sl)
-    off = torch.zeros_like(sl)
-    sl.scatter_(1, col, torch.cumsum(seg_lit, 1) - seg_lit)
-    sm.scatter_(1, col, torch.cumsum(seg_mat, 1) - seg_mat)
-    beg.scatter_(1, col, s.expand(cg, -1))
-    off.scatter_(1, torch.where(is_m, seq, dump), kind)
-    sl.scatter_(1, nseq[:, None], seg_lit.sum(1, keepdim=True))
-    sm.scatter_(1, nseq[:, None], seg_mat.sum(1, keepdim=True))
-    kv = s < nseq[:, None]
-    lit = torch.where(kv, sl[:, 1:NSEG + 1] - sl[:, :NSEG], 0)
-    mat = torch.where(kv, sm[:, 1:NSEG + 1] - sm[:, :NSEG], 0)
-    off = torch.where(kv & (mat > 0), off[:, :NSEG], 0)
-    ext_l = torch.where(lit >= 15, (lit - 15).clamp(min=0) // 255 + 1, 0)
-    ext_m = torch.where(mat >= 19, (mat - 19).clamp(min=0) // 255 + 1, 0)
-    size = torch.where(kv, 1 + ext_l + lit + torch.where(mat > 0, 2 + ext_m, 0), 0)
-    return dict(kind=kind, active=active, seq=seq, kv=kv, lit=lit, mat=mat, off=off, ext_l=ext_l,
-                ext_m=ext_m, size=size, beg=beg[:, :NSEG], total=size.sum(1))
+def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[r, index[r, j]] with the index clamped into the row (callers mask the clamped lanes)."""
+    return x.gather(1, index.clamp(0, x.shape[1] - 1))
+
+
+def _candidates(v: torch.Tensor, h: torch.Tensor, starts: torch.Tensor, hbits: int) -> torch.Tensor:
+    """Per position the offset back to the latest earlier position with the same hash (what
+    a table updated at every position holds), where that position's first 4 bytes (v)
+    are the same; 0 where there is none."""
+    i = torch.arange(v.shape[1], device=v.device).expand_as(v)
+    key, order = torch.sort((torch.where(starts, h, 1 << hbits) << 17) | i, dim=1)
+    same = torch.nn.functional.pad((key[:, 1:] >> 17) == (key[:, :-1] >> 17), (1, 0))
+    prev = torch.where(same, torch.nn.functional.pad(order[:, :-1], (1, 0)), -1)
+    cand = torch.empty_like(prev).scatter_(1, order, prev)
+    return torch.where(starts & (cand >= 0) & (_gather(v, cand) == v), i - cand, 0)
+
+
+def _lengths(group: torch.Tensor, d: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Per position the exact length of its match at offset d (0 where d is 0), up to `last`
+    (LZ4's last literals). Consecutive positions with the same offset form a chain whose
+    lengths follow from its last position's, so bytes are compared only past chain ends;
+    and a chain end's comparison stops at the next chain end of the same offset, whose
+    length it then continues (so no byte is compared twice for one offset, however often
+    hash collisions cut a long match into chains)."""
+    cg, chunk = d.shape
+    i = torch.arange(chunk, device=d.device).expand(cg, -1)
+    valid = d > 0
+    cont = valid & (torch.nn.functional.pad(d[:, 1:], (0, 1)) == d)
+    row, col = (valid & ~cont).nonzero(as_tuple=True)
+    back = d[row, col]
+    order = torch.argsort((row * (1 << 17) + back) * (1 << 17) + col)  # by row, offset, position
+    row, col, back = row[order], col[order], back[order]
+    start = row * chunk + col
+    same_next = torch.zeros_like(row, dtype=torch.bool)
+    same_next[:-1] = (row[1:] == row[:-1]) & (back[1:] == back[:-1])
+    next_start = torch.where(same_next, torch.nn.functional.pad(start[1:], (0, 1)), -1)
+    limit = last[row] + row * chunk
+    stop = torch.where(same_next, torch.minimum(next_start, limit), limit)
+    end = start + MINMATCH  # the first 4 bytes agree (the candidate was checked)
+    flat = group.reshape(-1)
+    top = flat.numel() - 1
+    active = torch.arange(row.numel(), device=d.device)
+    width = _COMPARE
+    while active.numel():  # windows double: a long match takes few steps
+        k = end[active, None] + torch.arange(width, device=d.device)
+        same = (k < stop[active, None]) & (flat[k.clamp(max=top)] == flat[(k - back[active, None]).clamp(0, top)])
+        run = same.to(torch.int32).cumprod(1).sum(1)
+        end[active] += run
+        active = active[run == width]
+        width = min(2 * width, chunk)
+    # A comparison that reached the next chain end of its offset goes on as that one's does.
+    reached = same_next & (end >= next_start)
+    index = torch.arange(row.numel(), device=d.device)
+    resolved = torch.cummin(torch.where(reached, row.numel(), index).flip(0), 0).values.flip(0)
+    end = end[resolved] if row.numel() else end
+    chain_end = torch.zeros_like(d)
+    chain_end[row, col] = end - row * chunk
+    last_of_chain = torch.cummin(torch.where(cont, 2 * chunk, i).flip(1), 1).values.flip(1)
+    return torch.where(valid, _gather(chain_end, last_of_chain) - i, 0)
+
+
+def _matches(group: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-2 for chunks `group` (uint8 [Cg, chunk], zero-padded) of lengths n:
+    per position the chosen match's offset and length (0 where no match starts)."""
+    cg, chunk = group.shape
+    i = torch.arange(chunk, device=group.device).expand(cg, -1)
+    b = torch.nn.functional.pad(group.to(torch.int64), (0, 7))
+    lo = b[:, :-7] | (b[:, 1:-6] << 8) | (b[:, 2:-5] << 16) | (b[:, 3:-4] << 24)
+    hi = b[:, 4:-3] | (b[:, 5:-2] << 8) | (b[:, 6:-1] << 16) | (b[:, 7:] << 24)
+    hbits = hash_bits(chunk)
+    h4 = _mul32(lo, HASH_MUL) >> (32 - hbits)
+    h8 = _mul32(_mul32(lo, HASH_MUL) ^ hi, HASH_MUL) >> (32 - hbits)
+    starts = i < (n - (MFLIMIT - 1)).clamp(min=0)[:, None]
+    last = n - LASTLITERALS
+    d4 = _candidates(lo, h4, starts, hbits)
+    d8 = _candidates(lo, h8, starts, hbits)
+    len4 = _lengths(group, d4, last)
+    len8 = _lengths(group, d8, last)
+    longer = len8 > len4
+    return torch.where(longer, d8, d4), torch.where(longer, len8, len4)
+
+
+def _parse(length: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Step 3, the greedy parse: the match starts reached from position 0 by taking
+    every match found and stepping one byte otherwise (bool [Cg, chunk]), found for
+    all positions at once by pointer doubling."""
+    cg, chunk = length.shape
+    i = torch.arange(chunk, device=length.device).expand(cg, -1)
+    sink = chunk
+    stop = (n - (MFLIMIT - 1)).clamp(min=0)[:, None]
+    nxt = i + torch.where(length > 0, length, 1)
+    jump = torch.nn.functional.pad(torch.where(nxt < stop, nxt, sink), (0, 1), value=sink)
+    seen = torch.zeros(cg, chunk + 1, dtype=torch.uint8, device=length.device)
+    seen[:, 0] = 1
+    span = 1
+    while span <= chunk:  # after k rounds `seen` holds the first 2**k positions of the walk
+        seen.scatter_reduce_(1, jump, seen.clone(), "amax")
+        jump = jump.gather(1, jump)
+        span *= 2
+    return seen[:, :chunk].bool() & (length > 0) & (i < stop)
+
+
+def _ext(count: torch.Tensor, lo: int) -> torch.Tensor:
+    """Length-extension bytes LZ4 writes for a field whose token nibble saturates at `lo` + 15."""
+    return torch.where(count >= lo + 15, (count - lo - 15).clamp(min=0) // 255 + 1, 0)
+
+
+def _sequences(group: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The group's sequences as flat lists in block order (row, then position): each one's
+    row, literal start and count, match offset and length (0 in a row's last sequence,
+    which has literals only) and position in its block; and each block's size (`total`)."""
+    cg, chunk = group.shape
+    d, length = _matches(group, n)
+    mrow, mpos = _parse(length, n).nonzero(as_tuple=True)
+    none = torch.zeros(cg, dtype=length.dtype, device=group.device)
+    row = torch.cat([mrow, torch.arange(cg, device=group.device)])
+    at = torch.cat([mpos, n])  # a row's last sequence sits where its match would start: the chunk's end
+    mlen = torch.cat([length[mrow, mpos], none])
+    off = torch.cat([d[mrow, mpos], none])
+    order = torch.argsort(row * (chunk + 1) + at)
+    row, at, mlen, off = row[order], at[order], mlen[order], off[order]
+    end = at + mlen
+    first = torch.ones_like(row, dtype=torch.bool)
+    first[1:] = row[1:] != row[:-1]
+    anchor = torch.where(first, 0, torch.nn.functional.pad(end[:-1], (1, 0)))
+    lit = at - anchor
+    size = 1 + _ext(lit, 0) + lit + torch.where(mlen > 0, 2 + _ext(mlen, MINMATCH), 0)
+    total = torch.zeros(cg, dtype=size.dtype, device=group.device).index_add_(0, row, size)
+    pos = torch.cumsum(size, 0) - size - (torch.cumsum(total, 0) - total)[row]
+    return dict(row=row, anchor=anchor, lit=lit, off=off, mlen=mlen, pos=pos, total=total)
 
 
 def _groups(data: torch.Tensor, chunk: int):
@@ -626,39 +708,47 @@ def _groups(data: torch.Tensor, chunk: int):
         yield c0, group.view(c1 - c0, chunk), (nbytes - starts).clamp(max=chunk)
 
 
-def _write_group(blocks: torch.Tensor, base: torch.Tensor, group: torch.Tensor, n: torch.Tensor,
-                 plan: dict[str, torch.Tensor]) -> None:
-    kv, lit, mat, off, ext_l, ext_m = (plan[k] for k in ("kv", "lit", "mat", "off", "ext_l", "ext_m"))
-    pos = torch.cumsum(plan["size"], 1) - plan["size"]
-    p = base[:, None] + pos
-    token = (lit.clamp(max=15) << 4) | torch.where(mat > 0, (mat - 4).clamp(0, 15), 0)
+def _write_group(blocks: torch.Tensor, base: torch.Tensor, group: torch.Tensor,
+                 seq: dict[str, torch.Tensor]) -> None:
+    """Write the blocks of one group at offsets `base` (the blocks were pre-filled with
+    255, so of a length's extension bytes only the last needs writing)."""
+    row, anchor, lit, off, mlen, pos = (seq[k] for k in ("row", "anchor", "lit", "off", "mlen", "pos"))
 
     def put(where, mask, values):
         blocks[where[mask]] = values[mask].to(torch.uint8)
 
-    put(p, kv, token)
-    put(p + ext_l, kv & (lit >= 15), (lit - 15) % 255)
+    everywhere = torch.ones_like(lit, dtype=torch.bool)
+    p = base[row] + pos
+    ext_l = _ext(lit, 0)
+    put(p, everywhere, (lit.clamp(max=15) << 4) | (mlen - MINMATCH).clamp(0, 15))
+    put(p + ext_l, lit >= 15, (lit - 15) % 255)
     po = p + 1 + ext_l + lit
-    has_m = kv & (mat > 0)
-    put(po, has_m, off & 255)
-    put(po + 1, has_m, off >> 8)
-    put(po + 1 + ext_m, kv & (mat >= 19), (mat - 19) % 255)
-    lb = pos + 1 + ext_l - plan["beg"] * SEG
-    seglb = torch.where(plan["active"], lb.gather(1, plan["seq"].clamp(min=0)), 0)
-    i = torch.arange(group.shape[1], device=group.device)
-    sg = i // SEG
-    lit_byte = (i < n[:, None]) & (plan["kind"][:, sg] == 0)
-    put(base[:, None] + seglb[:, sg] + i, lit_byte, group)
+    match = mlen > 0
+    put(po, match, off & 255)
+    put(po + 1, match, off >> 8)
+    put(po + 1 + _ext(mlen, MINMATCH), mlen >= MINMATCH + 15, (mlen - MINMATCH - 15) % 255)
+    # The literals, all sequences' at once: byte j of sequence k's.
+    k = torch.repeat_interleave(torch.arange(lit.numel(), device=lit.device), lit)
+    j = torch.arange(k.numel(), device=lit.device) - (torch.cumsum(lit, 0) - lit)[k]
+    blocks[(p + 1 + ext_l)[k] + j] = group.reshape(-1)[row[k] * group.shape[1] + anchor[k] + j]
 
 
 def lz4_compress_ref(data: torch.Tensor, alloc, chunk: int = CHUNK) -> tuple[int, int]:
-    """Reference encoder in plain PyTorch (any device); writes the same bytes as `lz4_compress`."""
+    """Reference encoder in plain PyTorch (any device); writes the same bytes as `lz4_compress`.
+    Each group of chunks is written to its own buffer, then all are copied into the payload
+    (the group's parse is found once; its block sizes are known only after it)."""
     _check_bytes(data, "cswap.kernels.lz4.lz4_compress_ref")
     check_chunk(chunk)
     num_chunks = -(-data.numel() // chunk)
     sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
+    parts = []
     for c0, group, n in _groups(data, chunk):
-        sizes[c0: c0 + n.numel()] = _plan(group, n)["total"]
+        seq = _sequences(group, n)
+        sizes[c0: c0 + n.numel()] = seq["total"]
+        local = torch.cumsum(seq["total"], 0)
+        part = torch.full((int(local[-1]),), 255, dtype=torch.uint8, device=data.device)
+        _write_group(part, local - seq["total"], group, seq)
+        parts.append(part)
     ends = torch.cumsum(sizes, 0)
     blocks_nbytes = int(ends[-1]) if num_chunks else 0
     off_blocks, total = layout(num_chunks, blocks_nbytes)
@@ -666,9 +756,8 @@ def lz4_compress_ref(data: torch.Tensor, alloc, chunk: int = CHUNK) -> tuple[int
     payload[:off_blocks].zero_()
     offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
     offsets[1:].copy_(ends)
-    blocks.fill_(255)
-    for c0, group, n in _groups(data, chunk):
-        _write_group(blocks, offsets[c0: c0 + n.numel()], group, n, _plan(group, n))
+    if parts:
+        torch.cat(parts, out=blocks)
     return num_chunks, blocks_nbytes
 
 

@@ -20,24 +20,22 @@ nnz = round(numel * (1 - sparsity)):
   expected number of cuts, (tiles - 1) * (nnz - runs) / numel (the chance that an
   element and its successor are both non-zero, taken as uniform along the
   tensor); the real size lies between the sizes at those two ends.
-- lz4: an estimate. cswap's encoder works on 32-byte aligned segments (SEG in
-  cswap.kernels.lz4): an all-zero segment becomes (part of) a match, everything
-  else is literals. The non-zero bytes are assumed not to repeat (activation
-  values seldom do). Zero-run lengths are modelled as geometric with the
-  measured mean (numel - nnz) / zero runs (zero runs ~ `runs`), which gives in
-  closed form the expected number of fully zero aligned segments, of zero runs
-  with at least one (one sequence: literals + a 32-byte match to an earlier zero
-  segment) and with at least two (a second sequence: a match at offset 32). Per
-  chunk, the first zero segment and the last two segments stay literals
-  and one final literal-only sequence ends the block. Each sequence costs its
-  token, its length extension bytes (one per 255 of length past 15 / 19) and a
-  2-byte offset; the result is clamped to [one byte, LZ4's bound] per block and
-  is never less than the block offsets section. Measured against the encoder
-  (1 MiB and 256 KiB tensors, float16/32/64 and int8): blocky data (ReLU of a
-  smooth field) within 7% (worst: int8, runs of 16, sparsity 0.8), iid zeros
-  within 4%, incompressible data exact, all-zero tensors about 8% high (the
-  chunk-aligned run is counted as randomly aligned); tensors of a few KiB can be
-  off by tens of per cent, i.e. tens of bytes.
+- lz4: an estimate. cswap's encoder is LZ4's greedy parse (cswap.kernels.lz4):
+  zero runs become matches, everything else is literals. The non-zero bytes are
+  assumed not to repeat (activation values seldom do). Zero-run lengths are
+  modelled as geometric with the measured mean (numel - nnz) / zero runs (zero
+  runs ~ `runs`): a run of at least 4 bytes is matched whole, as one sequence
+  (a match to an earlier zero run), or two when it has 12 bytes or more (the
+  rest at offset 1); shorter runs stay literals, and so does the first byte of
+  each chunk's first zero run (nothing earlier to match), and a match also takes
+  in the bytes next to its run that repeat with it (a float's sign/exponent
+  byte: about 2 bytes per run, 1 for 1-byte types, measured on the
+  synthetic data of the tests). Each sequence costs its token, its length
+  extension bytes (one per 255 of length past 15 / 19) and a 2-byte offset; one
+  final literal-only sequence ends each block; the result is clamped to [one
+  byte, LZ4's bound] per block and is never less than the block offsets section.
+  Checked against the encoder in tests/test_advisor.py (blocky and iid data,
+  fp32 and int8, 1 MiB and 256 KiB).
 
 Independent mode (the paper's equations 1-4, with the real sizes S_c)
 ----------------------------------------------------------------------
@@ -302,37 +300,37 @@ def _lz4_blocks_estimate(numel: int, itemsize: int, nnz: int, runs: int) -> int:
     total = numel * itemsize
     if total == 0:
         return 0
-    seg, chunk = _lz4.SEG, _lz4.CHUNK
+    chunk = _lz4.CHUNK
     chunks = -(-total // chunk)
     zeros = numel - nnz
     # zero runs: between non-zero runs (runs - 1 .. runs + 1 of them), plus splits at chunk ends
     zero_runs = 0.0 if zeros == 0 else (1.0 if nnz == 0 else float(max(runs, 1)))
     if zeros:
         zero_runs += (chunks - 1) * zeros / numel
-    segs = seq_a = seq_b = 0.0
+    matched = seq_one = seq_two = 0.0
     if zero_runs > 0:
         mu = zeros / zero_runs                 # mean zero-run length, elements
         q = 1.0 - 1.0 / mu if mu > 1 else 0.0  # geometric: P(L >= j) = q ** (j - 1)
-        t = seg // itemsize - 1                # a run of L elements holds a(L - t) aligned segments on average
-        a = 1.0 / (t + 1)
-        r = q ** (t + 1)
-        segs = zero_runs * a * mu * q ** t                  # E[fully zero aligned segments]
-        seq_a = zero_runs * a * mu * q ** t * (1.0 - r)     # E[runs with >= 1 segment]
-        seq_b = zero_runs * a * mu * q ** (2 * t + 1) * (1.0 - r)  # E[runs with >= 2 segments]
-        # per chunk the first zero segment has nothing earlier to match: it stays literal
-        first = min(float(chunks), segs)
-        segs -= first
-        seq_a = max(seq_a - first, 0.0)
-        # the last two full segments of a chunk are always literals
-        segs -= min(segs, 2.0 * chunks * segs / max(total / seg, 1.0))
-    matched = seg * segs
+        k4 = -(-_lz4.MINMATCH // itemsize)     # elements in the shortest run a match covers
+        k2 = -(-(3 * _lz4.MINMATCH) // itemsize)  # ... in the shortest taking two sequences
+        short = sum(j * (1.0 - q) * q ** (j - 1) for j in range(1, k4))  # E[L; L < k4]
+        matched = itemsize * (zeros - zero_runs * short)
+        seq_one = zero_runs * q ** (k4 - 1)
+        seq_two = zero_runs * q ** (k2 - 1)
+        # each chunk's first zero run has nothing earlier to match: its first byte is a
+        # literal, the rest a match at offset 1
+        matched -= min(float(chunks), seq_one)
+        # a match also takes in neighbouring bytes that repeat with the zeros (a float's
+        # sign/exponent byte before the run, measured: about 2 per run; 1 for bytes)
+        matched += seq_one * min(itemsize, 2)
+    matched = min(max(matched, 0.0), max(total - chunks * _lz4.LASTLITERALS, 0.0))
     literals = total - matched
-    lit_seqs = seq_a + chunks                  # sequences carrying literals (seq_b ones carry none)
-    size = (seq_a + seq_b + chunks) + literals + 2.0 * (seq_a + seq_b)  # tokens, literals, offsets
+    seqs = seq_one + seq_two
+    lit_seqs = seq_one + chunks                # sequences carrying literals (second ones of a run carry none)
+    size = seqs + chunks + literals + 2.0 * seqs  # tokens, literals, offsets
     size += lit_seqs * _ext(literals / lit_seqs, 15)
-    size += seq_a * _ext(seg, 19)
-    if seq_b > 0:
-        size += seq_b * _ext(max(matched - seg * seq_a, 0.0) / seq_b, 19)
+    if seqs > 0:
+        size += seqs * _ext(matched / seqs, 19)
     full, tail = divmod(total, chunk)
     bound = full * _lz4.block_bound(chunk) + (_lz4.block_bound(tail) if tail else 0)
     return int(min(max(round(size), chunks), bound))
