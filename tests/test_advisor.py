@@ -306,6 +306,22 @@ def test_codecs_argument_restricts_the_choice(default_profile):
     assert d.codec == "csr"
 
 
+@pytest.mark.parametrize("mode", ["independent", "timeline"])
+@pytest.mark.parametrize("itemsize,break_even", [(4, 0.5), (2, 2 / 3)])
+def test_csr_is_never_picked_below_its_break_even_sparsity(mode, itemsize, break_even):
+    # CSR stores a 4-byte column index per non-zero (this shape has more than 65536
+    # columns): it expands tensors below 50% zeros (fp32) and 67% (16-bit). Even when
+    # it costs no time and the link is slow, the advisor must not pick it there.
+    shape = (8, 70000)
+    profile = FakeProfile(laws={"csr": (0.0, 0.0)}, bw=1e6)
+    for sparsity in [0.0, 0.3, break_even - 0.02, break_even + 0.02, 0.9]:
+        t = tensor(shape=shape, sparsity=sparsity, itemsize=itemsize)
+        d = Advisor(profile, mode=mode).decide(iteration(t))["t"]
+        raw = math.prod(shape) * itemsize
+        assert (d.sizes["csr"] < raw) == (sparsity > break_even), (sparsity, d.sizes["csr"], raw)
+        assert (d.codec == "csr") == (sparsity > break_even), (sparsity, d.codec)
+
+
 def test_policy_helper():
     decisions = Advisor(FakeProfile()).decide(iteration(tensor(key="a", sparsity=0.9),
                                                         tensor(key="b", shape=(8,), sparsity=0.9)))
