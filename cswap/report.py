@@ -419,7 +419,7 @@ def _unlink(path) -> None:
 # Drawn on matplotlib.figure.Figure with the Agg canvas: never pyplot, so the user's backend
 # and open figures are untouched and nothing needs a display.
 
-_CODEC_COLOURS = {"zvc": "#1f77b4", "rle": "#ff7f0e", "csr": "#2ca02c", "lz4": "#d62728", "keep": "#bbbbbb"}
+_CODEC_COLOURS = {"zvc": "#1f77b4", "rle": "#ff7f0e", "csr": "#2ca02c", "lz4": "#d62728", "zans": "#6a3d9a", "keep": "#bbbbbb"}
 _EXTRA_COLOURS = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f")
 _NONE_COLOUR = "#ffffff"
 _ABSENT_COLOUR = "#d9d9d9"

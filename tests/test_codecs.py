@@ -10,11 +10,11 @@ NAMES = cswap.codecs.names()
 
 
 def test_registry():
-    assert NAMES == ("zvc", "rle", "csr", "lz4")
+    assert NAMES == ("zvc", "rle", "csr", "lz4", "zans")
     for name in NAMES:
         codec = cswap.codecs.get(name)
         assert codec.name == name and cswap.codecs.get(name) is codec
-    with pytest.raises(ValueError, match="unknown codec 'gzip'; available: zvc, rle, csr, lz4"):
+    with pytest.raises(ValueError, match="unknown codec 'gzip'; available: zvc, rle, csr, lz4, zans"):
         cswap.codecs.get("gzip")
 
 

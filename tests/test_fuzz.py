@@ -1,4 +1,4 @@
-"""Fuzzing the four decoders (zvc, rle, csr, lz4) on both backends.
+"""Fuzzing the decoders (zvc, rle, csr, lz4, zans) on both backends.
 
 The contract (DESIGN.md, Codecs): whatever bytes a buffer holds, decoding
 either returns the tensor its header describes or raises
@@ -13,14 +13,16 @@ What is fuzzed
   - real buffers of random sparse tensors (random bit patterns or zero runs,
     every dtype width, 0-3 dims, empty and all-zero included), written by the
     codecs and, to reach code the default encoders never exercise, with small
-    ZVC/RLE tiles and LZ4 chunks of any size holding blocks written by the
-    `lz4` package (byte-granular, overlapping matches), behind a header built
-    with `pack_header`;
+    ZVC/RLE tiles, LZ4 chunks of any size holding blocks written by the
+    `lz4` package (byte-granular, overlapping matches) and small ZANS tiles
+    with every plane rANS-coded (tiny tensors otherwise store planes raw),
+    behind a header built with `pack_header`;
   - those buffers with the payload replaced by random bytes of the same length
     (header and meta stay valid, so every case reaches the kernels);
   - buffers synthesized from scratch: random but consistent meta (ZVC tiles
     of 32 to 256, any LZ4 chunk size, random nnz / runs / block
-    bytes) and a random payload of exactly the size the meta implies;
+    bytes, ZANS modes, coded planes and stream sizes) and a random payload
+    of exactly the size the meta implies;
   - mutations of real buffers: bit flips, overwritten bytes, aligned
     int64/int32/uint16 fields (offset tables, masks, run records, column
     indices) set to edge values or moved by a few, truncation, extension,
@@ -79,6 +81,7 @@ from cswap.codecs.container import pack_header
 from cswap.kernels import csr as kc
 from cswap.kernels import lz4 as kl
 from cswap.kernels import rle as kr
+from cswap.kernels import zans as ka
 from cswap.kernels import zvc as kz
 from cswap.kernels.launch import interpreting
 
@@ -89,7 +92,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int
 SAME_WIDTH = {torch.float32: torch.int32, torch.int32: torch.float32, torch.float16: torch.bfloat16,
               torch.bfloat16: torch.int16, torch.float64: torch.int64, torch.int64: torch.float64,
               torch.int8: torch.uint8, torch.uint8: torch.bool, torch.bool: torch.int8}
-NNZ_FIELD = {"zvc": 1, "rle": 2, "csr": 2}  # which meta field is nnz
+NNZ_FIELD = {"zvc": 1, "rle": 2, "csr": 2, "zans": 2}  # which meta field is nnz (zans: symbols)
 
 if torch.cuda.is_available() and not interpreting():
     TRITON_DEVICE = "cuda"
@@ -425,7 +428,7 @@ def _lz4_chunked(x: torch.Tensor, chunk: int) -> bytes:
 
 def encode(codec: str, x: torch.Tensor, variant: int) -> bytes:
     """A real buffer of x: variant 0 is the codec's own (torch backend); others use
-    small tiles / chunks (zvc, rle, lz4) that the default encoders never write."""
+    small tiles / chunks (zvc, rle, lz4, zans) that the default encoders never write."""
     if variant == 0 or codec == "csr":
         return cswap.codecs.get(codec).compress(x, backend="torch").data.numpy().tobytes()
     words = bits(x).reshape(-1)
@@ -437,6 +440,10 @@ def encode(codec: str, x: torch.Tensor, variant: int) -> bytes:
         tile = (16, 32, 64)[variant % 3]
         (runs, nnz), payload = _kernel_payload(kr.rle_compress_ref, words, tile=tile)
         return wrap("rle", x.dtype, x.shape, (tile, runs, nnz), payload)
+    if codec == "zans":  # every plane coded: tiles of 256+ symbols hold rANS streams, smaller ones stay raw
+        tile = (32, 64, 256, 512, 256)[variant % 5]
+        meta, payload = _kernel_payload(ka.zans_compress_ref, words, tile=tile, code_below=float("inf"))
+        return wrap("zans", x.dtype, x.shape, meta, payload)
     # Blocks from the lz4 package (byte-granular matches, overlapping copies), of
     # small chunks and of the default one. (cswap's own encoder pads every chunk
     # to 64 KiB: too slow to call per small chunk.)
@@ -565,6 +572,10 @@ def expected_payload(codec: str, shape, dtype, meta) -> int | None:
         if codec == "csr":
             rows, _, nnz, index_bytes = meta
             return kc.layout(rows, nnz, index_bytes, itemsize)[3] if min(rows, nnz, index_bytes) >= 0 else None
+        if codec == "zans":
+            tile, mode, symbols, coded, streams_nbytes = meta
+            ok = tile > 0 and mode in (0, 1) and min(symbols, coded, streams_nbytes) >= 0
+            return ka.layout(n, tile, mode, symbols, coded, streams_nbytes, itemsize)[3] if ok else None
         _, chunks, blocks_nbytes = meta
         return kl.layout(chunks, blocks_nbytes)[1] if min(chunks, blocks_nbytes) >= 0 else None
     except (ZeroDivisionError, OverflowError):
@@ -607,6 +618,12 @@ def synthesized(draw, codec: str, max_numel: int):
     elif codec == "csr":
         rows, cols = kc.view_2d(shape)
         meta = (rows, cols, draw(st.integers(0, n)), kc.index_bytes_for(cols))
+    elif codec == "zans":
+        tile, mode = 32 << draw(st.integers(0, 4)), draw(st.integers(0, 1))
+        symbols = draw(st.integers(0, n)) if mode else n
+        coded = draw(st.integers(0, (1 << (dtype.itemsize + mode)) - 1))
+        lo, hi = ka.stream_bounds(n, tile, mode, symbols, coded, dtype.itemsize)
+        meta = (tile, mode, symbols, coded, 2 * draw(st.integers(lo // 2, hi // 2)))
     else:
         nbytes = n * dtype.itemsize
         chunk = draw(st.integers(max(1, -(-nbytes // 48)), max(1, nbytes)))

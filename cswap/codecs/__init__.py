@@ -1,4 +1,4 @@
-"""Lossless GPU codecs for offloaded activations: zvc, rle, csr, lz4.
+"""Lossless GPU codecs for offloaded activations: zvc, rle, csr, lz4, zans.
 
     codec = cswap.codecs.get("zvc")
     blob = codec.compress(x)          # cswap.Compressed: one uint8 buffer
@@ -16,7 +16,7 @@ from .container import Compressed
 
 __all__ = ["Codec", "Compressed", "get", "names", "decompress", "warm_up"]
 
-_NAMES = ("zvc", "rle", "csr", "lz4")
+_NAMES = ("zvc", "rle", "csr", "lz4", "zans")
 _REGISTRY: dict[str, Codec] = {}
 
 

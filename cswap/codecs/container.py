@@ -6,7 +6,7 @@ is 16-byte aligned and codecs can view its sections as wider integers):
     offset  size        field
     0       4           magic b"CSWZ"
     4       1           format version (1)
-    5       1           codec id (1 zvc, 2 rle, 3 csr, 4 lz4)
+    5       1           codec id (1 zvc, 2 rle, 3 csr, 4 lz4, 5 zans)
     6       1           dtype code (_DTYPES below)
     7       1           ndim (0..64)
     8       2           header size in bytes
@@ -48,7 +48,7 @@ _DTYPE_CODES = {dtype: code for code, dtype in _DTYPES.items()}
 SUPPORTED_DTYPES = tuple(_DTYPES.values())
 
 # Codec ids live here so that parsing a buffer needs no codec imported.
-CODEC_IDS = {"zvc": 1, "rle": 2, "csr": 3, "lz4": 4}
+CODEC_IDS = {"zvc": 1, "rle": 2, "csr": 3, "lz4": 4, "zans": 5}
 _CODEC_NAMES = {i: n for n, i in CODEC_IDS.items()}
 
 

@@ -100,6 +100,7 @@ from ..codecs.container import header_size
 from ..kernels import csr as _csr
 from ..kernels import lz4 as _lz4
 from ..kernels import rle as _rle
+from ..kernels import zans as _zans
 from ..kernels import zvc as _zvc
 
 __all__ = ["TensorProfile", "IterationProfile", "Decision", "SimResult", "Advisor", "compressed_size",
@@ -108,7 +109,7 @@ __all__ = ["TensorProfile", "IterationProfile", "Decision", "SimResult", "Adviso
 _WHERE = "cswap.plan.advisor"
 MODES = ("independent", "timeline")
 # Codec meta fields in the container header (see each codec's module docstring).
-_N_META = {"zvc": 2, "rle": 3, "csr": 4, "lz4": 3}
+_N_META = {"zvc": 2, "rle": 3, "csr": 4, "lz4": 3, "zans": 5}
 _ITEMSIZES = (1, 2, 4, 8)
 
 
@@ -342,8 +343,9 @@ def compressed_size(codec: str, shape, itemsize: int, sparsity: float, runs: int
     nnz = round(numel * (1 - sparsity)). zvc and csr are exact; rle is exact
     given the runs the encoder sees and estimates the cuts at its tile
     boundaries (the real size lies between the sizes for `runs` and
-    `runs + tiles - 1` runs); lz4 is an estimate (module docstring). `runs` is
-    clamped to what nnz allows. Unknown codec: ValueError.
+    `runs + tiles - 1` runs); lz4 is an estimate (module docstring); zans is an
+    upper bound (cswap.kernels.zans.size_bound: its coded planes' entropy is not
+    profiled yet). `runs` is clamped to what nnz allows. Unknown codec: ValueError.
     """
     if codec not in _N_META:
         _fail(f"unknown codec {codec!r}; compressed_size knows {', '.join(_N_META)}")
@@ -362,6 +364,8 @@ def compressed_size(codec: str, shape, itemsize: int, sparsity: float, runs: int
         payload = _csr.layout(rows, nnz, _csr.index_bytes_for(cols), itemsize)[-1]
     elif codec == "rle":
         payload = _rle.layout(numel, _rle.TILE, _rle_runs_estimate(numel, nnz, runs), nnz, itemsize)[-1]
+    elif codec == "zans":  # an upper bound for now: the entropy of the bytes is not profiled
+        payload = _zans.size_bound(numel, itemsize, nnz)
     else:
         num_chunks = -(-numel * itemsize // _lz4.CHUNK)
         payload = _lz4.layout(num_chunks, _lz4_blocks_estimate(numel, itemsize, nnz, runs))[-1]

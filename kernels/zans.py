@@ -1,0 +1,1112 @@
+"""ZANS: a zero mask plus byte planes entropy-coded with static interleaved rANS.
+
+The tensor's integer view (word size W = 1, 2, 4 or 8 bytes) is cut into
+symbols and byte planes:
+
+  - mode "dense" (0): the symbols are all n words;
+  - mode "masked" (1): the symbols are the non-zero words, in order, and a
+    ZVC mask says where they go (uint32 words, bit i of word j = element
+    32 j + i is non-zero, LSB first; bits past n are zero).
+
+Plane q < W holds byte q of every symbol (little-endian: plane 0 is the low
+byte; a float's sign and high exponent bits are in plane W - 1). In masked
+mode plane W is the mask, read as 4 * ceil(n / 32) bytes. Each plane is cut
+into tiles of `tile` symbols (the last one may be shorter), and every tile is
+stored either raw or as an rANS stream that decodes on its own.
+
+Payload format (little-endian; each section starts 16-byte aligned):
+
+    offset  size                 field
+    0       8 * (TT + 1)         offsets int64[TT + 1]: byte offset of tile i's stream in the
+                                 streams section (entry 0 = 0, entry TT = streams_nbytes).
+                                 Tiles are numbered plane by plane: the Tv = ceil(symbols /
+                                 tile) tiles of plane 0, ..., of plane W - 1, then the
+                                 Tm = ceil(mask_bytes / tile) tiles of the mask (Tm = 0 in
+                                 dense mode); TT = W * Tv + Tm.
+    A       512 * C              freqs uint16[C][256]: the frequency table of each coded
+                                 plane (bit q of coded_planes set), in plane order; C is the
+                                 number of coded planes, A = align16(8 * (TT + 1)).
+    B       streams_nbytes       the tile streams, back to back; B = A + 512 * C.
+
+The payload is exactly B + align16(streams_nbytes) bytes; padding is zero.
+Header meta fields: (tile, mode, symbols, coded_planes, streams_nbytes).
+
+A tile of `len` symbols has raw_len = len rounded up to even. Its stream is
+  - raw: exactly raw_len bytes, the symbols then a zero byte if len is odd;
+  - coded (only in a coded plane, and only when shorter than raw_len):
+        K x uint32   the K = 32 final encoder states (lane order)
+        E x uint16   the renormalisation words, in decoding order
+    so 4 K <= stream length < raw_len, and E = (length - 4 K) / 2.
+The stream length alone says which (offsets are even, so states and words
+are 2-byte aligned; a state is read as two uint16 halves).
+
+rANS (Duda; the interleaved byte-wise form of ryg_rans and dietgpu): states
+are 32-bit, L = 2**16, renormalisation in 16-bit words, probabilities of
+PROB_BITS = 12 bits (M = 4096). A plane's table f[256] sums to M, every
+symbol present in the plane has f >= 1; c[s] = f[0] + ... + f[s - 1].
+Symbol j of a tile belongs to lane j % K at step j // K.
+  encoder (steps in reverse, every lane starts at x = L):
+      if x >= f[s] << 20: emit x & 0xFFFF, x >>= 16       (at most one word)
+      x = (x // f[s]) << 12 | (x % f[s]) + c[s]
+    the lanes that emit at step g write their words in lane order, and the
+    steps' groups are laid out in forward order, so
+  decoder (steps forward, x = the stored states):
+      slot = x & 4095; s = the symbol with c[s] <= slot < c[s] + f[s]
+      x = f[s] * (x >> 12) + slot - c[s]
+      if x < L: x = x << 16 | the next word (lanes in lane order)
+    and a consistent stream leaves every lane at x == L with every word read.
+
+The decoder checks every tile (status row t = (code, position), codes below):
+offsets inside the section and even (BAD_OFFSETS), a length that is the raw
+length or a valid coded length for its plane (BAD_LENGTH), the plane's table
+summing to M (BAD_FREQUENCIES, on raw tiles of a coded plane too), no read past the tile's words (OVERRUN, at
+step g), final states == L (BAD_STATE, first lane), every word read
+(TRAILING_WORDS). Row TT holds the whole-buffer checks: offsets[0] == 0 and
+offsets[TT] == streams_nbytes (BAD_ENDS), and in masked mode the mask's set
+bits == symbols (MASK_COUNT). Reads stay inside the tile's stream range, table
+lookups inside the tables, writes inside the outputs, whatever the payload
+holds. Both backends report the same codes and positions.
+
+How a buffer is chosen (host code shared by both backends, from one histogram
+pass, so both write the same bytes):
+  - histograms: byte q of every word (W planes) and the mask bytes; nnz is
+    the mask histogram weighted by popcount;
+  - table per plane: f = floor(count * M / m), raised to 1 for present
+    symbols, then the rounding remainder handed to the largest fractional
+    parts (or taken from the largest frequencies), integers only;
+  - a plane is coded iff its estimate sum count[s] * log2(M / f[s]) bits +
+    4 K bytes per tile + its 512-byte table is below CODE_BELOW (95%) of raw:
+    a plane that saves less is not worth a rANS decode instead of a copy;
+  - mode: masked iff the estimated size of (mask + non-zero planes) is below
+    that of (all planes); both come from the same histograms (a masked
+    plane's histogram is the dense one less the zeros in bin 0). This
+    replaces the rule of thumb zeros * 8 * max(W - 1, 1) > n (the mask costs
+    up to 1 bit per element; a zero left in dense mode costs about its W - 1
+    near-random low bytes): the estimate agrees with the rule where the rule
+    is right and also sees entropy-coded masks of clustered zeros, zeros that
+    are cheap in dense mode (int8, bool) and compressible low bytes.
+
+Encoding: one histogram pass (one host sync: 256 x (W + 1) counts), then in
+masked mode ZVC's compaction kernel (mask words + non-zeros into scratch),
+then ONE rANS pass that writes every coded tile's stream into bounded scratch
+(the tile's raw_len bytes: a tile whose stream would not be shorter is stored
+raw, so the scratch never overflows), then the tiles' lengths are summed (the
+second host sync), alloc(payload_nbytes) is called once and a pack kernel
+copies streams and raw tiles into place. One rANS pass plus a copy of the
+compressed bytes, rather than two rANS passes (size, then write): the rANS
+step (a division per symbol) costs more than copying its output once; the
+scratch is at most the coded planes' raw bytes.
+
+Decoding: tables (torch, on the device: 4096-entry slot -> (symbol, f,
+slot - c) per coded plane), one kernel over every tile of every plane (raw
+tiles are copied in the same loop) writing plane bytes straight into the
+output words (dense) or into the mask and the non-zeros (masked), then in
+masked mode a popcount pass over the mask and ZVC's expansion kernel.
+
+Work per symbol on the GPU (one warp per tile, lanes = the K interleaved
+states; `tile` / K dependent steps per warp):
+  encode: 1 byte load (strided by W), 2 table loads (packed f | c | shifts,
+    and a 32-bit magic reciprocal: x // f is computed as umulhi + add + 2
+    shifts, Granlund-Montgomery, exact for every 32-bit x and f <= 4096),
+    about 12 integer ops, a warp prefix sum over the emit flags, <= 1 16-bit
+    store; then the pack kernel copies the stream (1 load + 1 store per byte).
+  decode: 1 table load (4096 x int32 per plane, L1-resident), a multiply-add
+    and 5 other integer ops, a warp prefix sum, <= 1 16-bit load, 1 byte
+    store (strided by W); masked mode adds ZVC's expansion (mask + values
+    read, word written) and a popcount over the mask (n / 8 bytes).
+  raw tiles: 1 byte load + 1 byte store per symbol.
+  histogram: 1 word load per element, W + 1 warp histograms (tl.histogram:
+    ballots per bin bit), per-program accumulators, 256 atomics per plane per
+    program.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from . import zvc as _zvc
+from .launch import LaunchConfig, decoder_output, launch_grid, step_elements
+
+__all__ = [
+    "TILE", "LANES", "PROB_BITS", "PROB_SCALE", "STATE_LOW", "CODE_BELOW", "MIN_TILE", "MAX_TILE",
+    "DENSE", "MASKED",
+    "OK", "BAD_OFFSETS", "BAD_LENGTH", "BAD_FREQUENCIES", "OVERRUN", "BAD_STATE", "TRAILING_WORDS", "BAD_ENDS",
+    "MASK_COUNT",
+    "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "geometry", "mask_nbytes", "stream_bounds",
+    "layout", "size_bound",
+    "sections", "zans_compress", "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
+]
+
+# TILE = 16384 symbols per tile: the K x 4-byte state flush is 128 bytes a tile per
+# coded plane, 0.8% of a raw tile and 1-3% of a coded one; on the activation corpus
+# (small_cnn, VGG16, ResNet-18 ReLU/pool outputs in fp32 and bf16, a GELU transformer's
+# bf16 saved tensors) 8192 loses 0.4-0.7% of the ratio against 16384 and 32768 gains
+# 0.2-0.4%, while halving the warps a tensor decodes with (one warp per tile). Untuned
+# on a GPU. Any power of two in [MIN_TILE, MAX_TILE] decodes.
+TILE = 16384
+MIN_TILE = 32
+MAX_TILE = 1 << 16
+LANES = 32                   # K: interleaved states per tile, one per lane of a warp
+PROB_BITS = 12
+PROB_SCALE = 1 << PROB_BITS  # M
+STATE_LOW = 1 << 16          # L; states live in [L, 2**32)
+# Code a plane only if the estimate is below 95% of raw: a rANS decode costs several
+# times a copy per byte, for 5% of the plane's bytes or less it is not worth it.
+CODE_BELOW = 0.95
+DENSE, MASKED = 0, 1
+
+# Decoder status codes (column 0 of a status row; column 1 is the position).
+OK = 0
+BAD_OFFSETS = 1      # the tile's [start, end) is not an even range inside the streams section; pos = start
+BAD_LENGTH = 2       # neither the raw length nor a coded length its plane allows; pos = length
+BAD_FREQUENCIES = 3  # its plane's frequency table does not sum to M; pos = the sum
+OVERRUN = 4          # the decoder needed more words than the stream has; pos = step
+BAD_STATE = 5        # a lane did not end at x == L; pos = lane
+TRAILING_WORDS = 6   # words left unread; pos = how many
+BAD_ENDS = 7         # (last row) offsets[0] != 0 or offsets[TT] != streams_nbytes; pos = the bad value
+MASK_COUNT = 8       # (last row) the mask's set bits differ from `symbols`; pos = the bits counted
+
+_ALIGN = 16
+_POPCOUNT8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+_BITLEN = np.array([i.bit_length() for i in range(PROB_SCALE + 1)], dtype=np.int64)
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# -- geometry and layout (shared) ------------------------------------------------------
+
+
+def mask_nbytes(n: int) -> int:
+    """Bytes of the ZVC mask of n elements (whole uint32 words)."""
+    return 4 * _cdiv(n, 32)
+
+
+def geometry(n: int, tile: int, mode: int, symbols: int, itemsize: int) -> tuple[int, int, int]:
+    """(Tv, Tm, TT): tiles per byte plane, tiles of the mask plane, tiles in all."""
+    tv = _cdiv(symbols, tile)
+    tm = _cdiv(mask_nbytes(n), tile) if mode == MASKED else 0
+    return tv, tm, itemsize * tv + tm
+
+
+def _plane_lengths(n: int, mode: int, symbols: int, itemsize: int) -> list[int]:
+    """Symbols in plane q = 0..W (plane W: the mask, empty in dense mode)."""
+    return [symbols] * itemsize + [mask_nbytes(n) if mode == MASKED else 0]
+
+
+def _raw_stream_nbytes(length: int, tile: int) -> int:
+    """Bytes of a plane stored raw: its tiles' raw lengths (only the last tile can be odd)."""
+    return length + (length % tile % 2 if length % tile else 0)
+
+
+def stream_bounds(n: int, tile: int, mode: int, symbols: int, coded_planes: int, itemsize: int) -> tuple[int, int]:
+    """The least and the most streams_nbytes a consistent buffer can have: raw tiles
+    are exactly raw_len, a coded plane's tile at least min(raw_len, 4 K) bytes."""
+    lo = hi = 0
+    for q, length in enumerate(_plane_lengths(n, mode, symbols, itemsize)):
+        raw = _raw_stream_nbytes(length, tile)
+        hi += raw
+        if (coded_planes >> q) & 1 and length:
+            full, last = divmod(length, tile)
+            lo += full * min(tile, 4 * LANES) + (min(last + last % 2, 4 * LANES) if last else 0)
+        else:
+            lo += raw
+    return lo, hi
+
+
+def layout(n: int, tile: int, mode: int, symbols: int, coded_planes: int, streams_nbytes: int,
+           itemsize: int) -> tuple[int, int, int, int]:
+    """Byte offsets of (offsets, freqs, streams) and the payload size."""
+    total_tiles = geometry(n, tile, mode, symbols, itemsize)[2]
+    off_freqs = _align(8 * (total_tiles + 1))
+    off_streams = off_freqs + 512 * bin(coded_planes).count("1")
+    return 0, off_freqs, off_streams, off_streams + _align(streams_nbytes)
+
+
+def size_bound(n: int, itemsize: int, nnz: int, tile: int = TILE) -> int:
+    """An upper bound on the payload bytes our encoder writes for n words with nnz non-zeros.
+
+    The encoder picks the mode with the smaller estimate, and a plane's estimate is its
+    raw size or, when coded, below it; so the chosen estimate is at most the smaller
+    raw size, min(W * nnz + mask bytes, W * n). A coded plane's real size exceeds its
+    estimate by at most log2(17/16) bits a symbol (after renormalisation x >= 16 f, so
+    a step adds at most log2(M / f) + log2(1 + 1/16) bits to the state; the flush of
+    the final states is in the estimate), plus one pad byte per plane; then the offset
+    table and the alignment of the sections."""
+    tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)
+    raw = min(itemsize * nnz + mask_nbytes(n), itemsize * n)
+    slack = math.ceil((itemsize * n + mask_nbytes(n)) * math.log2(17 / 16) / 8)
+    return _align(8 * (tiles + 1)) + raw + slack + (itemsize + 1) + _ALIGN
+
+
+def sections(payload: torch.Tensor, n: int, tile: int, mode: int, symbols: int, coded_planes: int,
+             streams_nbytes: int, itemsize: int):
+    """(offsets int64[TT + 1], freqs int16[C, 256], streams uint8) views of a payload."""
+    total_tiles = geometry(n, tile, mode, symbols, itemsize)[2]
+    _, off_freqs, off_streams, _ = layout(n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
+    c = bin(coded_planes).count("1")
+    offsets = payload[: 8 * (total_tiles + 1)].view(torch.int64)
+    freqs = payload[off_freqs: off_freqs + 512 * c].view(torch.int16).view(c, 256)
+    streams = payload[off_streams: off_streams + streams_nbytes]
+    return offsets, freqs, streams
+
+
+# -- tables and the choice of planes (shared host code) ---------------------------------
+
+
+def normalize(counts) -> np.ndarray:
+    """256 frequencies summing to M from a histogram (every present symbol >= 1).
+    Integer arithmetic only, deterministic; all zeros for an empty histogram."""
+    h = np.asarray(counts, dtype=np.int64).reshape(256)
+    m = int(h.sum())
+    if m == 0:
+        return np.zeros(256, dtype=np.int64)
+    present = h > 0
+    f = h * PROB_SCALE // m
+    f[present & (f == 0)] = 1
+    diff = PROB_SCALE - int(f.sum())
+    if diff > 0:  # hand the remainder to the largest fractional parts (ties: more frequent, lower)
+        rem = h * PROB_SCALE % m
+        order = np.lexsort((np.arange(256), -h, -rem))
+        order = order[present[order]]
+        f[order[:diff]] += 1  # diff < number of present symbols: each floor lost < 1
+    while diff < 0:  # the raised rare symbols took too much: take it from the largest
+        i = int(np.argmax(f))
+        take = min(-diff, int(f[i]) - 1)
+        # Take at most half the gap to the next largest at a time, so several share it.
+        others = np.delete(f, i)
+        take = max(1, min(take, (int(f[i]) - int(others.max())) // 2 or 1))
+        f[i] -= take
+        diff += take
+    return f
+
+
+def _coded_estimate(h: np.ndarray, f: np.ndarray, tile: int) -> float:
+    """Estimated coded bytes of a plane with histogram h and table f."""
+    m = int(h.sum())
+    nz = h > 0
+    bits = float((h[nz] * (PROB_BITS - np.log2(f[nz]))).sum())
+    return bits / 8 + _cdiv(m, tile) * 4 * LANES + 512
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: int
+    symbols: int
+    coded_planes: int
+    freqs: np.ndarray          # int64 [W + 1, 256], zero rows for raw planes
+    estimate: int              # estimated payload bytes of the chosen mode (streams + tables)
+
+
+def plan(hist, n: int, itemsize: int, tile: int = TILE, code_below: float = CODE_BELOW) -> Plan:
+    """Mode, coded planes and tables from the histograms (int64 [W + 1, 256]: rows
+    0..W-1 the byte planes of all n words, row W the mask bytes). A plane is coded
+    when its estimate is below `code_below` x raw (tests pass inf to code every plane)."""
+    hist = np.asarray(hist, dtype=np.int64).reshape(itemsize + 1, 256)
+    mask_hist = hist[itemsize]
+    if n and (int(mask_hist.sum()) != mask_nbytes(n) or any(int(h.sum()) != n for h in hist[:itemsize])):
+        raise RuntimeError(f"cswap.kernels.zans: histogram totals {hist.sum(1).tolist()} do not match {n} "
+                           f"elements (a kernel bug)")
+    nnz = int((mask_hist * _POPCOUNT8).sum())
+    zeros = n - nnz
+
+    def choose(h):
+        m = int(h.sum())
+        if m == 0:
+            return 0.0, False, None
+        f = normalize(h)
+        coded = _coded_estimate(h, f, tile)
+        return (coded, True, f) if coded < code_below * m else (float(m), False, None)
+
+    dense = [choose(h) for h in hist[:itemsize]]
+    masked_hist = hist[:itemsize].copy()
+    masked_hist[:, 0] -= zeros
+    masked = [choose(h) for h in masked_hist] + [choose(mask_hist)]
+    dense_cost = sum(c for c, _, _ in dense)
+    masked_cost = sum(c for c, _, _ in masked)
+    use_masked = n > 0 and masked_cost < dense_cost
+    chosen = masked if use_masked else dense + [(0.0, False, None)]
+    freqs = np.zeros((itemsize + 1, 256), dtype=np.int64)
+    coded_planes = 0
+    for q, (_, coded, f) in enumerate(chosen):
+        if coded:
+            freqs[q] = f
+            coded_planes |= 1 << q
+    return Plan(MASKED if use_masked else DENSE, nnz if use_masked else n, coded_planes, freqs,
+                int(masked_cost if use_masked else dense_cost))
+
+
+def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per plane and symbol: packed f | c << 13 | sh2 << 25 | sh1 << 29, and the magic
+    reciprocal m (int32 bit patterns), so that x // f = (t + ((x - t) >> sh1)) >> sh2
+    with t = umulhi(x, m) for every 32-bit x (Granlund & Montgomery 1994, fig. 4.1)."""
+    f = np.asarray(freqs, dtype=np.int64)
+    c = np.cumsum(f, axis=1) - f
+    ff = np.maximum(f, 1)
+    bits = _BITLEN[ff - 1]  # ceil(log2 f)
+    magic = (np.int64(1) << 32) * ((np.int64(1) << bits) - ff) // ff + 1  # < 2**32; 2**43 at most inside
+    sh1 = np.minimum(bits, 1)
+    sh2 = np.maximum(bits - 1, 0)
+    packed = f | (c & 4095) << 13 | sh2 << 25 | sh1 << 29
+    magic32 = np.where(magic >= 1 << 31, magic - (1 << 32), magic)
+    return (torch.from_numpy(packed.astype(np.int32)).to(device),
+            torch.from_numpy(magic32.astype(np.int32)).to(device))
+
+
+def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the payload's tables (int16 [C, 256], on its device; no host sync):
+    dec int32 [W + 1, 4096] (slot -> sym | (f - 1) << 8 | (slot - c) << 20), table_ok
+    int32 [W + 1] (1 where the plane is raw or its table sums to M) and the sums.
+    A corrupt table still gives in-range entries (garbage symbols, flagged)."""
+    device = freqs.device
+    planes = itemsize + 1
+    dec = torch.zeros(planes, PROB_SCALE, dtype=torch.int32, device=device)
+    ok = torch.ones(planes, dtype=torch.int32, device=device)
+    sums = torch.full((planes,), PROB_SCALE, dtype=torch.int64, device=device)
+    rows = [q for q in range(planes) if (coded_planes >> q) & 1]
+    slots = torch.arange(PROB_SCALE, dtype=torch.int64, device=device)
+    symbols = torch.arange(256, dtype=torch.int64, device=device)
+    # One plane at a time: 4096-element ops stay under ATen's grain (see _REF_ROWS).
+    for i, q in enumerate(rows):
+        f = freqs[i].to(torch.int64) & 0xFFFF
+        cum = torch.cumsum(f, 0)
+        # slot -> the present symbol with the largest start c <= slot (searchsorted(cum, slot,
+        # right=True) for a valid table; torch.searchsorted runs a parallel region per call).
+        starts = torch.zeros(PROB_SCALE + 1, dtype=torch.int64, device=device)
+        starts.scatter_reduce_(0, (cum - f).clamp(max=PROB_SCALE), torch.where(f > 0, symbols, 0), "amax")
+        sym = torch.cummax(starts[:PROB_SCALE], 0).values
+        fs = f.gather(0, sym)
+        cs = cum.gather(0, sym) - fs
+        entry = sym | ((fs - 1) & 4095) << 8 | ((slots - cs) & 4095) << 20
+        dec[q] = torch.where(entry >= 1 << 31, entry - (1 << 32), entry).to(torch.int32)
+        total = cum[-1]
+        sums[q] = total
+        ok[q] = (total == PROB_SCALE).to(torch.int32)
+    return dec, ok, sums
+
+
+def _freqs_int16(freqs: np.ndarray, coded_planes: int) -> torch.Tensor:
+    rows = [freqs[q] for q in range(freqs.shape[0]) if (coded_planes >> q) & 1]
+    if not rows:
+        return torch.zeros(0, 256, dtype=torch.int16)
+    return torch.from_numpy(np.stack(rows).astype(np.uint16).view(np.int16))
+
+
+# -- Triton -------------------------------------------------------------------------------
+
+
+@triton.jit
+def _byte_hist(w, shift: tl.constexpr, SUB: tl.constexpr):
+    b = ((w >> shift) & 255).to(tl.int32)
+    return tl.histogram(tl.reshape(b, [SUB]), 256).to(tl.int64)
+
+
+@triton.jit(do_not_specialize=["n", "num_tiles"])
+def _zans_histogram_kernel(words_ptr, hist_ptr, counts_ptr, n, num_tiles,
+                           W: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr):
+    """Byte histograms of every plane and of the mask bytes, and the non-zeros per
+    TILE elements (ZVC's tile offsets for the masked-mode compaction)."""
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    ROWS: tl.constexpr = SUB // 32
+    rows = tl.arange(0, ROWS)
+    lane = tl.arange(0, 32)
+    bit = tl.arange(0, 8)
+    bins = tl.arange(0, 256)
+    h0 = tl.zeros([256], dtype=tl.int64)
+    h1 = tl.zeros([256], dtype=tl.int64)
+    h2 = tl.zeros([256], dtype=tl.int64)
+    h3 = tl.zeros([256], dtype=tl.int64)
+    h4 = tl.zeros([256], dtype=tl.int64)
+    h5 = tl.zeros([256], dtype=tl.int64)
+    h6 = tl.zeros([256], dtype=tl.int64)
+    h7 = tl.zeros([256], dtype=tl.int64)
+    hm = tl.zeros([256], dtype=tl.int64)
+    pad_words = (pid * 0).to(tl.int64)  # zero words histogrammed past n
+    pad_mask = (pid * 0).to(tl.int64)   # zero mask bytes past the mask
+    for t in range(pid, num_tiles, nprog):
+        src = words_ptr + t * TILE
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        count = tile_len * 0
+        for s in range(0, TILE, SUB):
+            offs = s + rows[:, None] * 32 + lane[None, :]
+            inb = offs < tile_len
+            w = tl.load(src + offs, mask=inb, other=0)
+            nz = (w != 0).to(tl.int32)
+            w = w.to(tl.int64) if W == 8 else w.to(tl.int32)  # sign-extended: byte q is (w >> 8q) & 255
+            count += tl.sum(tl.sum(nz, axis=1), axis=0)
+            pad_words += SUB - tl.sum(tl.sum(inb.to(tl.int32), axis=1), axis=0)
+            h0 += _byte_hist(w, 0, SUB)
+            if W > 1:
+                h1 += _byte_hist(w, 8, SUB)
+            if W > 2:
+                h2 += _byte_hist(w, 16, SUB)
+                h3 += _byte_hist(w, 24, SUB)
+            if W > 4:
+                h4 += _byte_hist(w, 32, SUB)
+                h5 += _byte_hist(w, 40, SUB)
+                h6 += _byte_hist(w, 48, SUB)
+                h7 += _byte_hist(w, 56, SUB)
+            mbytes = tl.sum(tl.reshape(nz, [ROWS * 4, 8]) << bit[None, :], axis=1)
+            hm += tl.histogram(mbytes, 256).to(tl.int64)
+            valid_rows = tl.sum((s + rows * 32 < tile_len).to(tl.int32), axis=0)
+            pad_mask += 4 * (ROWS - valid_rows)
+        tl.store(counts_ptr + t, count.to(tl.int64))
+    first = bins == 0
+    tl.atomic_add(hist_ptr + bins, h0 - tl.where(first, pad_words, 0))
+    if W > 1:
+        tl.atomic_add(hist_ptr + 256 + bins, h1 - tl.where(first, pad_words, 0))
+    if W > 2:
+        tl.atomic_add(hist_ptr + 2 * 256 + bins, h2 - tl.where(first, pad_words, 0))
+        tl.atomic_add(hist_ptr + 3 * 256 + bins, h3 - tl.where(first, pad_words, 0))
+    if W > 4:
+        tl.atomic_add(hist_ptr + 4 * 256 + bins, h4 - tl.where(first, pad_words, 0))
+        tl.atomic_add(hist_ptr + 5 * 256 + bins, h5 - tl.where(first, pad_words, 0))
+        tl.atomic_add(hist_ptr + 6 * 256 + bins, h6 - tl.where(first, pad_words, 0))
+        tl.atomic_add(hist_ptr + 7 * 256 + bins, h7 - tl.where(first, pad_words, 0))
+    tl.atomic_add(hist_ptr + W * 256 + bins, hm - tl.where(first, pad_mask, 0))
+
+
+@triton.jit
+def _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W: tl.constexpr):
+    """Plane q, first symbol and length of global tile(s) t."""
+    vt = W * tiles_per_plane
+    is_mask = t >= vt
+    tpp = tl.maximum(tiles_per_plane, 1)
+    q = tl.where(is_mask, W, t // tpp)
+    tip = tl.where(is_mask, t - vt, t % tpp)
+    plane_len = tl.where(is_mask, mask_bytes, symbols)
+    first = tip * tile
+    tlen = tl.minimum(plane_len - first, tile)
+    return is_mask, q, tip, first, tlen
+
+
+@triton.jit(do_not_specialize=["symbols", "mask_bytes", "tile", "tiles_per_plane", "total_tiles", "coded_planes"])
+def _zans_encode_kernel(values_ptr, mask_ptr, enc_ptr, magic_ptr, sbase_ptr, scratch_ptr, lens_ptr,
+                        symbols, mask_bytes, tile, tiles_per_plane, total_tiles, coded_planes,
+                        W: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr):
+    """rANS-encode every tile of the coded planes, one tile per warp (a [ROWS, K] block:
+    row = tile, column = lane), into its scratch region; write every tile's stream length."""
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    r = tl.arange(0, ROWS)
+    k = tl.arange(0, K)
+    for base in range(pid * ROWS, total_tiles, nprog * ROWS):
+        t = base + r
+        live = t < total_tiles
+        is_mask, q, tip, first, tlen = _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W)
+        tlen = tl.where(live, tlen, 0)
+        cap = (tlen + 1) // 2  # halfwords of the tile's scratch region (its raw length)
+        coded = live & (((coded_planes >> q) & 1) == 1)
+        region = tl.load(sbase_ptr + q, mask=coded, other=0) + tip * (tile // 2)
+        steps = tl.max(tl.where(coded, (tlen + K - 1) // K, 0), axis=0)
+        x = tl.full([ROWS, K], 65536, dtype=tl.uint32)
+        emitted = tl.zeros([ROWS], dtype=tl.int32)
+        for gg in range(0, steps):
+            g = steps - 1 - gg
+            j = g * K + k[None, :]
+            act = coded[:, None] & (j < tlen[:, None])
+            at = first[:, None] + j
+            sv = tl.load(values_ptr + at * W + q[:, None], mask=act & (is_mask[:, None] == 0), other=0)
+            sm = tl.load(mask_ptr + at, mask=act & is_mask[:, None], other=0)
+            s = tl.where(is_mask[:, None], sm, sv).to(tl.int32) & 255
+            e = tl.load(enc_ptr + q[:, None] * 256 + s, mask=act, other=0)
+            m = tl.load(magic_ptr + q[:, None] * 256 + s, mask=act, other=0).to(tl.uint32, bitcast=True)
+            f = (e & 8191).to(tl.uint32)
+            c = ((e >> 13) & 4095).to(tl.uint32)
+            sh2 = ((e >> 25) & 15).to(tl.uint32)
+            sh1 = ((e >> 29) & 1).to(tl.uint32)
+            emit = act & ((x >> 20) >= f)
+            ei = emit.to(tl.int32)
+            emitted += tl.sum(ei, axis=1)
+            pos = cap[:, None] - emitted[:, None] + tl.cumsum(ei, axis=1) - ei
+            word = (x & 0xFFFF).to(tl.uint16).to(tl.int16, bitcast=True)
+            tl.store(scratch_ptr + region[:, None] + pos, word, mask=emit & (pos >= 0))
+            x = tl.where(emit, x >> 16, x)
+            hi = tl.umulhi(x, m)
+            quot = (hi + ((x - hi) >> sh1)) >> sh2
+            x = tl.where(act, x + c + quot * (4096 - f), x)
+        keep = coded & (2 * K + emitted < cap)
+        spos = region + cap - emitted - 2 * K
+        lo16 = (x & 0xFFFF).to(tl.uint16).to(tl.int16, bitcast=True)
+        hi16 = (x >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
+        tl.store(scratch_ptr + spos[:, None] + 2 * k[None, :], lo16, mask=keep[:, None])
+        tl.store(scratch_ptr + spos[:, None] + 2 * k[None, :] + 1, hi16, mask=keep[:, None])
+        lens = tl.where(keep, 2 * (2 * K + emitted), 2 * cap)
+        tl.store(lens_ptr + t, lens.to(tl.int64), mask=live)
+
+
+@triton.jit(do_not_specialize=["symbols", "mask_bytes", "tile", "tiles_per_plane", "total_tiles"])
+def _zans_pack_kernel(values_ptr, mask_ptr, scratch_ptr, sbase_ptr, offsets_ptr, streams_ptr,
+                      symbols, mask_bytes, tile, tiles_per_plane, total_tiles,
+                      W: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy each tile's stream into the payload: the encoder's stream from scratch, or
+    the tile's raw bytes (and a zero pad byte) from the plane."""
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    i0 = tl.arange(0, BLOCK)
+    for t0 in range(pid, total_tiles, nprog):
+        # Everything per tile as a block of BLOCK equal values: the CPU interpreter (Triton
+        # 3.9) turns a 0-d bool & a block of bools into integers, which a mask rejects.
+        t = t0 + i0 * 0
+        is_mask, q, tip, first, tlen = _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W)
+        start = tl.load(offsets_ptr + t)
+        length = tl.load(offsets_ptr + t + 1) - start
+        raw = length == tlen + (tlen & 1)
+        # A coded tile's stream ends where its scratch region does (byte 2 * (region + cap)).
+        src = tl.load(sbase_ptr + q) * 2 + tip * tile + 2 * ((tlen + 1) // 2) - length
+        for s in range(0, tl.max(length, axis=0), BLOCK):
+            i = s + i0
+            inb = i < length
+            in_tile = inb & raw & (i < tlen)
+            pv = tl.load(values_ptr + (first + i) * W + q, mask=in_tile & (is_mask == 0), other=0)
+            pm = tl.load(mask_ptr + first + i, mask=in_tile & is_mask, other=0)
+            sc = tl.load(scratch_ptr + src + i, mask=inb & (raw == 0), other=0)
+            tl.store(streams_ptr + start + i, tl.where(raw, tl.where(is_mask, pm, pv), sc), mask=inb)
+
+
+@triton.jit(do_not_specialize=["symbols", "mask_bytes", "tile", "tiles_per_plane", "total_tiles", "coded_planes",
+                               "streams_nbytes"])
+def _zans_decode_kernel(s16_ptr, s8_ptr, offsets_ptr, dec_ptr, table_ok_ptr, table_sum_ptr,
+                        values_ptr, mask_ptr, status_ptr,
+                        symbols, mask_bytes, tile, tiles_per_plane, total_tiles, coded_planes, streams_nbytes,
+                        W: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr):
+    """Decode every tile of every plane, one tile per warp; raw tiles are copied in the
+    same loop. Plane q < W writes byte q of values[j]; the mask plane writes mask[j]."""
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    r = tl.arange(0, ROWS)
+    k = tl.arange(0, K)
+    for base in range(pid * ROWS, total_tiles, nprog * ROWS):
+        t = base + r
+        live = t < total_tiles
+        is_mask, q, tip, first, tlen = _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W)
+        tlen = tl.where(live, tlen, 0)
+        raw_len = tlen + (tlen & 1)
+        start = tl.load(offsets_ptr + t, mask=live, other=0)
+        end = tl.load(offsets_ptr + t + 1, mask=live, other=0)
+        length = end - start
+        range_ok = (start >= 0) & (start <= end) & (end <= streams_nbytes) & ((start & 1) == 0) & ((end & 1) == 0)
+        plane_coded = ((coded_planes >> q) & 1) == 1
+        raw = range_ok & (length == raw_len)
+        shape_ok = raw | (range_ok & plane_coded & (length < raw_len) & (length >= 4 * K))
+        table_ok = tl.load(table_ok_ptr + q, mask=live, other=1) != 0
+        table_sum = tl.load(table_sum_ptr + q, mask=live, other=0)
+        code = tl.where(range_ok, tl.where(shape_ok, tl.where(table_ok, 0, 3), 2), 1)
+        code = tl.where(live, code, 0)
+        pos = tl.where(code == 0, 0, tl.where(range_ok, tl.where(shape_ok, table_sum, length), start))
+        good = live & (code == 0)
+        is_raw = good & raw
+        is_coded = good & (raw == 0)
+        nwords = tl.where(is_coded, (length - 4 * K) // 2, 0)
+        h0 = start // 2
+        lo = tl.load(s16_ptr + h0[:, None] + 2 * k[None, :], mask=is_coded[:, None], other=0)
+        hi = tl.load(s16_ptr + h0[:, None] + 2 * k[None, :] + 1, mask=is_coded[:, None], other=0)
+        x = lo.to(tl.uint16, bitcast=True).to(tl.uint32) | (hi.to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
+        wbase = h0 + 2 * K
+        consumed = tl.zeros([ROWS], dtype=tl.int64)
+        overrun = tl.full([ROWS], -1, dtype=tl.int64)
+        steps = tl.max(tl.where(live, (tlen + K - 1) // K, 0), axis=0)
+        for g in range(0, steps):
+            j = g * K + k[None, :]
+            act = live[:, None] & (j < tlen[:, None])
+            at = first[:, None] + j
+            rb = tl.load(s8_ptr + start[:, None] + j, mask=act & is_raw[:, None], other=0)
+            cact = act & is_coded[:, None]
+            slot = (x & 4095).to(tl.int32)
+            d = tl.load(dec_ptr + q[:, None] * 4096 + slot, mask=cact, other=0).to(tl.uint32, bitcast=True)
+            xn = ((d >> 8) & 4095) * (x >> 12) + (x >> 12) + (d >> 20)
+            need = cact & (xn < 65536)
+            ni = need.to(tl.int32)
+            p = consumed[:, None] + (tl.cumsum(ni, axis=1) - ni)
+            inside = p < nwords[:, None]
+            wv = tl.load(s16_ptr + wbase[:, None] + p, mask=need & inside, other=0)
+            wv = wv.to(tl.uint16, bitcast=True).to(tl.uint32)
+            short = tl.max((need & (inside == 0)).to(tl.int32), axis=1) > 0
+            overrun = tl.where((overrun < 0) & short, g, overrun)
+            x = tl.where(cact, tl.where(need, (xn << 16) | wv, xn), x)
+            consumed += tl.sum(ni, axis=1)
+            sym = tl.where(is_raw[:, None], rb.to(tl.int32), tl.where(is_coded[:, None], (d & 255).to(tl.int32), 0))
+            sym = sym.to(tl.uint8)
+            tl.store(values_ptr + at * W + q[:, None], sym, mask=act & (is_mask[:, None] == 0))
+            tl.store(mask_ptr + at, sym, mask=act & is_mask[:, None])
+        bad_lane = tl.min(tl.where(is_coded[:, None] & (x != 65536), k[None, :], K), axis=1)
+        code = tl.where(is_coded & (overrun >= 0), 4,
+                        tl.where(is_coded & (bad_lane < K), 5, tl.where(is_coded & (consumed != nwords), 6, code)))
+        pos = tl.where(is_coded & (overrun >= 0), overrun,
+                       tl.where(is_coded & (bad_lane < K), bad_lane.to(tl.int64),
+                                tl.where(is_coded & (consumed != nwords), nwords - consumed, pos)))
+        tl.store(status_ptr + 2 * t, code.to(tl.int64), mask=live)
+        tl.store(status_ptr + 2 * t + 1, pos.to(tl.int64), mask=live)
+
+
+@triton.jit(do_not_specialize=["n", "num_tiles"])
+def _zans_mask_count_kernel(mask_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
+    """Set bits of the mask per TILE elements (bits at or past n ignored): ZVC's tile offsets."""
+    pid = tl.program_id(0).to(tl.int64)
+    nprog = tl.num_programs(0)
+    idx = tl.arange(0, SUB)
+    WORDS: tl.constexpr = TILE // 32
+    for t in range(pid, num_tiles, nprog):
+        count = tl.zeros([SUB], dtype=tl.int64)
+        for s in range(0, WORDS, SUB):
+            wi = t * WORDS + s + idx
+            left = n - wi * 32  # elements of this word still inside the tensor
+            v = tl.load(mask_ptr + wi, mask=(s + idx < WORDS) & (left > 0), other=0).to(tl.int64) & 0xFFFFFFFF
+            keep = tl.where(left >= 32, 0xFFFFFFFF, (tl.full([SUB], 1, tl.int64) << tl.maximum(left, 0)) - 1)
+            v = v & keep
+            v = v - ((v >> 1) & 0x55555555)
+            v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
+            v = (v + (v >> 4)) & 0x0F0F0F0F
+            count += (v * 0x01010101 >> 24) & 255
+        tl.store(counts_ptr + t, tl.sum(count, axis=0))
+
+
+# -- launchers ------------------------------------------------------------------------------
+
+
+def _as_u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+def _scratch_bases(n: int, tile: int, mode: int, symbols: int, coded_planes: int, itemsize: int
+                   ) -> tuple[list[int], int]:
+    """Halfword offset of each coded plane's scratch region (its raw_len halfwords per
+    tile, back to back) and the scratch halfwords in all."""
+    bases, total = [], 0
+    for q, length in enumerate(_plane_lengths(n, mode, symbols, itemsize)):
+        bases.append(total)
+        if (coded_planes >> q) & 1 and length:
+            full, last = divmod(length, tile)
+            total += full * (tile // 2) + (last + 1) // 2
+    return bases, total
+
+
+def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.ndarray, torch.Tensor]:
+    """Histograms [W + 1, 256] on the host (the first sync) and the non-zeros per ZVC
+    tile on the device."""
+    n, itemsize = words.numel(), words.element_size()
+    num_tiles = _cdiv(n, _zvc.TILE)
+    hist = torch.zeros(itemsize + 1, 256, dtype=torch.int64, device=words.device)
+    counts = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
+    if num_tiles:
+        grid, warps = launch_grid(config, num_tiles, words.device)
+        sub = step_elements(_zvc.TILE, warps, itemsize)
+        _zans_histogram_kernel[(grid,)](words, hist, counts[1:], n, num_tiles, W=itemsize, TILE=_zvc.TILE,
+                                        SUB=sub, num_warps=warps)
+    return hist.cpu().numpy(), counts
+
+
+def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE,
+                  code_below: float = CODE_BELOW) -> tuple[int, int, int, int, int]:
+    """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns the
+    meta (tile, mode, symbols, coded_planes, streams_nbytes)."""
+    n, itemsize, device = words.numel(), words.element_size(), words.device
+    hist, counts = _histogram(words, config)
+    p = plan(hist, n, itemsize, tile, code_below)
+    tv, tm, total_tiles = geometry(n, tile, p.mode, p.symbols, itemsize)
+    mbytes = mask_nbytes(n) if p.mode == MASKED else 0
+    if p.mode == MASKED:  # ZVC's compaction: mask words and the non-zeros, in order
+        masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
+        values = torch.empty(p.symbols, dtype=words.dtype, device=device)
+        zvc_tiles = _cdiv(n, _zvc.TILE)
+        grid, warps = launch_grid(config, zvc_tiles, device)
+        _zvc._zvc_compress_kernel[(grid,)](words, torch.cumsum(counts, 0), masks, values, n, zvc_tiles,
+                                           TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
+                                           num_warps=warps)
+    else:
+        masks = torch.empty(0, dtype=torch.int32, device=device)
+        values = words
+    bases, scratch_halves = _scratch_bases(n, tile, p.mode, p.symbols, p.coded_planes, itemsize)
+    sbase = torch.tensor(bases, dtype=torch.int64).to(device)
+    scratch = torch.empty(max(scratch_halves, 1), dtype=torch.int16, device=device)
+    lens = torch.zeros(total_tiles, dtype=torch.int64, device=device)
+    values8, masks8 = _as_u8(values), _as_u8(masks)
+    if total_tiles:
+        enc, magic = encoder_tables(p.freqs, device)
+        warps = launch_grid(config, 1, device)[1]  # one warp per tile: a program takes `warps` tiles
+        grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
+        _zans_encode_kernel[(grid,)](values8, masks8, enc, magic, sbase, scratch, lens, p.symbols, mbytes, tile,
+                                     tv, total_tiles, p.coded_planes, W=itemsize, K=LANES, ROWS=warps,
+                                     num_warps=warps)
+    offsets = torch.zeros(total_tiles + 1, dtype=torch.int64, device=device)
+    torch.cumsum(lens, 0, out=offsets[1:])
+    streams_nbytes = int(offsets[-1])  # the second host sync: sizes the buffer
+    payload = alloc(layout(n, tile, p.mode, p.symbols, p.coded_planes, streams_nbytes, itemsize)[3])
+    payload.zero_()
+    out_offsets, out_freqs, streams = sections(payload, n, tile, p.mode, p.symbols, p.coded_planes,
+                                               streams_nbytes, itemsize)
+    out_offsets.copy_(offsets)
+    out_freqs.copy_(_freqs_int16(p.freqs, p.coded_planes))
+    if total_tiles:
+        grid, warps = launch_grid(config, total_tiles, device)
+        _zans_pack_kernel[(grid,)](values8, masks8, scratch.view(torch.uint8), sbase, offsets, streams,
+                                   p.symbols, mbytes, tile, tv, total_tiles, W=itemsize,
+                                   BLOCK=32 * warps * 4, num_warps=warps)
+    return tile, p.mode, p.symbols, p.coded_planes, streams_nbytes
+
+
+def _global_checks(status: torch.Tensor, offsets: torch.Tensor, streams_nbytes: int) -> None:
+    """Row TT: offsets[0] == 0 and offsets[TT] == streams_nbytes (on the device, no sync)."""
+    first, last = offsets[0], offsets[-1]
+    bad_first, bad_last = first != 0, last != streams_nbytes
+    status[-1, 0] = torch.where(bad_first | bad_last, BAD_ENDS, status[-1, 0])
+    status[-1, 1] = torch.where(bad_first, first, torch.where(bad_last, last, status[-1, 1]))
+
+
+def _mask_count_check(status: torch.Tensor, found: torch.Tensor, symbols: int) -> None:
+    bad = (status[-1, 0] == 0) & (found != symbols)
+    status[-1, 0] = torch.where(bad, MASK_COUNT, status[-1, 0])
+    status[-1, 1] = torch.where(bad, found, status[-1, 1])
+
+
+def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols: int, coded_planes: int,
+                    streams_nbytes: int, word_dtype: torch.dtype, config: LaunchConfig | None = None,
+                    out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode with Triton (into `out` when given); returns (words, status int64 [TT + 1, 2])."""
+    device = payload.device
+    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    tv, tm, total_tiles = geometry(n, tile, mode, symbols, itemsize)
+    offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
+    dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize)
+    out = decoder_output(out, n, word_dtype, device, zero=False)
+    status = torch.zeros(total_tiles + 1, 2, dtype=torch.int64, device=device)
+    if mode == MASKED:
+        masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
+        values = torch.empty(symbols, dtype=word_dtype, device=device)
+    else:
+        masks = torch.empty(0, dtype=torch.int32, device=device)
+        values = out
+    if total_tiles:
+        warps = launch_grid(config, 1, device)[1]
+        grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
+        s16 = streams[: streams_nbytes // 2 * 2].view(torch.int16) if streams_nbytes >= 2 else \
+            torch.empty(0, dtype=torch.int16, device=device)
+        _zans_decode_kernel[(grid,)](s16, streams, offsets, dec, table_ok, table_sum, _as_u8(values), _as_u8(masks),
+                                     status, symbols, mask_nbytes(n) if mode == MASKED else 0, tile, tv,
+                                     total_tiles, coded_planes, streams_nbytes, W=itemsize, K=LANES, ROWS=warps,
+                                     num_warps=warps)
+    _global_checks(status, offsets, streams_nbytes)
+    if mode == MASKED and n:
+        zvc_tiles = _cdiv(n, _zvc.TILE)
+        grid, warps = launch_grid(config, zvc_tiles, device)
+        counts = torch.zeros(zvc_tiles + 1, dtype=torch.int64, device=device)
+        _zans_mask_count_kernel[(grid,)](masks, counts[1:], n, zvc_tiles, TILE=_zvc.TILE, SUB=32 * warps,
+                                         num_warps=warps)
+        tile_offsets = torch.cumsum(counts, 0)
+        _mask_count_check(status, tile_offsets[-1], symbols)
+        zvc_status = torch.zeros(zvc_tiles, dtype=torch.int8, device=device)
+        _zvc._zvc_decompress_kernel[(grid,)](masks, tile_offsets, values, out, zvc_status, n, symbols, zvc_tiles,
+                                             TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
+                                             num_warps=warps)
+    return out, status
+
+
+
+# -- PyTorch reference ------------------------------------------------------------------------
+
+
+def _hist_ref(words: torch.Tensor) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """Histograms [W + 1, 256] as `_histogram`, with the non-zero flags and mask bytes."""
+    n, itemsize = words.numel(), words.element_size()
+    planes = words.view(torch.uint8).view(n, itemsize)
+    hist = np.zeros((itemsize + 1, 256), dtype=np.int64)
+    for q in range(itemsize):
+        hist[q] = torch.bincount(planes[:, q].contiguous(), minlength=256).cpu().numpy()
+    nz = words != 0
+    mask8 = _zvc._mask_words(nz).view(torch.uint8) if n else torch.empty(0, dtype=torch.uint8, device=words.device)
+    hist[itemsize] = torch.bincount(mask8, minlength=256).cpu().numpy()
+    return hist, nz, mask8
+
+
+def _plane_tiles(plane: torch.Tensor, tile: int, width: int) -> torch.Tensor:
+    """A plane's bytes as [tiles, width] (tile symbols a row, zero padded to width >= them)."""
+    tiles = _cdiv(plane.numel(), tile)
+    padded = torch.zeros(tiles, width, dtype=torch.uint8, device=plane.device)
+    if tiles > 1:
+        padded[:-1, :tile] = plane[: (tiles - 1) * tile].view(tiles - 1, tile)
+    if tiles:
+        last = plane[(tiles - 1) * tile:]
+        padded[-1, : last.numel()] = last
+    return padded
+
+
+# The reference's rANS loops take at most _REF_ROWS tiles at a time: 1023 x 32 states
+# stay under ATen's grain size (32768 elements), so each step's ops run serially. On a
+# small machine an OpenMP parallel region per op costs more than the op (measured on a
+# 2-core VM: 12 ms per parallel torch op with the default OMP_WAIT_POLICY, against
+# microseconds for the op), and the loops run ~10 ops per step. The encoder takes
+# _ENC_ROWS at a time (its per-symbol tables cost 24 bytes a symbol).
+_REF_ROWS = 1023
+_ENC_ROWS = 256
+
+
+def _rans_encode_ref(syms: torch.Tensor, lens: torch.Tensor, freqs: torch.Tensor, cums: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Encode tiles (syms uint8 [R, S * K], lens int64 [R], per-tile tables int64 [R, 256])
+    in lock step, steps in reverse; returns the final states int64 [R, K], the words
+    int16 [R, S, K] (x & 0xFFFF at each step) and the emit flags bool [R, S, K]."""
+    rows, width = syms.shape
+    steps = width // LANES
+    device = syms.device
+    states = torch.empty(rows, LANES, dtype=torch.int64, device=device)
+    words = torch.empty(rows, steps, LANES, dtype=torch.int16, device=device)
+    emits = torch.empty(rows, steps, LANES, dtype=torch.bool, device=device)
+    for lo in range(0, rows, _ENC_ROWS):
+        hi = min(lo + _ENC_ROWS, rows)
+        s = syms[lo:hi].to(torch.int64)
+        # Past a tile's end f = M, c = 0: x // M * M + x % M = x and x >> 20 < M, so those
+        # lanes neither change nor emit and the loop needs no activity mask.
+        pad = torch.arange(width, device=device) >= lens[lo:hi, None]
+        f = torch.where(pad, PROB_SCALE, freqs[lo:hi].gather(1, s)).view(hi - lo, steps, LANES)
+        c = torch.where(pad, 0, cums[lo:hi].gather(1, s)).view(hi - lo, steps, LANES)
+        mf = PROB_SCALE - f
+        wd = torch.empty(hi - lo, steps, LANES, dtype=torch.int32, device=device)
+        em = emits[lo:hi]
+        x = torch.full((hi - lo, LANES), STATE_LOW, dtype=torch.int64, device=device)
+        for g in range(steps - 1, -1, -1):
+            fg = f[:, g]
+            e = (x >> 20) >= fg
+            em[:, g] = e
+            wd[:, g] = x & 0xFFFF
+            x = torch.where(e, x >> 16, x)
+            x = x + c[:, g] + torch.div(x, fg, rounding_mode="floor") * mf[:, g]
+        words[lo:hi] = _to_int16(wd)
+        states[lo:hi] = x
+    return states, words, emits
+
+
+def zans_compress_ref(words: torch.Tensor, alloc, tile: int = TILE, code_below: float = CODE_BELOW
+                      ) -> tuple[int, int, int, int, int]:
+    """Reference encoder in plain PyTorch; writes the same bytes as `zans_compress`."""
+    n, itemsize, device = words.numel(), words.element_size(), words.device
+    hist, nz, mask8 = _hist_ref(words)
+    p = plan(hist, n, itemsize, tile, code_below)
+    total_tiles = geometry(n, tile, p.mode, p.symbols, itemsize)[2]
+    if p.mode == MASKED:
+        values = words[nz]
+        planes = [values.view(torch.uint8).view(-1, itemsize)[:, q] for q in range(itemsize)]
+        planes.append(mask8)
+    else:
+        planes = [words.view(torch.uint8).view(-1, itemsize)[:, q] for q in range(itemsize)]
+        planes.append(torch.empty(0, dtype=torch.uint8, device=device))
+    coded = [bool((p.coded_planes >> q) & 1) and plane.numel() > 0 for q, plane in enumerate(planes)]
+    # Every tile's length; the coded planes' tiles encoded together (one loop over steps).
+    plane_lens, coded_rows = [], []
+    width = _cdiv(min(tile, max(plane.numel() for plane in planes)), LANES) * LANES
+    for q, plane in enumerate(planes):
+        count = _cdiv(plane.numel(), tile)
+        lens_q = torch.full((count,), tile, dtype=torch.int64, device=device)
+        if count:
+            lens_q[-1] = plane.numel() - (count - 1) * tile
+        plane_lens.append(lens_q)
+        if coded[q]:
+            coded_rows.append((q, _plane_tiles(plane, tile, width), lens_q))
+    encoded = {}
+    if coded_rows:
+        f = torch.from_numpy(p.freqs).to(device)
+        row_plane = torch.cat([torch.full((len(lq),), q, dtype=torch.int64, device=device)
+                               for q, _, lq in coded_rows])
+        states, wds, emits = _rans_encode_ref(torch.cat([t for _, t, _ in coded_rows]),
+                                              torch.cat([lq for _, _, lq in coded_rows]), f[row_plane],
+                                              (torch.cumsum(f, 1) - f)[row_plane])
+        r0 = 0
+        for q, _, lens_q in coded_rows:
+            r1 = r0 + lens_q.numel()
+            emitted = emits[r0:r1].sum((1, 2))
+            keep = 2 * LANES + emitted < (lens_q + 1) // 2  # else the tile is stored raw
+            encoded[q] = (states[r0:r1], wds[r0:r1], emits[r0:r1], keep, emitted)
+            r0 = r1
+    tile_lens = []
+    for q, lens_q in enumerate(plane_lens):
+        raw_q = lens_q + (lens_q & 1)
+        if q in encoded:
+            keep, emitted = encoded[q][3], encoded[q][4]
+            raw_q = torch.where(keep, 2 * (2 * LANES + emitted), raw_q)
+        tile_lens.append(raw_q)
+    lens = torch.cat(tile_lens) if tile_lens else torch.zeros(0, dtype=torch.int64, device=device)
+    offsets = torch.zeros(total_tiles + 1, dtype=torch.int64, device=device)
+    torch.cumsum(lens, 0, out=offsets[1:])
+    streams_nbytes = int(offsets[-1])
+    payload = alloc(layout(n, tile, p.mode, p.symbols, p.coded_planes, streams_nbytes, itemsize)[3])
+    payload.zero_()
+    out_offsets, out_freqs, streams = sections(payload, n, tile, p.mode, p.symbols, p.coded_planes,
+                                               streams_nbytes, itemsize)
+    out_offsets.copy_(offsets)
+    out_freqs.copy_(_freqs_int16(p.freqs, p.coded_planes))
+    s16 = streams.view(torch.int16) if streams_nbytes else None
+    offs = offsets.tolist()
+    t0 = 0
+    for q, plane in enumerate(planes):
+        count = _cdiv(plane.numel(), tile)
+        keep = encoded[q][3].tolist() if coded[q] else [False] * count
+        a = 0
+        while a < count:  # runs of coded or raw tiles: each run's streams are contiguous
+            b = a + 1
+            while b < count and keep[b] == keep[a]:
+                b += 1
+            start = offs[t0 + a]
+            if keep[a]:
+                states, wds, emits = encoded[q][:3]
+                halves = torch.stack([states[a:b] & 0xFFFF, states[a:b] >> 16], 2).view(b - a, 2 * LANES)
+                body = torch.cat([_to_int16(halves), wds[a:b].view(b - a, -1)], 1)
+                take = torch.cat([torch.ones(b - a, 2 * LANES, dtype=torch.bool, device=device),
+                                  emits[a:b].view(b - a, -1)], 1)
+                data = body[take]
+                s16[start // 2: start // 2 + data.numel()] = data
+            else:
+                chunk = plane[a * tile: b * tile]
+                streams[start: start + chunk.numel()] = chunk  # a pad byte after an odd last tile stays 0
+            a = b
+        t0 += count
+    return tile, p.mode, p.symbols, p.coded_planes, streams_nbytes
+
+
+def _to_int16(v: torch.Tensor) -> torch.Tensor:
+    """Values in [0, 65536) as the int16 with the same bits."""
+    return ((v ^ 0x8000) - 0x8000).to(torch.int16)
+
+
+def _rans_decode_ref(rows: torch.Tensor, streams: torch.Tensor, start: torch.Tensor, length: torch.Tensor,
+                     q: torch.Tensor, tlen: torch.Tensor, dec: torch.Tensor, syms: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode the coded tiles `rows` in lock step into syms[rows]; returns their (code, pos)."""
+    codes, positions = [], []
+    for lo in range(0, rows.numel(), _REF_ROWS):
+        part = rows[lo: lo + _REF_ROWS]
+        code, pos, out = _rans_decode_rows(streams, start[part], length[part], q[part], tlen[part], dec)
+        syms.index_copy_(0, part, torch.nn.functional.pad(out, (0, syms.shape[1] - out.shape[1])))
+        codes.append(code)
+        positions.append(pos)
+    return torch.cat(codes), torch.cat(positions)
+
+
+def _rans_decode_rows(streams: torch.Tensor, start: torch.Tensor, length: torch.Tensor, q: torch.Tensor,
+                      tlen: torch.Tensor, dec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    device = streams.device
+    s16 = (streams[: streams.numel() // 2 * 2].view(torch.int16).to(torch.int32) & 0xFFFF)
+    last = s16.numel() - 1  # >= 2 K - 1: a coded tile holds its 4 K bytes of states
+    rows = start.numel()
+    lanes = torch.arange(LANES, device=device)
+    h0 = start // 2
+
+    def take(index):  # gather: far cheaper than advanced indexing on CPU
+        return s16.gather(0, index.reshape(-1)).view(index.shape).to(torch.int64)
+
+    x = take(h0[:, None] + 2 * lanes) | take(h0[:, None] + 2 * lanes + 1) << 16
+    nwords = (length - 4 * LANES)[:, None] // 2
+    wbase = h0[:, None] + 2 * LANES
+    consumed = torch.zeros(rows, 1, dtype=torch.int64, device=device)
+    overrun = torch.full((rows,), -1, dtype=torch.int64, device=device)
+    table = dec.view(-1).to(torch.int64) & 0xFFFFFFFF
+    sym_table, f_table, bias_table = table & 255, ((table >> 8) & 4095) + 1, table >> 20
+    qbase = q[:, None] * PROB_SCALE
+    lens = tlen[:, None]
+    steps = _cdiv(int(tlen.max()), LANES)
+    out = torch.zeros(rows, steps, LANES, dtype=torch.uint8, device=device)
+    for g in range(steps):
+        act = (g * LANES + lanes) < lens
+        slot = (qbase + (x & 4095)).view(-1)
+        xn = (f_table.gather(0, slot).view(x.shape) * (x >> 12) + bias_table.gather(0, slot).view(x.shape)) \
+            & 0xFFFFFFFF
+        need = act & (xn < STATE_LOW)
+        ni = need.to(torch.int64)
+        p = consumed + torch.cumsum(ni, 1) - ni
+        read = need & (p < nwords)
+        wv = torch.where(read, take(torch.where(read, wbase + p, 0).clamp_(max=last)), 0)
+        overrun = torch.where((overrun < 0) & (need & ~read).any(1), g, overrun)
+        x = torch.where(act, torch.where(need, (xn << 16 | wv) & 0xFFFFFFFF, xn), x)
+        consumed += ni.sum(1, keepdim=True)
+        out[:, g] = torch.where(act, sym_table.gather(0, slot).view(x.shape), 0)
+    consumed, nwords = consumed[:, 0], nwords[:, 0]
+    bad_lane = torch.where(x != STATE_LOW, lanes, LANES).min(1).values
+    trailing = consumed != nwords
+    code = torch.where(overrun >= 0, OVERRUN, torch.where(bad_lane < LANES, BAD_STATE,
+                                                          torch.where(trailing, TRAILING_WORDS, OK)))
+    pos = torch.where(overrun >= 0, overrun, torch.where(bad_lane < LANES, bad_lane,
+                                                         torch.where(trailing, nwords - consumed, 0)))
+    return code, pos, out.view(rows, -1)
+
+
+def _tile_table(n: int, tile: int, mode: int, symbols: int, itemsize: int, device) -> tuple[torch.Tensor, ...]:
+    """Per global tile: plane q, first symbol, length (int64 tensors)."""
+    tv, tm, total = geometry(n, tile, mode, symbols, itemsize)
+    t = torch.arange(total, dtype=torch.int64, device=device)
+    vt = itemsize * tv
+    is_mask = t >= vt
+    q = torch.where(is_mask, itemsize, t // max(tv, 1))
+    tip = torch.where(is_mask, t - vt, t % max(tv, 1))
+    plane_len = torch.where(is_mask, mask_nbytes(n) if mode == MASKED else 0, symbols)
+    first = tip * tile
+    return q, first, torch.minimum(plane_len - first, torch.full_like(first, tile))
+
+
+def zans_decompress_ref(payload: torch.Tensor, n: int, tile: int, mode: int, symbols: int, coded_planes: int,
+                        streams_nbytes: int, word_dtype: torch.dtype, out: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference decoder; returns (words, status) like `zans_decompress`, same codes and positions."""
+    device = payload.device
+    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    tv, tm, total_tiles = geometry(n, tile, mode, symbols, itemsize)
+    offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
+    dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize)
+    status = torch.zeros(total_tiles + 1, 2, dtype=torch.int64, device=device)
+    q, first, tlen = _tile_table(n, tile, mode, symbols, itemsize, device)
+    raw_len = tlen + (tlen & 1)
+    start, end = offsets[:-1], offsets[1:]
+    length = end - start
+    range_ok = (start >= 0) & (start <= end) & (end <= streams_nbytes) & (start % 2 == 0) & (end % 2 == 0)
+    plane_coded = ((coded_planes >> q) & 1) == 1
+    raw = range_ok & (length == raw_len)
+    shape_ok = raw | (range_ok & plane_coded & (length < raw_len) & (length >= 4 * LANES))
+    t_ok = table_ok[q] != 0
+    code = torch.where(range_ok, torch.where(shape_ok, torch.where(t_ok, 0, BAD_FREQUENCIES), BAD_LENGTH),
+                       BAD_OFFSETS)
+    pos = torch.where(code == 0, 0, torch.where(range_ok, torch.where(shape_ok, table_sum[q], length), start))
+    good = code == 0
+    is_raw, is_coded = good & raw, good & ~raw
+    longest = min(tile, max(_plane_lengths(n, mode, symbols, itemsize)))  # a small tensor's tiles are short
+    syms = torch.zeros(total_tiles, _cdiv(longest, LANES) * LANES, dtype=torch.uint8, device=device)
+    j = torch.arange(syms.shape[1], device=device)
+    # Raw tiles: byte copies from the stream (in chunks of rows: int64 indices cost 8x).
+    raw_rows = is_raw.nonzero()[:, 0]
+    for lo in range(0, raw_rows.numel(), 64):
+        rr = raw_rows[lo: lo + 64]
+        valid = j[None, :] < tlen[rr][:, None]
+        idx = torch.where(valid, start[rr][:, None] + j[None, :], 0)
+        syms.index_copy_(0, rr, torch.where(valid, streams.gather(0, idx.view(-1)).view(idx.shape), 0))
+    coded_rows = is_coded.nonzero()[:, 0]
+    if coded_rows.numel():
+        code_c, pos_c = _rans_decode_ref(coded_rows, streams, start, length, q, tlen, dec, syms)
+        code[coded_rows], pos[coded_rows] = code_c, pos_c
+    status[:-1, 0], status[:-1, 1] = code, pos
+    _global_checks(status, offsets, streams_nbytes)
+    # Scatter the planes.
+    out = decoder_output(out, n, word_dtype, device, zero=True)
+    values = torch.zeros(symbols, dtype=word_dtype, device=device) if mode == MASKED else out
+    v8 = values.view(torch.uint8).view(-1, itemsize) if symbols else None
+    t0 = 0
+    for plane in range(itemsize):
+        if tv:
+            v8[:, plane] = syms[t0: t0 + tv].reshape(-1)[:symbols]
+        t0 += tv
+    if mode == MASKED and n:
+        mask8 = syms[t0: t0 + tm].reshape(-1)[: mask_nbytes(n)]
+        nz = _zvc._mask_bits(mask8.view(torch.int32), n)
+        found = nz.sum()
+        _mask_count_check(status, found, symbols)
+        if int(found) == symbols:
+            out[nz] = values
+    return out, status
