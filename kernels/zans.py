@@ -410,12 +410,24 @@ def _freqs_int16(freqs: np.ndarray, coded_planes: int) -> torch.Tensor:
 @triton.jit
 def _byte_hist(w, shift: tl.constexpr, SUB: tl.constexpr):
     b = ((w >> shift) & 255).to(tl.int32)
-    return tl.histogram(tl.reshape(b, [SUB]), 256).to(tl.int64)
+    return tl.histogram(tl.reshape(b, [SUB]), 256)
+
+
+@triton.jit
+def _flush_hist(ptr, h, pad):
+    bins = tl.arange(0, 256)
+    tl.atomic_add(ptr + bins, h.to(tl.int64) - tl.where(bins == 0, pad, 0))
+
+
+# A program's histograms are int32 and flushed (256 atomics per plane) every ROUND of its
+# tiles: ROUND x 4096 elements stay below 2**31 counts, and int32 accumulators hold half
+# the registers of int64 ones (9 planes x 256 bins at one warp: 72 registers, not 144).
+_HIST_ROUND = 1 << 16
 
 
 @triton.jit(do_not_specialize=["n", "num_tiles"])
 def _zans_histogram_kernel(words_ptr, hist_ptr, counts_ptr, n, num_tiles,
-                           W: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr):
+                           W: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, ROUND: tl.constexpr):
     """Byte histograms of every plane and of the mask bytes, and the non-zeros per
     TILE elements (ZVC's tile offsets for the masked-mode compaction)."""
     pid = tl.program_id(0).to(tl.int64)
@@ -424,59 +436,58 @@ def _zans_histogram_kernel(words_ptr, hist_ptr, counts_ptr, n, num_tiles,
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
     bit = tl.arange(0, 8)
-    bins = tl.arange(0, 256)
-    h0 = tl.zeros([256], dtype=tl.int64)
-    h1 = tl.zeros([256], dtype=tl.int64)
-    h2 = tl.zeros([256], dtype=tl.int64)
-    h3 = tl.zeros([256], dtype=tl.int64)
-    h4 = tl.zeros([256], dtype=tl.int64)
-    h5 = tl.zeros([256], dtype=tl.int64)
-    h6 = tl.zeros([256], dtype=tl.int64)
-    h7 = tl.zeros([256], dtype=tl.int64)
-    hm = tl.zeros([256], dtype=tl.int64)
-    pad_words = (pid * 0).to(tl.int64)  # zero words histogrammed past n
-    pad_mask = (pid * 0).to(tl.int64)   # zero mask bytes past the mask
-    for t in range(pid, num_tiles, nprog):
-        src = words_ptr + t * TILE
-        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
-        count = tile_len * 0
-        for s in range(0, TILE, SUB):
-            offs = s + rows[:, None] * 32 + lane[None, :]
-            inb = offs < tile_len
-            w = tl.load(src + offs, mask=inb, other=0)
-            nz = (w != 0).to(tl.int32)
-            w = w.to(tl.int64) if W == 8 else w.to(tl.int32)  # sign-extended: byte q is (w >> 8q) & 255
-            count += tl.sum(tl.sum(nz, axis=1), axis=0)
-            pad_words += SUB - tl.sum(tl.sum(inb.to(tl.int32), axis=1), axis=0)
-            h0 += _byte_hist(w, 0, SUB)
-            if W > 1:
-                h1 += _byte_hist(w, 8, SUB)
-            if W > 2:
-                h2 += _byte_hist(w, 16, SUB)
-                h3 += _byte_hist(w, 24, SUB)
-            if W > 4:
-                h4 += _byte_hist(w, 32, SUB)
-                h5 += _byte_hist(w, 40, SUB)
-                h6 += _byte_hist(w, 48, SUB)
-                h7 += _byte_hist(w, 56, SUB)
-            mbytes = tl.sum(tl.reshape(nz, [ROWS * 4, 8]) << bit[None, :], axis=1)
-            hm += tl.histogram(mbytes, 256).to(tl.int64)
-            valid_rows = tl.sum((s + rows * 32 < tile_len).to(tl.int32), axis=0)
-            pad_mask += 4 * (ROWS - valid_rows)
-        tl.store(counts_ptr + t, count.to(tl.int64))
-    first = bins == 0
-    tl.atomic_add(hist_ptr + bins, h0 - tl.where(first, pad_words, 0))
-    if W > 1:
-        tl.atomic_add(hist_ptr + 256 + bins, h1 - tl.where(first, pad_words, 0))
-    if W > 2:
-        tl.atomic_add(hist_ptr + 2 * 256 + bins, h2 - tl.where(first, pad_words, 0))
-        tl.atomic_add(hist_ptr + 3 * 256 + bins, h3 - tl.where(first, pad_words, 0))
-    if W > 4:
-        tl.atomic_add(hist_ptr + 4 * 256 + bins, h4 - tl.where(first, pad_words, 0))
-        tl.atomic_add(hist_ptr + 5 * 256 + bins, h5 - tl.where(first, pad_words, 0))
-        tl.atomic_add(hist_ptr + 6 * 256 + bins, h6 - tl.where(first, pad_words, 0))
-        tl.atomic_add(hist_ptr + 7 * 256 + bins, h7 - tl.where(first, pad_words, 0))
-    tl.atomic_add(hist_ptr + W * 256 + bins, hm - tl.where(first, pad_mask, 0))
+    for r0 in range(pid, num_tiles, nprog * ROUND):
+        h0 = tl.zeros([256], dtype=tl.int32)
+        h1 = tl.zeros([256], dtype=tl.int32)
+        h2 = tl.zeros([256], dtype=tl.int32)
+        h3 = tl.zeros([256], dtype=tl.int32)
+        h4 = tl.zeros([256], dtype=tl.int32)
+        h5 = tl.zeros([256], dtype=tl.int32)
+        h6 = tl.zeros([256], dtype=tl.int32)
+        h7 = tl.zeros([256], dtype=tl.int32)
+        hm = tl.zeros([256], dtype=tl.int32)
+        pad_words = (pid * 0).to(tl.int64)  # zero words histogrammed past n
+        pad_mask = (pid * 0).to(tl.int64)   # zero mask bytes past the mask
+        for t in range(r0, tl.minimum(r0 + nprog * ROUND, num_tiles), nprog):
+            src = words_ptr + t * TILE
+            tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+            count = tile_len * 0
+            for s in range(0, TILE, SUB):
+                offs = s + rows[:, None] * 32 + lane[None, :]
+                inb = offs < tile_len
+                w = tl.load(src + offs, mask=inb, other=0)
+                nz = (w != 0).to(tl.int32)
+                w = w.to(tl.int64) if W == 8 else w.to(tl.int32)  # sign-extended: byte q is (w >> 8q) & 255
+                count += tl.sum(tl.sum(nz, axis=1), axis=0)
+                pad_words += SUB - tl.sum(tl.sum(inb.to(tl.int32), axis=1), axis=0)
+                h0 += _byte_hist(w, 0, SUB)
+                if W > 1:
+                    h1 += _byte_hist(w, 8, SUB)
+                if W > 2:
+                    h2 += _byte_hist(w, 16, SUB)
+                    h3 += _byte_hist(w, 24, SUB)
+                if W > 4:
+                    h4 += _byte_hist(w, 32, SUB)
+                    h5 += _byte_hist(w, 40, SUB)
+                    h6 += _byte_hist(w, 48, SUB)
+                    h7 += _byte_hist(w, 56, SUB)
+                mbytes = tl.sum(tl.reshape(nz, [ROWS * 4, 8]) << bit[None, :], axis=1)
+                hm += tl.histogram(mbytes, 256)
+                valid_rows = tl.sum((s + rows * 32 < tile_len).to(tl.int32), axis=0)
+                pad_mask += 4 * (ROWS - valid_rows)
+            tl.store(counts_ptr + t, count.to(tl.int64))
+        _flush_hist(hist_ptr, h0, pad_words)
+        if W > 1:
+            _flush_hist(hist_ptr + 256, h1, pad_words)
+        if W > 2:
+            _flush_hist(hist_ptr + 2 * 256, h2, pad_words)
+            _flush_hist(hist_ptr + 3 * 256, h3, pad_words)
+        if W > 4:
+            _flush_hist(hist_ptr + 4 * 256, h4, pad_words)
+            _flush_hist(hist_ptr + 5 * 256, h5, pad_words)
+            _flush_hist(hist_ptr + 6 * 256, h6, pad_words)
+            _flush_hist(hist_ptr + 7 * 256, h7, pad_words)
+        _flush_hist(hist_ptr + W * 256, hm, pad_mask)
 
 
 @triton.jit
@@ -665,7 +676,8 @@ def _zans_mask_count_kernel(mask_ptr, counts_ptr, n, num_tiles, TILE: tl.constex
             wi = t * WORDS + s + idx
             left = n - wi * 32  # elements of this word still inside the tensor
             v = tl.load(mask_ptr + wi, mask=(s + idx < WORDS) & (left > 0), other=0).to(tl.int64) & 0xFFFFFFFF
-            keep = tl.where(left >= 32, 0xFFFFFFFF, (tl.full([SUB], 1, tl.int64) << tl.maximum(left, 0)) - 1)
+            keep = tl.where(left >= 32, 0xFFFFFFFF,
+                            (tl.full([SUB], 1, tl.int64) << tl.minimum(tl.maximum(left, 0), 31)) - 1)
             v = v & keep
             v = v - ((v >> 1) & 0x55555555)
             v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
@@ -705,7 +717,7 @@ def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.nda
         grid, warps = launch_grid(config, num_tiles, words.device)
         sub = step_elements(_zvc.TILE, warps, itemsize)
         _zans_histogram_kernel[(grid,)](words, hist, counts[1:], n, num_tiles, W=itemsize, TILE=_zvc.TILE,
-                                        SUB=sub, num_warps=warps)
+                                        SUB=sub, ROUND=_HIST_ROUND, num_warps=warps)
     return hist.cpu().numpy(), counts
 
 
