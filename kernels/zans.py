@@ -47,7 +47,7 @@ symbol present in the plane has f >= 1; c[s] = f[0] + ... + f[s - 1].
 Symbol j of a tile belongs to lane j % K at step j // K.
   encoder (steps in reverse, every lane starts at x = L):
       if x >= f[s] << 20: emit x & 0xFFFF, x >>= 16       (at most one word)
-      x = (x // f[s]) << 12 | (x % f[s]) + c[s]
+      x = ((x // f[s]) << 12) + (x % f[s]) + c[s]
     the lanes that emit at step g write their words in lane order, and the
     steps' groups are laid out in forward order, so
   decoder (steps forward, x = the stored states):
@@ -59,9 +59,9 @@ Symbol j of a tile belongs to lane j % K at step j // K.
 The decoder checks every tile (status row t = (code, position), codes below):
 offsets inside the section and even (BAD_OFFSETS), a length that is the raw
 length or a valid coded length for its plane (BAD_LENGTH), the plane's table
-summing to M (BAD_FREQUENCIES, on raw tiles of a coded plane too), no read past the tile's words (OVERRUN, at
-step g), final states == L (BAD_STATE, first lane), every word read
-(TRAILING_WORDS). Row TT holds the whole-buffer checks: offsets[0] == 0 and
+summing to M (BAD_FREQUENCIES, raw tiles of a coded plane included), no read
+past the tile's words (OVERRUN, at step g), final states == L (BAD_STATE,
+first lane), every word read (TRAILING_WORDS). Row TT holds the whole-buffer checks: offsets[0] == 0 and
 offsets[TT] == streams_nbytes (BAD_ENDS), and in masked mode the mask's set
 bits == symbols (MASK_COUNT). Reads stay inside the tile's stream range, table
 lookups inside the tables, writes inside the outputs, whatever the payload
@@ -94,8 +94,12 @@ raw, so the scratch never overflows), then the tiles' lengths are summed (the
 second host sync), alloc(payload_nbytes) is called once and a pack kernel
 copies streams and raw tiles into place. One rANS pass plus a copy of the
 compressed bytes, rather than two rANS passes (size, then write): the rANS
-step (a division per symbol) costs more than copying its output once; the
-scratch is at most the coded planes' raw bytes.
+step (a division per symbol) costs more than copying its output once. Two host
+syncs rather than the other codecs' one: the tables must be known before the
+encoder runs and the sizes after it. Scratch: the coded planes' raw bytes
+(a byte per symbol), plus in masked mode the mask (n / 8 bytes) and the
+non-zeros (nnz x W bytes); decoding in masked mode needs the same mask and
+non-zeros scratch.
 
 Decoding: tables (torch, on the device: 4096-entry slot -> (symbol, f,
 slot - c) per coded plane), one kernel over every tile of every plane (raw
@@ -103,8 +107,8 @@ tiles are copied in the same loop) writing plane bytes straight into the
 output words (dense) or into the mask and the non-zeros (masked), then in
 masked mode a popcount pass over the mask and ZVC's expansion kernel.
 
-Work per symbol on the GPU (one warp per tile, lanes = the K interleaved
-states; `tile` / K dependent steps per warp):
+Work per symbol (one symbol = one byte of a plane) on the GPU (one warp per
+tile, lanes = the K interleaved states; `tile` / K dependent steps per warp):
   encode: 1 byte load (strided by W), 2 table loads (packed f | c | shifts,
     and a 32-bit magic reciprocal: x // f is computed as umulhi + add + 2
     shifts, Granlund-Montgomery, exact for every 32-bit x and f <= 4096),
@@ -117,7 +121,13 @@ states; `tile` / K dependent steps per warp):
   raw tiles: 1 byte load + 1 byte store per symbol.
   histogram: 1 word load per element, W + 1 warp histograms (tl.histogram:
     ballots per bin bit), per-program accumulators, 256 atomics per plane per
-    program.
+    program and round of 65536 tiles.
+
+Built ahead of time with Triton 3.9's ptxas for sm_90 and sm_80 (cswap.kernels.aot's
+recorder, every word size, blocks 32 to 1024): no kernel spills. Registers at the
+tuner's blocks (128, 256, 512), sm_90: decode 54-58, encode 50-53, histogram
+45-72 (W = 8 at block 128 the most), pack 48-107 (block 512), mask count 26;
+at block 32 the histogram holds 9 x 256 bins in one warp: 159.
 """
 
 from __future__ import annotations
@@ -144,11 +154,12 @@ __all__ = [
 ]
 
 # TILE = 16384 symbols per tile: the K x 4-byte state flush is 128 bytes a tile per
-# coded plane, 0.8% of a raw tile and 1-3% of a coded one; on the activation corpus
-# (small_cnn, VGG16, ResNet-18 ReLU/pool outputs in fp32 and bf16, a GELU transformer's
-# bf16 saved tensors) 8192 loses 0.4-0.7% of the ratio against 16384 and 32768 gains
-# 0.2-0.4%, while halving the warps a tensor decodes with (one warp per tile). Untuned
-# on a GPU. Any power of two in [MIN_TILE, MAX_TILE] decodes.
+# coded plane, 0.8% of a raw tile and 1-3% of a coded one. Measured with this encoder on
+# activations (small_cnn + VGG16 + ResNet-18 ReLU/pool outputs on digits, fp32 and bf16
+# autocast; a GELU TransformerEncoder's bf16 saved tensors): 8192 gives 0.3-0.6% less
+# ratio (2.232 / 2.755 / 1.489 against 2.238 / 2.772 / 1.497) and 32768 0.1-0.3% more
+# (2.241 / 2.781 / 1.501), while halving the warps a tensor decodes with (one warp per
+# tile). Untuned on a GPU. Any power of two in [MIN_TILE, MAX_TILE] decodes.
 TILE = 16384
 MIN_TILE = 32
 MAX_TILE = 1 << 16
@@ -173,7 +184,7 @@ BAD_ENDS = 7         # (last row) offsets[0] != 0 or offsets[TT] != streams_nbyt
 MASK_COUNT = 8       # (last row) the mask's set bits differ from `symbols`; pos = the bits counted
 
 _ALIGN = 16
-_POPCOUNT8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+_POPCOUNT8 = np.array([i.bit_count() for i in range(256)], dtype=np.int64)
 _BITLEN = np.array([i.bit_length() for i in range(PROB_SCALE + 1)], dtype=np.int64)
 
 
@@ -230,7 +241,7 @@ def layout(n: int, tile: int, mode: int, symbols: int, coded_planes: int, stream
     """Byte offsets of (offsets, freqs, streams) and the payload size."""
     total_tiles = geometry(n, tile, mode, symbols, itemsize)[2]
     off_freqs = _align(8 * (total_tiles + 1))
-    off_streams = off_freqs + 512 * bin(coded_planes).count("1")
+    off_streams = off_freqs + 512 * coded_planes.bit_count()
     return 0, off_freqs, off_streams, off_streams + _align(streams_nbytes)
 
 
@@ -255,7 +266,7 @@ def sections(payload: torch.Tensor, n: int, tile: int, mode: int, symbols: int, 
     """(offsets int64[TT + 1], freqs int16[C, 256], streams uint8) views of a payload."""
     total_tiles = geometry(n, tile, mode, symbols, itemsize)[2]
     _, off_freqs, off_streams, _ = layout(n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
-    c = bin(coded_planes).count("1")
+    c = coded_planes.bit_count()
     offsets = payload[: 8 * (total_tiles + 1)].view(torch.int64)
     freqs = payload[off_freqs: off_freqs + 512 * c].view(torch.int16).view(c, 256)
     streams = payload[off_streams: off_streams + streams_nbytes]
@@ -824,7 +835,6 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
                                              TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
                                              num_warps=warps)
     return out, status
-
 
 
 # -- PyTorch reference ------------------------------------------------------------------------

@@ -15,12 +15,19 @@ import math
 import numpy as np
 import pytest
 import torch
+from bitdata import (
+    DTYPES,
+    assert_bit_equal,
+    bits,
+    blocky,
+    random_bits,
+    rewrap,
+    special_values,
+)
+from cswap.kernels import zans as kz
+from cswap.kernels.launch import LaunchConfig, interpreting
 
 import cswap
-from bitdata import DTYPES, assert_bit_equal, bits, blocky, random_bits, rewrap, special_values
-from cswap.kernels import zans as kz
-from cswap.kernels import zvc as kv
-from cswap.kernels.launch import LaunchConfig, interpreting
 
 ZANS = cswap.codecs.get("zans")
 WORD = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -257,9 +264,9 @@ def test_codec_level_triton_round_trip():
 
 
 def _tile_kinds(payload, n, meta, itemsize):
-    tile, mode, symbols, coded, streams = meta
+    tile, mode, symbols = meta[:3]
     offsets = kz.sections(payload, n, *meta, itemsize)[0].tolist()
-    q, first, tlen = kz._tile_table(n, tile, mode, symbols, itemsize, "cpu")
+    tlen = kz._tile_table(n, tile, mode, symbols, itemsize, "cpu")[2]
     return ["raw" if offsets[t + 1] - offsets[t] == int(tlen[t]) + int(tlen[t]) % 2 else "coded"
             for t in range(len(offsets) - 1)]
 
@@ -376,7 +383,7 @@ def _first_bad(status):
 def test_each_decoder_check_fires_with_its_code_on_both_backends():
     x, w, meta, payload, kinds = _coded_buffer()
     n, itemsize = w.numel(), 2
-    tile, mode, symbols, coded, streams_nbytes = meta
+    streams_nbytes = meta[4]
     off_freqs, off_streams = kz.layout(n, *meta, itemsize)[1:3]
     offsets = payload[: off_freqs].view(torch.int64)
     total = len(kinds)
@@ -435,14 +442,14 @@ def test_mask_count_and_table_ends_are_checked():
     off_freqs, off_streams = kz.layout(n, *blob.meta, 2)[1:3]
     p = blob.payload.clone()
     mask_start = off_streams + int(p[: off_freqs].view(torch.int64)[-2])
-    p[mask_start] ^= 1 if int(p[mask_start]) & 1 == 0 else 1  # one more or one fewer set bit
+    p[mask_start] ^= 1  # one more or one fewer set bit
     with pytest.raises(cswap.CorruptDataError, match="its zero mask marks .* non-zeros but .* were coded"):
         ZANS.decompress(cswap.Compressed.from_bytes(rewrap(blob, payload=p)))
     status = _status_both(p, n, blob.meta, torch.int16)
     assert status[-1, 0] == kz.MASK_COUNT
     # Offsets that start and end 16 bytes late while every tile's own range is fine (a
     # coded buffer: its streams section may be that much longer and pass the header check).
-    x, w, meta, payload, kinds = _coded_buffer()
+    x, w, meta, payload, _ = _coded_buffer()
     n = w.numel()
     off_freqs, off_streams = kz.layout(n, *meta, 2)[1:3]
     meta16 = meta[:4] + (meta[4] + 16,)
@@ -457,7 +464,7 @@ def test_mask_count_and_table_ends_are_checked():
 
 
 def test_random_corruption_of_each_section_never_crashes_and_backends_agree():
-    x, w, meta, payload, kinds = _coded_buffer()
+    x, w, meta, payload, _ = _coded_buffer()
     n = w.numel()
     off_freqs, off_streams, size = kz.layout(n, *meta, 2)[1:]
     rng = np.random.default_rng(5)
