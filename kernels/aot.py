@@ -79,7 +79,7 @@ class Launch:
                 tuple(sorted(map(str, self.attrs.items()))), self.num_warps)
 
 
-_SIZE_ARGUMENTS = {"n", "nnz", "num_runs", "cols", "nbytes", "blocks_nbytes"}
+_SIZE_ARGUMENTS = {"n", "nnz", "num_runs", "cols", "nbytes", "blocks_nbytes", "symbols", "mask_bytes", "streams_nbytes"}
 
 
 @dataclass
@@ -175,9 +175,9 @@ def _sample(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def codec_launches(blocks=(128,), word_dtypes=WORD_DTYPES, arch: int = 90) -> list[Launch]:
-    """Every kernel launch the four codecs make, compressing and decompressing, per
+    """Every kernel launch the codecs make, compressing and decompressing, per
     word dtype (LZ4 works on bytes) and block size; duplicates removed."""
-    from . import csr, lz4, rle, zvc
+    from . import csr, lz4, rle, zans, zvc
 
     def alloc(nbytes):
         return torch.zeros(nbytes, dtype=torch.uint8)
@@ -196,7 +196,9 @@ def codec_launches(blocks=(128,), word_dtypes=WORD_DTYPES, arch: int = 90) -> li
             rle_runs, rle_nnz = rle.rle_compress_ref(words, lambda k: _keep(k, rle_payload))
             csr_payload = torch.zeros(0, dtype=torch.uint8)
             csr_nnz = csr.csr_compress_ref(words, rows, cols, lambda k: _keep(k, csr_payload))
-            with record(arch, label) as got:
+            zans_payload = torch.zeros(0, dtype=torch.uint8)
+            zans_meta = zans.zans_compress_ref(words, lambda k: _keep(k, zans_payload))
+            with record(arch, label) as got, _zans_planned_from_reference(zans):
                 zvc.zvc_compress(words, alloc, config)
                 zvc.zvc_decompress(zvc_payload, n, zvc.TILE, zvc_nnz, dtype, config)
                 rle.rle_compress(words, alloc, config)
@@ -204,6 +206,8 @@ def codec_launches(blocks=(128,), word_dtypes=WORD_DTYPES, arch: int = 90) -> li
                 csr.csr_compress(words, rows, cols, alloc, config)
                 csr.csr_compress(words, n // 4, 4, alloc, config)  # rows narrower than a tile
                 csr.csr_decompress(csr_payload, rows, cols, csr_nnz, 4, dtype, config)
+                zans.zans_compress(words, alloc, config)
+                zans.zans_decompress(zans_payload, n, *zans_meta, dtype, config)
             for launch in got:
                 launches.setdefault(launch.key(), launch)
         data = _sample(n, torch.uint8)
@@ -215,6 +219,24 @@ def codec_launches(blocks=(128,), word_dtypes=WORD_DTYPES, arch: int = 90) -> li
         for launch in got:
             launches.setdefault(launch.key(), launch)
     return list(launches.values())
+
+
+@contextlib.contextmanager
+def _zans_planned_from_reference(zans):
+    """Nothing runs while launches are recorded, but ZANS plans its encoding from its
+    histogram: the histogram kernel is launched (and recorded) as usual, and the plan
+    is made from the reference's histogram of the same words."""
+    launch_histogram = zans._histogram
+
+    def histogram(words, config):
+        counts = launch_histogram(words, config)[1]
+        return zans._hist_ref(words)[0], counts
+
+    zans._histogram = histogram
+    try:
+        yield
+    finally:
+        zans._histogram = launch_histogram
 
 
 def _keep(nbytes: int, holder: torch.Tensor) -> torch.Tensor:
@@ -233,7 +255,7 @@ def build(launch: Launch, arch: int) -> Build:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from . import csr, lz4, rle, zvc  # noqa: F401  (the kernels' modules, by short name)
+    from . import csr, lz4, rle, zans, zvc  # noqa: F401  (the kernels' modules, by short name)
 
     module, name = launch.kernel.split(".")
     fn = getattr(sys.modules[f"{__package__}.{module}"], name)
