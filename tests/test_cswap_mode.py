@@ -67,15 +67,46 @@ def test_profiler_times_and_samples_the_first_iteration(tmp_path):
     assert it.tensors[0].sparsity == pytest.approx(float((relu_out == 0).float().mean()), abs=1e-6)
 
 
+def test_profiler_samples_zans_size_of_each_tensor(tmp_path):
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 1.0), verbose=False)
+    x, y = data()
+    step(model, x, y)
+    step(model, x, y)
+    relu = _PATCHED[model].controller.profiler.latest().tensors[0]
+    real = cswap.codecs.get("zans").compress(F.relu(model.conv(x)).detach(), backend="torch").payload.numel()
+    assert relu.zans_bits is not None
+    assert relu.zans_bits * relu.numel / 8 == pytest.approx(real, rel=0.01)
+
+
+def test_dense_activations_go_to_zans_and_train_exactly(tmp_path):
+    """A ReLU output with no zeros: no zero-based codec helps, ZANS (from its sampled size) does on a
+    slow link; the next steps compress with it and the gradients equal an unpatched model's."""
+    plain = Shifted()
+    model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 0.001), verbose=False)
+    plain.shift = model.shift = 10.0
+    x, y = data()
+    step(model, x, y)
+    report = cswap.epoch_end(model)
+    row = next(r for r in report.rows if r.key == "0:relu")
+    assert row.sparsity == 0.0 and row.decision == "zans"
+    assert row.compressed_bytes < 0.9 * row.nbytes  # the exponent bytes of values near 10 code in a few bits
+    before = cswap.stats(model)["compressed_tensors"]
+    step(model, x, y)
+    step(plain, x, y)
+    assert cswap.stats(model)["compressed_tensors"] > before
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
 def test_decisions_follow_sparsity_across_epochs(tmp_path):
     model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 0.001), verbose=False,
                         report_dir=tmp_path / "reports")
     x, y = data()
-    model.shift = 10.0  # ReLU output almost dense: compressing cannot pay
+    model.shift = 10.0  # ReLU output almost dense: only ZANS (which codes the non-zero bytes too) can pay
     step(model, x, y)
     first = cswap.epoch_end(model)
     row = next(r for r in first.rows if r.key == "0:relu")
-    assert row.sparsity < 0.05 and row.decision is None
+    assert row.sparsity < 0.05 and row.decision in (None, "zans")
     model.shift = -0.8  # now mostly zeros: worth compressing on a slow link
     step(model, x, y)
     second = cswap.epoch_end(model)

@@ -11,18 +11,20 @@ from cswap.cli.tune import main
 
 def test_quick_run_writes_a_valid_profile(tmp_path):
     out = tmp_path / "tmp.json"
-    proc = subprocess.run([sys.executable, "-m", "cswap.cli.tune", "--quick", "--codecs", "zvc", "--out", str(out),
-                           "--no-progress"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "cswap.cli.tune", "--quick", "--codecs", "zvc", "zans", "--out",
+                           str(out), "--no-progress"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert "describes the CPU, not a GPU" in proc.stderr
     assert f"profile written to {out}" in proc.stdout
     profile = read_profile(out)
-    assert profile.codecs == ("zvc",) and profile.doc["quick"] and profile.doc["device"]["type"] == "cpu"
+    assert profile.codecs == ("zvc", "zans") and profile.doc["quick"] and profile.doc["device"]["type"] == "cpu"
     tuning = profile.doc["tuning"]["per_codec"]["zvc"]
     assert tuning["evaluations"] <= 35 and tuning["best_seconds"] > 0
     rae = profile.doc["codecs"]["zvc"]["rae"]
     assert set(rae["compress"]) == {"linear", "bayesian_ridge", "svr", "tree"}
     assert profile.seconds("zvc", "compress", 2**20, 0.5) > 0
+    assert profile.doc["tuning"]["per_codec"]["zans"]["best_seconds"] > 0  # ZANS is tuned and timed like the others
+    assert profile.seconds("zans", "decompress", 2**20, 0.5) > 0
 
 
 def test_compare_prints_search_and_regressor_tables(tmp_path, capsys):

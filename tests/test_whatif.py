@@ -68,7 +68,8 @@ def test_memory_model_meets_the_traced_offload_floor(small):
 
     starts = np.concatenate([[0.0], np.cumsum(times)])[:-1]
     phase = roofline.step_seconds(trace.ops, gpu("a100-sxm4-40gb"), "fp32", 0.5)
-    groups = whatif._groups(trace, {r.index: (0.0, 1) for r in trace.activations()})
+    groups = whatif._groups(trace, {r.index: (0.0, 1) for r in trace.activations()},
+                            {r.index: None for r in trace.activations()})
     sizes = {g.storage: {} for g in groups}
     every = whatif._mode("all", trace, groups, {g.storage: None for g in groups}, InstantLink(), starts, phase,
                          sizes)
@@ -129,7 +130,17 @@ def test_measured_sparsity_matches_the_trace_and_survives_json(small, tmp_path):
     path = tmp_path / "p.json"
     path.write_text(p.to_json())
     again = cswap.predict(small, torch.empty(16, *CIFAR), gpu="h100-sxm-80gb", sparsity=sparsity.from_file(path))
-    assert [(t.sparsity, t.runs) for t in again.tensors] == [(t.sparsity, t.runs) for t in p.tensors]
+    assert [(t.sparsity, t.runs, t.zans_bits) for t in again.tensors] == \
+        [(t.sparsity, t.runs, t.zans_bits) for t in p.tensors]
+    # ZANS's size per tensor, for the trace's dtype: a bf16 trace takes the values' bf16 bytes
+    assert all(t.zans_bits is not None and 0 < t.zans_bits < 32 for t in relu)
+    bf16 = cswap.predict(small, torch.empty(16, *CIFAR), gpu="h100-sxm-80gb", sparsity=measured, precision="bf16")
+    relu16 = [t for t in bf16.tensors if t.op == "relu"]
+    assert [t.zans_bits for t in relu16] == [measured.zans_bits_of((t.made_in, t.op, t.occurrence), torch.bfloat16)
+                                             for t in relu16]
+    assert all(a.zans_bits < b.zans_bits for a, b in zip(relu16, relu))
+    assert all(t.zans_bits is None for t in cswap.predict(small, torch.empty(16, *CIFAR), gpu="h100-sxm-80gb",
+                                                          sparsity=0.5).tensors)  # assumed: ZANS's bound
     with pytest.raises(ValueError, match="cswap-plan JSON"):
         sparsity.from_file(tmp_path / "missing.json")
 

@@ -198,6 +198,22 @@ def test_size_bound_holds():
         assert ZANS.compress(x).payload.numel() <= bound
 
 
+def test_predicted_size_matches_the_encoder():
+    """What the advisor weighs (the plan's estimate from the sampled histograms) against the
+    buffer the encoder writes: within 1% (measured on the ratio corpus: 0 to +0.69%)."""
+    cases = [relu_bf16(1 << 17), gelu(1 << 17), gelu(1 << 16, torch.float32), random_bits((9000,), torch.float64, 0.3),
+             torch.zeros(5000), blocky((1 << 17,), torch.float16, 0.7, run=100), random_bits((333,), torch.int8, 0.9),
+             torch.relu(torch.randn(1 << 17, generator=torch.Generator().manual_seed(5))), torch.zeros(0)]
+    for x in cases:
+        w = words_of(x)
+        hist = kz.byte_histograms(w)
+        assert hist.shape == (x.element_size() + 1, 256) and hist.device == w.device
+        predicted = kz.predicted_size(hist.numpy(), w.numel(), x.element_size())
+        real = ZANS.compress(x).payload.numel()
+        assert abs(predicted - real) <= 0.01 * real + 32, (x.dtype, x.numel(), predicted, real)
+        assert predicted <= kz.size_bound(w.numel(), x.element_size(), int((w != 0).sum()))
+
+
 # -- rANS paths: both backends, identical bytes ------------------------------------------------
 
 

@@ -20,6 +20,13 @@ nnz = round(numel * (1 - sparsity)):
   expected number of cuts, (tiles - 1) * (nnz - runs) / numel (the chance that an
   element and its successor are both non-zero, taken as uniform along the
   tensor); the real size lies between the sizes at those two ends.
+- zans: from the tensor's byte statistics when the profiler sampled them
+  (TensorProfile.zans_bits: the payload `cswap.kernels.zans.predicted_size`
+  expects from the tensor's byte-plane and mask histograms, in bits per element,
+  scaled to the tensor's numel; 0 to 0.7% above the real buffer on the
+  activations of benchmarks/ratio.py).
+  Unsampled: the encoder's upper bound, `cswap.kernels.zans.size_bound` (about
+  ZVC's size), so ZANS is chosen only on measured evidence.
 - lz4: an estimate. cswap's encoder is LZ4's greedy parse (cswap.kernels.lz4):
   zero runs become matches, everything else is literals. The non-zero bytes are
   assumed not to repeat (activation values seldom do). Zero-run lengths are
@@ -137,6 +144,16 @@ def _sparsity(value, what: str) -> float:
     return v
 
 
+def _bits(value, what: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        _fail(f"{what} must be a number of bits per element, got {value!r}")
+    if not math.isfinite(v) or v < 0:
+        _fail(f"{what} must be a finite, non-negative number of bits per element, got {value!r}")
+    return v
+
+
 def _count(value, what: str) -> int:
     if isinstance(value, bool):
         _fail(f"{what} must be a non-negative integer, got {value!r}")
@@ -177,7 +194,9 @@ class TensorProfile:
     the RLE and LZ4 sizes); save_s: seconds from the start of forward to its
     save; use_s: seconds from the start of backward to its first use; hidden_f /
     hidden_b: compute that can overlap its offload / prefetch (the paper's
-    Hidden_f, Hidden_b). Checked on construction (ValueError).
+    Hidden_f, Hidden_b); zans_bits: ZANS's predicted payload in bits per element,
+    from the tensor's sampled byte histograms (None when not sampled). Checked on
+    construction (ValueError).
     """
 
     key: str
@@ -192,6 +211,7 @@ class TensorProfile:
     use_s: float
     hidden_f: float
     hidden_b: float
+    zans_bits: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.key, str) or not self.key:
@@ -207,6 +227,8 @@ class TensorProfile:
         set_(self, "runs", _count(self.runs, f"{where}: runs"))
         for name in ("save_s", "use_s", "hidden_f", "hidden_b"):
             set_(self, name, _time(getattr(self, name), f"{where}: {name}"))
+        if self.zans_bits is not None:
+            set_(self, "zans_bits", _bits(self.zans_bits, f"{where}: zans_bits"))
 
     @property
     def numel(self) -> int:
@@ -337,15 +359,17 @@ def _lz4_blocks_estimate(numel: int, itemsize: int, nnz: int, runs: int) -> int:
     return int(min(max(round(size), chunks), bound))
 
 
-def compressed_size(codec: str, shape, itemsize: int, sparsity: float, runs: int) -> int:
+def compressed_size(codec: str, shape, itemsize: int, sparsity: float, runs: int,
+                    zans_bits: float | None = None) -> int:
     """Predicted total bytes (container header + payload) of cswap's buffer for `codec`.
 
     nnz = round(numel * (1 - sparsity)). zvc and csr are exact; rle is exact
     given the runs the encoder sees and estimates the cuts at its tile
     boundaries (the real size lies between the sizes for `runs` and
-    `runs + tiles - 1` runs); lz4 is an estimate (module docstring); zans is an
-    upper bound (cswap.kernels.zans.size_bound: its coded planes' entropy is not
-    profiled yet). `runs` is clamped to what nnz allows. Unknown codec: ValueError.
+    `runs + tiles - 1` runs); lz4 is an estimate (module docstring); zans is
+    numel * zans_bits / 8 when the tensor's bytes were sampled (never above the
+    bound), else the upper bound cswap.kernels.zans.size_bound. `runs` is
+    clamped to what nnz allows. Unknown codec: ValueError.
     """
     if codec not in _N_META:
         _fail(f"unknown codec {codec!r}; compressed_size knows {', '.join(_N_META)}")
@@ -364,8 +388,10 @@ def compressed_size(codec: str, shape, itemsize: int, sparsity: float, runs: int
         payload = _csr.layout(rows, nnz, _csr.index_bytes_for(cols), itemsize)[-1]
     elif codec == "rle":
         payload = _rle.layout(numel, _rle.TILE, _rle_runs_estimate(numel, nnz, runs), nnz, itemsize)[-1]
-    elif codec == "zans":  # an upper bound for now: the entropy of the bytes is not profiled
+    elif codec == "zans":
         payload = _zans.size_bound(numel, itemsize, nnz)
+        if zans_bits is not None:
+            payload = min(payload, math.ceil(numel * _bits(zans_bits, "zans_bits") / 8))
     else:
         num_chunks = -(-numel * itemsize // _lz4.CHUNK)
         payload = _lz4.layout(num_chunks, _lz4_blocks_estimate(numel, itemsize, nnz, runs))[-1]
@@ -410,7 +436,7 @@ def _costs(t: TensorProfile, profile, codecs: Iterable[str], sizes: Mapping[str,
         if sizes is not None and codec in sizes:
             c.size[codec] = _count(sizes[codec], f"tensor {t.key!r}: size for {codec}")
         else:
-            c.size[codec] = compressed_size(codec, t.shape, t.itemsize, t.sparsity, t.runs)
+            c.size[codec] = compressed_size(codec, t.shape, t.itemsize, t.sparsity, t.runs, t.zans_bits)
         c.t_c[codec] = _seconds(profile, codec, "compress", t.nbytes, t.sparsity)
         c.t_dc[codec] = _seconds(profile, codec, "decompress", t.nbytes, t.sparsity)
     return c

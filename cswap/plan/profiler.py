@@ -10,8 +10,10 @@ backward compute between the use of the tensor saved after it and its own use.
 
 Sparsity (the "epoch" rows) is sampled on one iteration per epoch with an
 on-device reduction per tensor (non-zero count and number of non-zero runs
-of its integer view: "zero" means all bits zero, as for the codecs), read
-back in one sync when the epoch ends. The host time spent in all of this is
+of its integer view: "zero" means all bits zero, as for the codecs) and the
+histograms ZANS plans from (each byte plane's and the zero mask's bytes:
+the advisor's ZANS size, `zans_bits`), read back in one sync when the epoch
+ends. The host time spent in all of this is
 the reported profiling overhead.
 """
 
@@ -24,23 +26,40 @@ from math import prod
 import numpy as np
 import torch
 
+from ..kernels import zans as _zans
 from ..runtime.candidates import SwapInfo
 from .advisor import IterationProfile, TensorProfile
 
-__all__ = ["MemoryTrace", "TensorProfiler", "sparsity_and_runs"]
+__all__ = ["MemoryTrace", "TensorProfiler", "sparsity_and_runs", "zans_histograms", "zans_bits"]
 
 _WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as 1-D integer words (the codecs' view), in memory order when t is dense."""
+    words = t.detach()
+    if not words.is_contiguous():
+        words = words.contiguous()
+    return words.view(_WORDS[t.element_size()]).reshape(-1)
 
 
 def sparsity_and_runs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(number of non-zero elements, number of maximal runs of non-zeros), as
     0-d device tensors (no sync), in the order of t's memory when t is dense."""
-    words = t.detach()
-    if not words.is_contiguous():
-        words = words.contiguous()
-    nz = words.view(_WORDS[t.element_size()]).reshape(-1) != 0
+    nz = _words(t) != 0
     starts = nz[1:] & ~nz[:-1]
     return nz.sum(), starts.sum() + nz[:1].sum()
+
+
+def zans_histograms(t: torch.Tensor) -> torch.Tensor:
+    """The byte-plane and mask histograms ZANS's encoder would plan t from (int64
+    [W + 1, 256] on t's device, no sync; cswap.kernels.zans.byte_histograms)."""
+    return _zans.byte_histograms(_words(t))
+
+
+def zans_bits(hist, numel: int, itemsize: int) -> float:
+    """ZANS's predicted payload for a tensor with these histograms, in bits per element."""
+    return 8.0 * _zans.predicted_size(np.asarray(hist), numel, itemsize) / max(numel, 1)
 
 
 @dataclass
@@ -50,6 +69,11 @@ class _Record:
     used: object = None
     nnz: torch.Tensor | None = None
     runs: torch.Tensor | None = None
+    hist: torch.Tensor | None = None  # ZANS's histograms
+
+    def sample(self, t: torch.Tensor) -> None:
+        self.nnz, self.runs = sparsity_and_runs(t)
+        self.hist = zans_histograms(t)
 
 
 @dataclass
@@ -102,6 +126,7 @@ class TensorProfiler:
         self.current: _Pass | None = None
         self.iteration: IterationProfile | None = None      # latest complete timing
         self.sparsity: dict[str, tuple[float, int]] = {}    # key -> (sparsity, runs), latest sample
+        self.zans_bits: dict[str, float] = {}               # key -> ZANS bits per element, latest sample
         self.infos: dict[str, SwapInfo] = {}                # key -> latest info
         self.overhead_s = 0.0                               # host seconds spent profiling, since reset
         self.record_memory = False                          # trace device memory in the timed pass
@@ -158,8 +183,8 @@ class TensorProfiler:
         if not offloaded:  # kept by the plan: only its sparsity
             p.device = p.device or device
             if p.sampling:
-                record = p.kept[key] = _Record(info)
-                record.nnz, record.runs = sparsity_and_runs(t)
+                p.kept[key] = _Record(info)
+                p.kept[key].sample(t)
             self.overhead_s += time.perf_counter() - start
             return
         if p.start is None:
@@ -169,7 +194,7 @@ class TensorProfiler:
         if p.timing:
             record.saved = self._stamp(device)
         if p.sampling:
-            record.nnz, record.runs = sparsity_and_runs(t)
+            record.sample(t)
         self.overhead_s += time.perf_counter() - start
 
     def end_forward(self) -> None:
@@ -204,8 +229,17 @@ class TensorProfiler:
         start = time.perf_counter()
         p.device.synchronize()
         if p.sampling:
-            for key, r in {**p.records, **p.kept}.items():
-                self.sparsity[key] = (1.0 - int(r.nnz) / max(prod(r.info.shape), 1), int(r.runs))
+            sampled = {**p.records, **p.kept}
+            # one copy to the host for every histogram
+            hists = torch.cat([r.hist.reshape(-1) for r in sampled.values()]).cpu().numpy() if sampled else None
+            at = 0
+            for key, r in sampled.items():
+                numel = prod(r.info.shape)
+                self.sparsity[key] = (1.0 - int(r.nnz) / max(numel, 1), int(r.runs))
+                size = r.hist.numel()
+                self.zans_bits[key] = zans_bits(hists[at: at + size].reshape(r.hist.shape), numel,
+                                                r.info.dtype.itemsize)
+                at += size
         complete = p.timing and p.records and p.forward_end is not None and \
             all(r.used is not None for r in p.records.values())
         if complete:
@@ -236,7 +270,7 @@ class TensorProfiler:
             tensors.append(TensorProfile(
                 key=key, layer=info.layer, layer_type=info.layer_type, op=info.op, shape=tuple(info.shape),
                 itemsize=info.dtype.itemsize, sparsity=sparsity, runs=runs, save_s=saves[i], use_s=uses[i],
-                hidden_f=max(hidden_f, 0.0), hidden_b=max(hidden_b, 0.0)))
+                hidden_f=max(hidden_f, 0.0), hidden_b=max(hidden_b, 0.0), zans_bits=self.zans_bits.get(key)))
         return IterationProfile(forward_s=forward_s, backward_s=backward_s, tensors=tuple(tensors))
 
     def latest(self) -> IterationProfile | None:
@@ -246,5 +280,5 @@ class TensorProfiler:
         tensors = []
         for t in self.iteration.tensors:
             sparsity, runs = self.sparsity.get(t.key, (t.sparsity, t.runs))
-            tensors.append(replace(t, sparsity=sparsity, runs=runs))
+            tensors.append(replace(t, sparsity=sparsity, runs=runs, zans_bits=self.zans_bits.get(t.key, t.zans_bits)))
         return IterationProfile(self.iteration.forward_s, self.iteration.backward_s, tuple(tensors))

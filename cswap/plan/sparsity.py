@@ -4,13 +4,20 @@ CPU steps, read from a file, or one number.
 Tensors are matched to a trace's records by (module that made it, producing op,
 occurrence), not by save order, so sparsity measured in float32 applies to a
 bf16 or mixed-precision trace of the same model (a zero stays a zero when cast).
+
+Measured tensors also carry ZANS's predicted size in bits per element (its
+encoder's plan from the tensor's byte histograms, cswap.plan.profiler.zans_bits)
+per dtype: as measured in float32, and for bfloat16 and float16 from the same
+values cast (what an autocast trace saves is close to that: the op's result
+rounded to 16 bits). A trace whose dtype has no measurement falls back to
+ZANS's upper bound in the advisor.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,19 +25,26 @@ from torch import nn
 
 from ..runtime.candidates import SPARSE_PRODUCERS, is_activation, op_name, producer
 from ..runtime.layers import LayerTracker
-from .profiler import sparsity_and_runs
+from .profiler import sparsity_and_runs, zans_bits, zans_histograms
 
-__all__ = ["SPARSE_OPS", "Sparsity", "auto", "from_file", "from_number", "measure", "record_keys"]
+__all__ = ["SPARSE_OPS", "Sparsity", "auto", "dtype_name", "from_file", "from_number", "measure", "record_keys",
+           "zans_bits_by_dtype"]
 
 SPARSE_OPS = frozenset(op_name(p) for p in SPARSE_PRODUCERS)
 
 
 @dataclass(frozen=True)
 class Sparsity:
-    """Per tensor key: (fraction of all-zero elements, maximal runs of non-zeros), and where it came from."""
+    """Per tensor key: (fraction of all-zero elements, maximal runs of non-zeros), where it came
+    from, and (when measured) ZANS's predicted bits per element by dtype name ("bfloat16")."""
 
     values: dict[tuple, tuple[float, int]]
     source: str
+    zans: dict[tuple, dict[str, float]] = field(default_factory=dict)
+
+    def zans_bits_of(self, key: tuple, dtype: torch.dtype) -> float | None:
+        """ZANS's bits per element for the tensor as `dtype` holds it, or None if not measured."""
+        return self.zans.get(key, {}).get(dtype_name(dtype))
 
     def of(self, key: tuple, numel: int, op: str) -> tuple[float, int]:
         if key in self.values:
@@ -39,6 +53,21 @@ class Sparsity:
             s = self.values["*"][0]
             return s, _iid_runs(numel, s)
         return 0.0, 1 if numel else 0
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# A trace in another precision saves the same values rounded to these.
+_CASTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def zans_bits_by_dtype(t: torch.Tensor) -> dict[str, float]:
+    """ZANS's predicted bits per element of t, and for a floating t of t cast to each of _CASTS."""
+    held = [t] + ([t.to(d) for d in _CASTS if d != t.dtype] if t.is_floating_point() else [])
+    return {dtype_name(c.dtype): zans_bits(zans_histograms(c).cpu().numpy(), c.numel(), c.element_size())
+            for c in held}
 
 
 def _iid_runs(numel: int, s: float) -> int:
@@ -71,10 +100,12 @@ def from_file(path) -> Sparsity:
         doc = json.loads(path.read_text())
         values = {(t["made_in"], t["op"], int(t["occurrence"])): (float(t["sparsity"]), int(t["runs"]))
                   for t in doc["tensors"]}
+        zans = {(t["made_in"], t["op"], int(t["occurrence"])): {str(t["dtype"]): float(t["zans_bits"])}
+                for t in doc["tensors"] if t.get("zans_bits") is not None}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cswap.plan.sparsity: {path} is not a cswap-plan JSON with tensors' made_in, op, "
                          f"occurrence, sparsity and runs ({exc}); write one with cswap-plan --json") from exc
-    return Sparsity(values, f"from {path}")
+    return Sparsity(values, f"from {path}", zans)
 
 
 def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: str = "", targets=None) -> Sparsity:
@@ -91,6 +122,7 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     made: list[tuple] = []
     stats: list[tuple] = []
+    zans: list[dict] = []
     measuring = [False]
 
     def pack(t):
@@ -98,6 +130,7 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
             made.append((recorder.made_in(t)[0], op_name(producer(t))))
             nnz, runs = sparsity_and_runs(t)
             stats.append((1.0 - int(nnz) / max(t.numel(), 1), int(runs)))
+            zans.append(zans_bits_by_dtype(t.detach()))
         return t
 
     tracker.attach(model)
@@ -116,7 +149,8 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
             opt.step()
     finally:
         tracker.detach()
-    return Sparsity(dict(zip(record_keys(made), stats)), what or f"measured: {steps} CPU training steps")
+    keys = record_keys(made)
+    return Sparsity(dict(zip(keys, stats)), what or f"measured: {steps} CPU training steps", dict(zip(keys, zans)))
 
 
 def auto(model: nn.Module, example_inputs, data: str = "digits", steps: int = 3, batch: int = 8) -> Sparsity:

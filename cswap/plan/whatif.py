@@ -23,6 +23,8 @@ The pieces, each saying where its figures come from:
   otherwise AssumedProfile: PCIe at LINK_EFFICIENCY of the link's rate and each
   codec at a stated fraction of HBM bandwidth (assumed).
 - sparsity: measured on real CPU steps, a file, or one number (cswap.plan.sparsity).
+  Measured sparsity also gives ZANS's size per tensor (from its byte histograms,
+  for the trace's dtype); otherwise the advisor takes ZANS's upper bound.
 - the timeline: the advisor's (shared D2H and H2D links, prefetch one tensor
   ahead, a stall when a copy is late), with compute per op from above. Step
   time = compute + exposed transfer time + codec kernel time (charged in full:
@@ -110,6 +112,7 @@ class TensorPrediction:
     runs: int
     decisions: dict[str, str] = field(default_factory=dict)  # mode -> "keep", "raw" or a codec
     why: str = ""
+    zans_bits: float | None = None  # ZANS's predicted bits per element (measured sparsity only)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "shape": list(self.shape)}
@@ -239,13 +242,14 @@ class _Group:
     op: str
     made_in: str
     made_in_type: str
+    zans_bits: float | None
 
     @property
     def key(self) -> str:
         return f"{self.records[0].index}:{self.made_in}"
 
 
-def _groups(trace, sparsity_of) -> list[_Group]:
+def _groups(trace, sparsity_of, zans_of) -> list[_Group]:
     by_storage: dict[int, list] = {}
     for r in trace.activations():
         if r.used_at is not None:
@@ -258,7 +262,7 @@ def _groups(trace, sparsity_of) -> list[_Group]:
         groups.append(_Group(storage, records, first.storage_bytes, min(r.saved_at for r in records),
                              min(r.used_at for r in records),
                              first.dropped_at if first.dropped_at is not None else end, s, runs, first.op,
-                             first.made_in, first.made_in_type))
+                             first.made_in, first.made_in_type, zans_of[first.index]))
     groups.sort(key=lambda g: g.saved_at)
     return groups
 
@@ -276,7 +280,7 @@ def _iteration(groups: list[_Group], starts: np.ndarray, phase_s: dict) -> Itera
         tensors.append(TensorProfile(key=g.key, layer=g.made_in, layer_type=g.made_in_type, op=g.op,
                                      shape=r.shape, itemsize=r.dtype.itemsize, sparsity=g.sparsity, runs=g.runs,
                                      save_s=saves[i], use_s=max(uses[i], 0.0), hidden_f=max(hidden_f, 0.0),
-                                     hidden_b=max(hidden_b, 0.0)))
+                                     hidden_b=max(hidden_b, 0.0), zans_bits=g.zans_bits))
     return IterationProfile(forward_s=forward_s, backward_s=backward_s, tensors=tuple(tensors))
 
 
@@ -457,7 +461,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     acts = trace.activations()
     keys = record_keys([(r.made_in, r.op) for r in acts])
     sparsity_of = {r.index: sparsity.of(k, math.prod(r.shape), r.op) for r, k in zip(acts, keys)}
-    groups = _groups(trace, sparsity_of)
+    zans_of = {r.index: sparsity.zans_bits_of(k, r.dtype) for r, k in zip(acts, keys)}
+    groups = _groups(trace, sparsity_of, zans_of)
     decisions = Advisor(link).decide(_iteration(groups, starts, phase_s)) if groups else {}
     sizes = {grp.storage: decisions[grp.key].sizes for grp in groups}
 
@@ -468,7 +473,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         capacity = min(budget_bytes, capacity)
     modes["budget"], plans["budget"], instance = _budget_mode(trace, groups, starts, phase_s, link, sizes,
                                                               capacity)
-    tensors = _tensor_predictions(acts, keys, sparsity_of, groups, decisions, plans)
+    tensors = _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans)
     sources = {
         "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
                   f"torch {torch.__version__}); reserve {reserve_bytes / 2**30:.2f} GiB assumed for the CUDA "
@@ -491,7 +496,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
                       again)
 
 
-def _tensor_predictions(acts, keys, sparsity_of, groups, decisions, plans) -> list[TensorPrediction]:
+def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans) -> list[TensorPrediction]:
     group_of = {r.index: grp for grp in groups for r in grp.records}
     out = []
     for r, key in zip(acts, keys):
@@ -514,5 +519,6 @@ def _tensor_predictions(acts, keys, sparsity_of, groups, decisions, plans) -> li
             elif grp.nbytes < MIN_BYTES:
                 why = f"under {MIN_BYTES >> 20} MiB: kept; " + why
         out.append(TensorPrediction(r.index, r.made_in, r.made_in_type, r.op, r.saved_by, key[2], r.shape,
-                                    str(r.dtype).removeprefix("torch."), r.nbytes, s, runs, decided, why))
+                                    str(r.dtype).removeprefix("torch."), r.nbytes, s, runs, decided, why,
+                                    zans_of[r.index]))
     return out
