@@ -868,11 +868,20 @@ def _byte_histograms(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return hist, nz, mask8
 
 
+# byte_histograms takes this many elements at a time (a multiple of 32, so every pass
+# covers whole mask words): its temporaries stay a few bytes per element of one pass,
+# whatever the tensor (the profiler samples tensors in forward, where memory is tightest).
+_HIST_CHUNK = 1 << 24
+
+
 def byte_histograms(words: torch.Tensor) -> torch.Tensor:
     """The encoder's histograms of 1-D integer `words` in PyTorch ops, on their device and
     without a host sync: int64 [W + 1, 256], rows 0..W-1 byte q of every word, row W the
     bytes of the ZVC mask. `predicted_size` turns them into the payload's size."""
-    return _byte_histograms(words)[0]
+    hist = _byte_histograms(words[:_HIST_CHUNK])[0]
+    for start in range(_HIST_CHUNK, words.numel(), _HIST_CHUNK):
+        hist += _byte_histograms(words[start: start + _HIST_CHUNK])[0]
+    return hist
 
 
 def _hist_ref(words: torch.Tensor) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import cswap
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import plan_paper
@@ -43,6 +45,7 @@ def test_quick_replay_figures_are_consistent(quick):
         assert r["transfer_share_vdnn"] == pytest.approx(r["swap_vdnn_ms"] / r["step_vdnn_ms"])
         assert r["mean_sparsity_offloaded"] == pytest.approx(0.5)  # the quick mode's stated sparsity
         assert 0 < r["compressed_cswap"] <= r["offloaded"]
+        assert r["codecs_cswap"] and set(r["codecs_cswap"]) <= set(cswap.codecs.names())
     plain20 = next(r for r in doc["rows"] if r["model"] == "Plain20")
     assert plain20["compressed_cswap"] == plain20["offloaded"]      # as the paper found (V.B)
 

@@ -214,6 +214,14 @@ def test_predicted_size_matches_the_encoder():
         assert predicted <= kz.size_bound(w.numel(), x.element_size(), int((w != 0).sum()))
 
 
+def test_byte_histograms_in_passes_equal_one_pass(monkeypatch):
+    x = words_of(relu_bf16(10_000 + 7))
+    whole = kz.byte_histograms(x)
+    monkeypatch.setattr(kz, "_HIST_CHUNK", 96)  # 104 passes, the last one 23 elements
+    assert torch.equal(kz.byte_histograms(x), whole)
+    assert torch.equal(whole, torch.from_numpy(kz._hist_ref(x)[0]))
+
+
 # -- rANS paths: both backends, identical bytes ------------------------------------------------
 
 

@@ -13,8 +13,7 @@ on-device reduction per tensor (non-zero count and number of non-zero runs
 of its integer view: "zero" means all bits zero, as for the codecs) and the
 histograms ZANS plans from (each byte plane's and the zero mask's bytes:
 the advisor's ZANS size, `zans_bits`), read back in one sync when the epoch
-ends. The host time spent in all of this is
-the reported profiling overhead.
+ends. The host time spent in all of this is the reported profiling overhead.
 """
 
 from __future__ import annotations
