@@ -123,11 +123,16 @@ tile, lanes = the K interleaved states; `tile` / K dependent steps per warp):
     ballots per bin bit), per-program accumulators, 256 atomics per plane per
     program and round of 65536 tiles.
 
-Built ahead of time with Triton 3.9's ptxas for sm_90 and sm_80 (cswap.kernels.aot's
-recorder, every word size, blocks 32 to 1024): no kernel spills. Registers at the
-tuner's blocks (128, 256, 512), sm_90: decode 54-58, encode 50-53, histogram
-45-72 (W = 8 at block 128 the most), pack 48-107 (block 512), mask count 26;
-at block 32 the histogram holds 9 x 256 bins in one warp: 159.
+Built ahead of time with Triton 3.9's ptxas (cswap.kernels.aot's recorder, every word
+size, the tuner's blocks 128, 256 and 512; benchmarks/results/static-triton-3.9.0).
+Registers, sm_90: decode 54-58, encode 50-53, histogram 38-58, pack 48-107 (block
+512), mask count 26; no spills. sm_80: the same but for the histogram kernel at block
+512 with 4- and 8-byte words, which ptxas holds to 40 registers and spills 32-48 bytes
+(a whole tile per step instead spills on sm_90; left as is: one pass per compression,
+its spills hit L1). At block 32 the histogram holds 9 x 256 bins in one warp: 159.
+With Triton 3.6 (benchmarks/results/static-triton-3.6.0) everything compiles; the
+encoder spills 8 bytes on sm_90 at block 256 and the histogram 24-48 at blocks 128
+(sm_80) and 256.
 """
 
 from __future__ import annotations
