@@ -124,14 +124,18 @@ def _fail(msg: str):
     raise ValueError(f"{_WHERE}: {msg}")
 
 
-def _time(value, what: str) -> float:
+def _non_negative(value, what: str, unit: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        _fail(f"{what} must be a number of seconds, got {value!r}")
+        _fail(f"{what} must be a number of {unit}, got {value!r}")
     if not math.isfinite(v) or v < 0:
-        _fail(f"{what} must be a finite, non-negative number of seconds, got {value!r}")
+        _fail(f"{what} must be a finite, non-negative number of {unit}, got {value!r}")
     return v
+
+
+def _time(value, what: str) -> float:
+    return _non_negative(value, what, "seconds")
 
 
 def _sparsity(value, what: str) -> float:
@@ -145,13 +149,7 @@ def _sparsity(value, what: str) -> float:
 
 
 def _bits(value, what: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        _fail(f"{what} must be a number of bits per element, got {value!r}")
-    if not math.isfinite(v) or v < 0:
-        _fail(f"{what} must be a finite, non-negative number of bits per element, got {value!r}")
-    return v
+    return _non_negative(value, what, "bits per element")
 
 
 def _count(value, what: str) -> int:
