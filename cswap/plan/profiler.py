@@ -230,7 +230,7 @@ class TensorProfiler:
         if p.sampling:
             sampled = {**p.records, **p.kept}
             # one copy to the host for every histogram
-            hists = torch.cat([r.hist.reshape(-1) for r in sampled.values()]).cpu().numpy() if sampled else None
+            hists = torch.cat([r.hist.reshape(-1) for r in sampled.values()]).cpu().numpy()
             at = 0
             for key, r in sampled.items():
                 numel = prod(r.info.shape)

@@ -54,7 +54,7 @@ from .advisor import Advisor, IterationProfile, TensorProfile, simulate
 from .budget import KEEP, Instance, parse_bytes, plan_budget
 from .gpus import GPU, gpu as lookup
 from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
-from .sparsity import SPARSE_OPS, Sparsity, record_keys
+from .sparsity import SPARSE_OPS, Sparsity, dtype_name, record_keys
 
 __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_BYTES", "ModePrediction",
            "Prediction", "TensorPrediction", "measured_times", "parse_bytes", "predict"]
@@ -519,6 +519,6 @@ def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, pla
             elif grp.nbytes < MIN_BYTES:
                 why = f"under {MIN_BYTES >> 20} MiB: kept; " + why
         out.append(TensorPrediction(r.index, r.made_in, r.made_in_type, r.op, r.saved_by, key[2], r.shape,
-                                    str(r.dtype).removeprefix("torch."), r.nbytes, s, runs, decided, why,
+                                    dtype_name(r.dtype), r.nbytes, s, runs, decided, why,
                                     zans_of[r.index]))
     return out
