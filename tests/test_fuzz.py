@@ -57,6 +57,7 @@ hunt, CSWAP_FUZZ_SCALE=20 multiplies every example count.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import struct
@@ -188,48 +189,50 @@ class BoundsChecked:
     def __enter__(self):
         builder, executor = self.ti.InterpreterBuilder, self.ti.GridExecutor
         me = self
-        orig_load, orig_store = builder.create_masked_load, builder.create_masked_store
-        orig_rmw, orig_cas = builder.create_atomic_rmw, builder.create_atomic_cas
-        orig_init = executor._init_args_hst
+        orig_init, orig_restore = executor._init_args_hst, executor._restore_args_dev
 
-        def create_masked_load(b, ptrs, mask, other, cache_policy, is_volatile):
-            me._check(ptrs, mask, "load")
-            return orig_load(b, ptrs, mask, other, cache_policy, is_volatile)
-
-        def create_masked_store(b, ptrs, value, mask, cache_policy):
-            me._check(ptrs, mask, "store")
-            return orig_store(b, ptrs, value, mask, cache_policy)
-
-        def create_atomic_rmw(b, op, ptr, val, mask, sem, scope):
-            me._check(ptr, mask, "atomic")
-            return orig_rmw(b, op, ptr, val, mask, sem, scope)
-
-        def create_atomic_cas(b, ptr, cmp, val, sem, scope):
-            me._check(ptr, None, "atomic_cas")
-            return orig_cas(b, ptr, cmp, val, sem, scope)
-
-        def init_args_hst(ex, args_dev, kwargs):
-            args_hst, kwargs_hst = orig_init(ex, args_dev, kwargs)
+        def init_args_hst(ex, *args, **kwargs):
+            args_hst, kwargs_hst = orig_init(ex, *args, **kwargs)
             me._begin(getattr(ex.fn, "__name__", "kernel"))
             names = list(getattr(ex, "arg_names", []))
             args_hst = [me._isolate(a, names[i] if i < len(names) else f"arg{i}") for i, a in enumerate(args_hst)]
             kwargs_hst = {k: me._isolate(v, k) for k, v in kwargs_hst.items()}
             return args_hst, kwargs_hst
 
-        def restore_args_dev(ex, args_dev, args_hst, kwargs, kwargs_hst):
+        def restore_args_dev(ex, *args, **kwargs):
             me._finish()
 
-        self._saved = {(builder, "create_masked_load"): orig_load, (builder, "create_masked_store"): orig_store,
-                       (builder, "create_atomic_rmw"): orig_rmw, (builder, "create_atomic_cas"): orig_cas,
-                       (executor, "_init_args_hst"): orig_init,
-                       (executor, "_restore_args_dev"): executor._restore_args_dev}
-        builder.create_masked_load = create_masked_load
-        builder.create_masked_store = create_masked_store
-        builder.create_atomic_rmw = create_atomic_rmw
-        builder.create_atomic_cas = create_atomic_cas
+        self._saved = {(executor, "_init_args_hst"): orig_init, (executor, "_restore_args_dev"): orig_restore}
+        for name, what in (("create_masked_load", "load"), ("create_masked_store", "store"),
+                           ("create_atomic_rmw", "atomic"), ("create_atomic_cas", "atomic_cas")):
+            orig = getattr(builder, name)
+            self._saved[(builder, name)] = orig
+            setattr(builder, name, self._checked(orig, what))
         executor._init_args_hst = init_args_hst
         executor._restore_args_dev = restore_args_dev
         return self
+
+    def _checked(self, orig, what: str):
+        """`orig` (a builder method) with its addresses checked first. The pointer and
+        mask are found by parameter name ("ptrs" or "ptr", "mask"), which every Triton
+        since 3.1 keeps, so added or reordered parameters (Triton 3.9 merged the cache
+        and eviction arguments of loads and stores) change nothing here."""
+        params = list(inspect.signature(orig).parameters)
+        ptr = next((p for p in ("ptrs", "ptr") if p in params), None)
+        if ptr is None:
+            raise RuntimeError(f"test_fuzz.BoundsChecked: this Triton's interpreter {orig.__qualname__}"
+                               f"{inspect.signature(orig)} has no 'ptrs' or 'ptr' parameter; update the checker")
+        at_ptr = params.index(ptr)
+        at_mask = params.index("mask") if "mask" in params else None
+
+        def arg(args, kwargs, index, name):
+            return args[index] if index < len(args) else kwargs.get(name)
+
+        def checked(*args, **kwargs):
+            mask = arg(args, kwargs, at_mask, "mask") if at_mask is not None else None
+            self._check(arg(args, kwargs, at_ptr, ptr), mask, what)
+            return orig(*args, **kwargs)
+        return checked
 
     def __exit__(self, *exc):
         for (owner, name), fn in self._saved.items():
