@@ -43,6 +43,7 @@ class _Patch:
         self.hooks_ctx = None
         self.traced = False          # a forward of this model was traced by torch.compile
         self.warned_traced = False
+        self.checked_compiled = False  # the first pass was checked for compiled graphs cswap cannot read
         self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
         self.restore_forward = None  # budget="auto": puts the model's own forward back
         self.handles = [
@@ -73,6 +74,19 @@ class _Patch:
             ctx, self.hooks_ctx = self.hooks_ctx, None
             ctx.__exit__(None, None, None)
             self.swapper.end_pass()
+            if not self.checked_compiled:
+                self.checked_compiled = True
+                self._check_compiled_graphs_recognised(output)
+
+    def _check_compiled_graphs_recognised(self, output) -> None:
+        """After the first pass: compiled graphs ran in it (their backward nodes are in
+        the autograd graph) but none of their saves was recognised as theirs, so this
+        torch calls the pack hook in a way cswap does not know: say so, once."""
+        if self.swapper.compiled_saves == 0 and _runs_compiled_graph(output):
+            warnings.warn(f"cswap: this model runs torch.compile'd graphs, but cswap did not recognise the tensors "
+                          f"they save on torch {torch.__version__} (it reads a private part of AOTAutograd, known "
+                          f"for torch 2.11-2.14); their activations stay on the GPU. Please report it with the "
+                          f"output of `python -m cswap.env`", RuntimeWarning, stacklevel=2)
 
     def warn_if_traced(self) -> None:
         """Once: a forward of this model ran as a compiled graph with these hooks
@@ -131,6 +145,33 @@ class _Patch:
         self.swapper.close()
 
 
+def _runs_compiled_graph(output, limit: int = 100_000) -> bool:
+    """A CompiledFunctionBackward node (AOTAutograd's compiled graph) is in the autograd
+    graph of `output` (a tensor or a structure of them; at most `limit` nodes visited)."""
+    stack, seen = [], set()
+    _collect_grad_fns(output, stack)
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == "CompiledFunctionBackward":
+            return True
+        stack.extend(fn for fn, _ in node.next_functions)
+    return False
+
+
+def _collect_grad_fns(output, into: list) -> None:
+    if isinstance(output, torch.Tensor):
+        into.append(output.grad_fn)
+    elif isinstance(output, (tuple, list)):
+        for o in output:
+            _collect_grad_fns(o, into)
+    elif isinstance(output, dict):
+        for o in output.values():
+            _collect_grad_fns(o, into)
+
+
 def _traced_advice(how: str) -> str:
     return (f"cswap: this patched model {how}, which traces cswap's hooks into the compiled graph; PyTorch "
             f"applies no saved-tensor hooks inside compiled graphs, so its activations stay on the GPU. Compile "
@@ -142,7 +183,7 @@ def _hooks(swapper: Swapper):
     """The saved-tensor hooks of one pass: the swapper's, or PyTorch's save_on_cpu baseline."""
     if swapper.mode == "save_on_cpu":
         return torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
-    return torch.autograd.graph.saved_tensors_hooks(swapper.pack, swapper.unpack)
+    return torch.autograd.graph.saved_tensors_hooks(*swapper.hooks)
 
 
 def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None, profile=None,

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .runtime.candidates import movable
 from .runtime.emulator import EmulatedDevice, activate
 from .runtime.items import Kept, modified_error
 from .runtime.swapper import held_for_backward
@@ -49,7 +50,7 @@ def emulated_device(bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int
                          pin_latency_s=pin_latency_s)
 
     def pack(t: torch.Tensor) -> Kept:  # saves outside cswap's hooks count too (an unpatched model's)
-        if t.device.type == "cpu" and held_for_backward(t):
+        if movable(t) and t.device.type == "cpu" and held_for_backward(t):
             dev.on_saved(t)
         return Kept(t)  # a detached alias: no cycle through an output's own grad_fn
 

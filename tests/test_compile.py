@@ -19,6 +19,7 @@ runs in the GPU tests.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -27,7 +28,8 @@ import torch
 
 import cswap
 import nets
-from cswap.runtime.candidates import COMPILED_GRAPH
+from cswap.runtime.candidates import COMPILED_GRAPH, compiled_graph_inputs, computed_inside, \
+    input_storages
 from cswap.patch import _PATCHED
 from cswap.runtime.device import device_of
 from cswap.runtime.swapper import Swapper
@@ -93,6 +95,15 @@ def test_patching_a_compiled_model_offloads_at_graph_boundaries(name, mode):
         assert policy.infos and {info.op for info in policy.infos} == {COMPILED_GRAPH}
 
 
+class Head(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x):
+        return self.layers(x)
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_compiled_submodule_inside_a_patched_model(in_place):
     """Eager layers offload as usual, the compiled block at its boundary (compiled
@@ -101,6 +112,9 @@ def test_compiled_submodule_inside_a_patched_model(in_place):
 
     def with_compiled_classifier():
         model = make()
+        # A module class of the user's: torch 2.11 runs module.compile() of torch.nn's own
+        # containers eagerly (their forward is in dynamo's skip files).
+        model.classifier = Head(model.classifier)
         if in_place:
             model.classifier.compile(backend="aot_eager")
         else:
@@ -147,16 +161,29 @@ def test_in_place_compiled_model_warns_at_patch_time():
         cswap.patch(model, mode="sc")
 
 
-def test_compiled_graph_candidates():
-    """Only what a CompiledFunction saves and computed itself, and only dense
-    tensors (a compiled backward may assert strides; a tensor with gaps would come
-    back contiguous)."""
-    fake_compiled = type("CompiledFunction", (), {"__module__": "torch._functorch._aot_autograd.fake"})
-    user_function = type("MyFunction", (), {"__module__": "mylib"})
-
-    def caller(cls, args=(), name="apply"):
+def _frames_of(style, cls, args, name="apply"):
+    """The frame that calls the pack hook for a compiled graph, as each torch builds it:
+    up to 2.13 Function.apply's own Python frame; from 2.14 AOTAutograd's boxed call
+    g(args) -> f(*args), with apply in C."""
+    if style == "python-apply":
         return SimpleNamespace(f_code=SimpleNamespace(co_name=name), f_locals={"cls": cls, "args": args},
                                f_back=None)
+    apply = getattr(cls, "apply", None) if name == "apply" else getattr(cls, name)
+    return SimpleNamespace(f_code=SimpleNamespace(co_name="g"), f_locals={"f": apply, "args": list(args)},
+                           f_back=None)
+
+
+@pytest.mark.parametrize("style", ["python-apply", "boxed-call"])
+def test_compiled_graph_candidates(style):
+    """Only what a CompiledFunction saves and computed itself, and only dense
+    tensors (a compiled backward may assert strides; a tensor with gaps would come
+    back contiguous), whichever way this torch calls the pack hook."""
+    fake_compiled = type("CompiledFunction", (torch.autograd.Function,),
+                         {"__module__": "torch._functorch._aot_autograd.fake"})
+    user_function = type("MyFunction", (torch.autograd.Function,), {"__module__": "mylib"})
+
+    def caller(cls, args=(), name="apply"):
+        return _frames_of(style, cls, args, name)
 
     swapper = Swapper("vdnn", min_bytes=0)
 
@@ -175,3 +202,38 @@ def test_compiled_graph_candidates():
     assert candidate_op(intermediate, caller(fake_compiled, name="forward")) is None
     assert candidate_op(intermediate, None) is None
     swapper.close()
+
+
+def test_this_torchs_compiled_graphs_are_recognised():
+    """The private structure compiled_graph_inputs reads holds on the torch under test:
+    a real compiled graph's intermediates are found, its inputs are not (the graph
+    saves x.t() for the weight's gradient: a tensor of its own on x's storage)."""
+    seen = []
+
+    def pack(t):
+        inputs = compiled_graph_inputs(sys._getframe(1))
+        seen.append(None if inputs is None else computed_inside(t, input_storages(inputs)))
+        return t
+
+    x = torch.randn(8, 16)
+    fn = torch.compile(lambda a, w: torch.relu(a @ w).sum(), backend="aot_eager", fullgraph=True)
+    w = torch.randn(16, 16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x, w).backward()
+    assert None not in seen and True in seen and False in seen, seen
+
+
+def test_an_unrecognised_compiled_graph_is_warned_about(monkeypatch):
+    """A torch whose compiled graphs cswap cannot read (simulated: nothing is recognised)
+    is named in a warning once, instead of offloading nothing in silence."""
+    import cswap.runtime.swapper as swapper_module
+
+    monkeypatch.setattr(swapper_module, "compiled_graph_inputs", lambda caller: None)
+    make, shape = nets.MODELS["vgg"]
+    model = cswap.patch(compiled(make()), mode="sc", min_bytes=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, shape, steps=2)
+    unrecognised = [w for w in caught if "did not recognise" in str(w.message)]
+    assert len(unrecognised) == 1 and torch.__version__ in str(unrecognised[0].message)
+    assert cswap.stats(model)["offloaded_tensors"] == 0

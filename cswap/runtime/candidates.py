@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COMPILED_GRAPH", "KEEP", "SPARSE_PRODUCERS", "SwapInfo", "is_activation", "op_name", "producer",
-           "saved_by_compiled_graph"]
+__all__ = ["COMPILED_GRAPH", "KEEP", "SPARSE_PRODUCERS", "SwapInfo", "compiled_graph_inputs", "computed_inside",
+           "input_storages", "is_activation", "is_compiled_function", "movable", "op_name", "producer"]
 
 # grad_fn names (without the trailing version digit) of ops whose outputs are
 # sparse: the ReLU family (relu6 dispatches to hardtanh) and pooling.
@@ -34,6 +34,18 @@ COMPILED_GRAPH = "compiled_graph"
 KEEP = "keep"  # what a policy returns to leave a candidate on the device
 _VERSION = re.compile(r"\d+$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def movable(t) -> bool:
+    """cswap can copy `t` out and restore it exactly: a plain dense tensor on CUDA or
+    the CPU. Not sparse (COO, CSR, ...), nested, quantized or meta, nor a tensor
+    subclass (DTensor, float8 wrappers, FakeTensor, jagged nested tensors), whose
+    data and metadata a copy of its bytes would not bring back."""
+    return type(t) in _PLAIN and t.layout == torch.strided and not t.is_nested and not t.is_quantized and \
+        t.device.type in ("cuda", "cpu")
 
 
 def _grad_fn_name(t: torch.Tensor) -> str | None:
@@ -67,28 +79,49 @@ def is_activation(t: torch.Tensor) -> bool:
     return t.grad_fn is not None
 
 
-def saved_by_compiled_graph(t: torch.Tensor, caller, depth: int = 3) -> bool:
-    """`t` is an activation a compiled graph saves for backward. `caller` is the
-    frame that called the pack hook: for a compiled graph, autograd's
-    Function.apply of AOTAutograd's CompiledFunction (looked for up to `depth`
-    frames up, past wrappers of the hook), whose `args` are the graph's inputs;
-    a saved tensor that is none of them (nor a view of one) was computed inside
-    the graph."""
+def compiled_graph_inputs(caller, depth: int = 3):
+    """The inputs of the torch.compile'd graph whose saved tensors are being packed
+    now, or None when the pack hook was not called for one. `caller` is the frame
+    that called the pack hook; AOTAutograd runs a compiled graph as the autograd
+    Function `CompiledFunction`, and autograd packs what it saved when its apply
+    returns. Private structure, known for torch 2.11-2.14 and kept here alone:
+    up to torch 2.13 the hook's caller is Function.apply's Python frame (locals
+    `cls`, `args`); from 2.14 apply is C and the caller is AOTAutograd's boxed
+    call `g(args)`, which calls `f(*args)` with f = CompiledFunction.apply. A
+    torch that calls it otherwise is caught by the tracker (CompiledFunctionBackward
+    outputs seen, no compiled save recognised) and warned about."""
     for _ in range(depth):
         if caller is None:
-            return False
+            return None
+        local = caller.f_locals
         if caller.f_code.co_name == "apply":
-            break
-        caller = getattr(caller, "f_back", None)
-    else:
-        return False
-    local = caller.f_locals
-    cls = local.get("cls")
-    if getattr(cls, "__name__", "") != "CompiledFunction" or \
-            not getattr(cls, "__module__", "").startswith("torch._functorch"):
-        return False
-    base = t._base if t._is_view() and t._base is not None else t
-    return not any(a is t or a is base for a in local.get("args", ()))
+            cls = local.get("cls")
+        else:
+            f = local.get("f")
+            cls = getattr(f, "__self__", None) if getattr(f, "__name__", "") == "apply" else None
+        if is_compiled_function(cls):
+            return local.get("args", ())
+        caller = caller.f_back
+    return None
+
+
+def is_compiled_function(cls) -> bool:
+    """`cls` is AOTAutograd's CompiledFunction (a class made per compiled graph)."""
+    return isinstance(cls, type) and cls.__name__ == "CompiledFunction" and \
+        cls.__module__.startswith("torch._functorch")
+
+
+def input_storages(graph_inputs) -> frozenset[int]:
+    """Addresses of the storages a compiled graph's inputs live in."""
+    return frozenset(a.untyped_storage().data_ptr() for a in graph_inputs
+                     if type(a) in (torch.Tensor, torch.nn.Parameter) and a.layout == torch.strided)
+
+
+def computed_inside(t: torch.Tensor, storages: frozenset[int]) -> bool:
+    """`t`, saved by a compiled graph whose inputs live in `storages`, shares no storage
+    with them (a graph saves x.t() of its input x as a tensor of its own): the graph
+    computed it, so it is the graph's activation."""
+    return t.untyped_storage().data_ptr() not in storages
 
 
 @dataclass(frozen=True)

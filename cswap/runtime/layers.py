@@ -27,10 +27,7 @@ def made_in(t: torch.Tensor) -> tuple[str, str] | None:
 def _tag(output, where: tuple[str, str]) -> None:
     """Tag the nodes of a module's output tensors; an inner module's tag stays (a
     container returns its last child's output; an in-place op makes a new node).
-    Not while torch.compile traces the hook: dynamo cannot read grad_fn, and a
-    compiled graph's saved tensors have no node to look up anyway."""
-    if torch.compiler.is_compiling():
-        return
+    Not called while torch.compile traces the hooks (see LayerTracker)."""
     if isinstance(output, torch.Tensor):
         fn = output.grad_fn
         if fn is not None:
@@ -80,11 +77,13 @@ class LayerTracker:
         from torch.nn.modules import module as module_mod
 
         def push(module, args):
-            self._stack.append((type(module).__name__, type(module).__name__))
+            if not torch.compiler.is_compiling():
+                self._stack.append((type(module).__name__, type(module).__name__))
 
         def pop(module, args, output):
-            self._pop()
-            _tag(output, (type(module).__name__, type(module).__name__))
+            if not torch.compiler.is_compiling():
+                self._pop()
+                _tag(output, (type(module).__name__, type(module).__name__))
 
         self._handles.append(module_mod.register_module_forward_pre_hook(push))
         self._handles.append(module_mod.register_module_forward_hook(pop, always_call=True))
@@ -95,15 +94,21 @@ class LayerTracker:
         self._handles.clear()
         self._stack.clear()
 
+    # Inside a module compiled in place (module.compile()) dynamo traces these hooks;
+    # they then do nothing: the stack is eager state (tracing it would guard on its
+    # length and recompile at every depth), and a compiled graph's saves have no
+    # node to tag.
     def _pusher(self, name: str, kind: str):
         def push(module, args):
-            self._stack.append((name, kind))
+            if not torch.compiler.is_compiling():
+                self._stack.append((name, kind))
         return push
 
     def _popper(self, where: tuple[str, str]):
         def pop(module, args, output):
-            self._pop()
-            _tag(output, where)
+            if not torch.compiler.is_compiling():
+                self._pop()
+                _tag(output, where)
         return pop
 
     def _pop(self) -> None:

@@ -16,6 +16,8 @@ _FIELDS = {
     "host_compressed_tensors": "vdnnpp: host copies compressed on the CPU after the transfer",
     "deduplicated": "saves of an already offloaded tensor (served by its first copy)",
     "kept_on_gpu": "candidates left on the device because host memory ran out (max_host_bytes)",
+    "kept_unmovable": "saved tensors cswap cannot move (sparse, nested, quantized, meta, tensor subclasses such as "
+                      "DTensor), left where they are",
     "restored_tensors": "tensors brought back for backward",
     "served_from_device": "saves backward asked for while the tensor was still on the device (no round trip)",
     "prefetched": "restores started ahead of need",

@@ -49,8 +49,8 @@ import torch
 from .. import codecs
 from ..codecs.base import WORD_DTYPES
 from . import emulator
-from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, is_activation, op_name, producer, \
-    saved_by_compiled_graph
+from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, compiled_graph_inputs, computed_inside, \
+    input_storages, is_activation, movable, op_name, producer
 from .device import Device, device_of
 from .host_pool import HostPool
 from .items import Handle, Item, Kept, KeptByPolicy, Pass, dense_permutation, modified_error
@@ -175,8 +175,14 @@ class Swapper:
         self._failure: tuple[BaseException, Item | None] | None = None
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
+        self.compiled_saves = 0                # saves recognised as a compiled graph's (patch checks it)
+        self._graph_inputs = None              # the latest compiled graph call's inputs, and their storages
+        self._input_storages: frozenset[int] = frozenset()
         self._seen: dict[int, tuple[weakref.ref, int, Item]] = {}
         self.stats = SwapStats(self)
+        # The saved-tensor hooks, never traced by dynamo: a compiled module that breaks its
+        # graph runs eager ops under dynamo's frame hook, which would otherwise compile pack.
+        self.hooks = (torch.compiler.disable(self.pack), torch.compiler.disable(self.unpack))
 
     # -- passes -------------------------------------------------------------------------
 
@@ -193,6 +199,7 @@ class Swapper:
 
     def end_pass(self) -> None:
         self._seen.clear()
+        self._graph_inputs, self._input_storages = None, frozenset()  # holds no input batch past the pass
         if self.observer is not None:
             self.observer.end_forward()
 
@@ -211,7 +218,11 @@ class Swapper:
 
     def pack(self, t: torch.Tensor):
         self.surface()
-        dev = device_of(t) if isinstance(t, torch.Tensor) else None
+        if not movable(t):  # stays where it is, before anything reads its storage
+            if not (t.is_leaf and t.requires_grad):
+                self.stats.add("kept_unmovable")
+            return Kept(t)
+        dev = device_of(t)
         held = dev is not None and held_for_backward(t)
         incoming = dev.uncounted_bytes(t) if held else 0  # (the emulator counts a storage at its first save)
         if dev is not None and self.observer is not None:
@@ -354,13 +365,20 @@ class Swapper:
         if t.dtype.itemsize not in (1, 2, 4, 8) or t.is_complex():
             return None
         floor = self.min_bytes if self.min_bytes is not None else (MiB if dev.kind == "cuda" else 0)
-        if t.numel() * t.element_size() < floor:
-            return None
         if not is_activation(t):
+            graph_inputs = compiled_graph_inputs(caller)
+            if graph_inputs is None:
+                return None
+            self.compiled_saves += 1
+            if graph_inputs is not self._graph_inputs:  # one graph call saves many: its inputs' storages once
+                self._graph_inputs, self._input_storages = graph_inputs, input_storages(graph_inputs)
             # A compiled backward may assert its saved tensors' strides: only dense
             # ones, which come back with the same strides, leave the device.
-            compiled = saved_by_compiled_graph(t, caller) and dense_permutation(t) is not None
+            compiled = t.numel() * t.element_size() >= floor and computed_inside(t, self._input_storages) and \
+                dense_permutation(t) is not None
             return COMPILED_GRAPH if compiled else None
+        if t.numel() * t.element_size() < floor:
+            return None
         name = producer(t)
         return op_name(name or "") if self.candidates == "all" or name in SPARSE_PRODUCERS else None
 
