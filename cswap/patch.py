@@ -183,7 +183,7 @@ def _hooks(swapper: Swapper):
     """The saved-tensor hooks of one pass: the swapper's, or PyTorch's save_on_cpu baseline."""
     if swapper.mode == "save_on_cpu":
         return torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
-    return torch.autograd.graph.saved_tensors_hooks(*swapper.hooks)
+    return torch.autograd.graph.saved_tensors_hooks(swapper.pack, swapper.unpack)
 
 
 def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None, profile=None,

@@ -19,6 +19,7 @@ runs in the GPU tests.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from types import SimpleNamespace
@@ -166,11 +167,13 @@ def _frames_of(style, cls, args, name="apply"):
     up to 2.13 Function.apply's own Python frame; from 2.14 AOTAutograd's boxed call
     g(args) -> f(*args), with apply in C."""
     if style == "python-apply":
-        return SimpleNamespace(f_code=SimpleNamespace(co_name=name), f_locals={"cls": cls, "args": args},
-                               f_back=None)
+        code = SimpleNamespace(co_name=name, co_filename=os.path.join("site-packages", "torch", "autograd",
+                                                                       "function.py"))
+        return SimpleNamespace(f_code=code, f_locals={"cls": cls, "args": args}, f_back=None)
     apply = getattr(cls, "apply", None) if name == "apply" else getattr(cls, name)
-    return SimpleNamespace(f_code=SimpleNamespace(co_name="g"), f_locals={"f": apply, "args": list(args)},
-                           f_back=None)
+    code = SimpleNamespace(co_name="g", co_filename=os.path.join("site-packages", "torch", "_functorch",
+                                                                 "_aot_autograd", "utils.py"))
+    return SimpleNamespace(f_code=code, f_locals={"f": apply, "args": list(args)}, f_back=None)
 
 
 @pytest.mark.parametrize("style", ["python-apply", "boxed-call"])

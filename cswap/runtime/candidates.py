@@ -13,6 +13,7 @@ at the graph boundary, under the op name "compiled_graph".
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -79,6 +80,11 @@ def is_activation(t: torch.Tensor) -> bool:
     return t.grad_fn is not None
 
 
+# The two frames that call the pack hook for a compiled graph (see compiled_graph_inputs).
+_APPLY_FRAME = ("apply", os.path.join("torch", "autograd", "function.py"))
+_BOXED_CALL_FRAME = ("g", os.path.join("torch", "_functorch", "_aot_autograd", "utils.py"))
+
+
 def compiled_graph_inputs(caller, depth: int = 3):
     """The inputs of the torch.compile'd graph whose saved tensors are being packed
     now, or None when the pack hook was not called for one. `caller` is the frame
@@ -88,20 +94,25 @@ def compiled_graph_inputs(caller, depth: int = 3):
     up to torch 2.13 the hook's caller is Function.apply's Python frame (locals
     `cls`, `args`); from 2.14 apply is C and the caller is AOTAutograd's boxed
     call `g(args)`, which calls `f(*args)` with f = CompiledFunction.apply. A
-    torch that calls it otherwise is caught by the tracker (CompiledFunctionBackward
-    outputs seen, no compiled save recognised) and warned about."""
+    torch that calls it otherwise is caught after the first pass (patch warns:
+    compiled graphs ran, none of their saves was recognised).
+
+    Only those two frames' locals are read: reading a frame's f_locals keeps a
+    snapshot of them alive with the frame, and a user's frame holds tensors."""
     for _ in range(depth):
         if caller is None:
             return None
-        local = caller.f_locals
-        if caller.f_code.co_name == "apply":
-            cls = local.get("cls")
-        else:
-            f = local.get("f")
+        code = caller.f_code
+        where = (code.co_name, code.co_filename)
+        if where[0] == _APPLY_FRAME[0] and where[1].endswith(_APPLY_FRAME[1]):
+            cls = caller.f_locals.get("cls")
+        elif where[0] == _BOXED_CALL_FRAME[0] and where[1].endswith(_BOXED_CALL_FRAME[1]):
+            f = caller.f_locals.get("f")
             cls = getattr(f, "__self__", None) if getattr(f, "__name__", "") == "apply" else None
-        if is_compiled_function(cls):
-            return local.get("args", ())
-        caller = caller.f_back
+        else:
+            caller = caller.f_back
+            continue
+        return caller.f_locals.get("args", ()) if is_compiled_function(cls) else None
     return None
 
 

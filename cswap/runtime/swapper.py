@@ -180,9 +180,6 @@ class Swapper:
         self._input_storages: frozenset[int] = frozenset()
         self._seen: dict[int, tuple[weakref.ref, int, Item]] = {}
         self.stats = SwapStats(self)
-        # The saved-tensor hooks, never traced by dynamo: a compiled module that breaks its
-        # graph runs eager ops under dynamo's frame hook, which would otherwise compile pack.
-        self.hooks = (torch.compiler.disable(self.pack), torch.compiler.disable(self.unpack))
 
     # -- passes -------------------------------------------------------------------------
 
