@@ -182,7 +182,7 @@ def run_case(provider, x, device, repeats, bw_gbps, raw) -> dict:
 
 
 def static_figures(arch: int, block: int, codecs_used) -> dict:
-    """{(codec, word itemsize): {registers, spill_bytes, shared_bytes, build_errors}}: the
+    """{(codec, word itemsize): {registers, spill_bytes, hot_spills, shared_bytes, build_errors}}: the
     most over the kernels each codec launches at `block` threads, built for sm_`arch`
     (cswap.kernels.aot; needs a process without TRITON_INTERPRET)."""
     from cswap.kernels import aot
@@ -195,9 +195,9 @@ def static_figures(arch: int, block: int, codecs_used) -> dict:
         built = aot.build(launch, arch)
         sizes = [1, 2, 4, 8] if codec == "lz4" else [getattr(torch, launch.words).itemsize]
         for itemsize in sizes:
-            entry = figures.setdefault((codec, itemsize), {"registers": 0, "spill_bytes": 0, "shared_bytes": 0,
-                                                           "build_errors": ""})
-            for key in ("registers", "spill_bytes", "shared_bytes"):
+            entry = figures.setdefault((codec, itemsize), {"registers": 0, "spill_bytes": 0, "hot_spills": 0,
+                                                           "shared_bytes": 0, "build_errors": ""})
+            for key in ("registers", "spill_bytes", "hot_spills", "shared_bytes"):
                 entry[key] = max(entry[key], getattr(built, key))
             entry["build_errors"] = entry["build_errors"] or built.error
     return figures

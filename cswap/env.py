@@ -58,7 +58,8 @@ def _range_note(name: str, version: str | None, ranges: dict[str, SpecifierSet])
     if version is None or not spec:
         return ""
     inside = spec.contains(Version(version).base_version)
-    return f"  (tested: {spec}: {'yes' if inside else 'NO, outside what cswap is tested on'})"
+    shown = ",".join(sorted(map(str, spec), key=lambda clause: not clause.startswith(">")))  # ">=2.11,<2.15"
+    return f"  (tested: {shown}: {'yes' if inside else 'NO, outside what cswap is tested on'})"
 
 
 def _gpus() -> list[str]:

@@ -94,10 +94,10 @@ BYTES_PER_THREAD = 16
 ELEMENTS_PER_THREAD = 8
 
 
-def step_elements(tile: int, num_warps: int, itemsize: int) -> int:
+def step_elements(tile: int, num_warps: int, itemsize: int, elements_per_thread: int = ELEMENTS_PER_THREAD) -> int:
     """Elements a program handles per step of its loop over a tile: at most the
     tile, and otherwise at least one 32-element mask word."""
-    per_thread = max(1, min(ELEMENTS_PER_THREAD, BYTES_PER_THREAD // itemsize))
+    per_thread = max(1, min(elements_per_thread, BYTES_PER_THREAD // itemsize))
     return min(tile, max(32, 32 * num_warps * per_thread))
 
 

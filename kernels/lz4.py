@@ -118,12 +118,30 @@ def hash_bits(chunk: int) -> int:
     return chunk.bit_length() - 2
 
 
-# The encoder's vector widths: HASH_TILE positions hashed and matched at once (the
-# in-tile search compares HASH_TILE x HASH_TILE hashes: 64 per position); the length
-# and parse steps and the literal copies take the program's threads (one position or
-# byte each).
+# The encoder's vector widths: a tile of positions hashed and matched at once (at most
+# HASH_TILE: the in-tile search compares each position with every earlier one in its
+# tile), see hash_tile; the length and parse steps and the literal copies take the
+# program's threads (one position or byte each).
 HASH_TILE = 64
 HASH_TILE_INTERPRETED = 256
+COMPARES_PER_THREAD = 8
+
+
+def hash_tile(num_warps: int, interpreted: bool | None = None) -> tuple[int, int]:
+    """(tile, columns): positions hashed per round and earlier lanes compared per step.
+
+    Each thread holds COMPARES_PER_THREAD hash compares per step, as the other codecs'
+    threads hold 8 elements: 32 x 32 at 128 threads, 64 x 32 at 256, 64 x 64 at 512,
+    which every supported Triton builds within 128 registers and without a spill
+    (the whole 64 x 64 at 128 threads took 167 registers on Triton 3.8 and 255 with
+    312 bytes spilled on 3.6; python -m cswap.kernels.aot). Wider tiles mean fewer
+    rounds of table reads and atomics per chunk; the tile does not change the bytes
+    written (the candidate is the latest earlier position either way)."""
+    if interpreting() if interpreted is None else interpreted:  # it pays per operation: one wide step
+        return HASH_TILE_INTERPRETED, HASH_TILE_INTERPRETED
+    threads = 32 * num_warps
+    tile = HASH_TILE if threads >= 256 else HASH_TILE // 2
+    return tile, max(1, min(tile, COMPARES_PER_THREAD * threads // tile))
 # DECODE_BYTES_PER_LANE = 4: a warp copies 128 bytes of literals or match per step.
 DECODE_BYTES_PER_LANE = 4
 # Each encoder program needs scratch_words(chunk) int32 words of global scratch;
@@ -153,10 +171,11 @@ _MFLIMIT = tl.constexpr(MFLIMIT)
 _LASTLITERALS = tl.constexpr(LASTLITERALS)
 
 # Scratch of one encoder program, in int32 words: two hash tables [1 << hash_bits(chunk)
-# each] and per position its two candidates' offsets [chunk each].
+# each], per position its two candidates' offsets [chunk each], and the hashes of the
+# tile being hashed [HASH_TILE_INTERPRETED, the widest tile].
 def scratch_words(chunk: int) -> int:
     """int32 words of scratch one encoder program needs for chunks of `chunk` bytes."""
-    return (2 << hash_bits(chunk)) + 2 * chunk
+    return (2 << hash_bits(chunk)) + 2 * chunk + HASH_TILE_INTERPRETED
 
 
 def check_chunk(chunk: int) -> None:
@@ -203,16 +222,25 @@ def _word(src, i, mask):
 
 
 @triton.jit
-def _candidate(table, h, i, live, v, src, t0, HT: tl.constexpr):
+def _candidate(table, hashes, h, i, live, v, src, t0, HT: tl.constexpr, COLS: tl.constexpr):
     """Offset to the latest earlier position with hash h whose 4 bytes equal v (0: none),
-    for a tile of HT positions i = t0 + [0, HT); then the tile enters the table."""
+    for a tile of HT positions i = t0 + [0, HT); then the tile enters the table.
+
+    Within the tile every lane compares its hash with the earlier lanes', COLS lanes
+    at a time read back from `hashes` (HT words of scratch): an HT x COLS slice per
+    step, so registers do not grow with HT (the whole HT x HT at once took 167-255
+    registers at 128 threads)."""
     lane = tl.arange(0, HT)
-    same = (h[:, None] == h[None, :]) & (lane[None, :] < lane[:, None]) & live[None, :]
-    inside = tl.max(tl.where(same, lane[None, :], -1), axis=1)
-    tl.debug_barrier()  # every earlier tile's inserts are done
+    tl.store(hashes + lane, tl.where(live, h, -1))  # hashes are >= 0: a dead lane matches none
+    tl.debug_barrier()  # the tile's hashes are stored, every earlier tile's inserts are done
+    inside = tl.full([HT], -1, tl.int32)
+    for c0 in tl.static_range(0, HT, COLS):
+        col = c0 + tl.arange(0, COLS)
+        same = (h[:, None] == tl.load(hashes + col)[None, :]) & (col[None, :] < lane[:, None])
+        inside = tl.maximum(inside, tl.max(tl.where(same, col[None, :], -1), axis=1))
     # .cg: read the atomics' result from L2, never a stale L1 line
     earlier = tl.load(table + h, mask=live, other=-1, cache_modifier=".cg")
-    tl.debug_barrier()  # every lane has read the table before this tile enters it
+    tl.debug_barrier()  # every lane has read the table and the hashes before the tile enters it
     tl.atomic_max(table + h, i, mask=live, sem="relaxed")
     cand = tl.where(inside >= 0, t0 + inside, earlier)
     ok = live & (cand >= 0)
@@ -268,8 +296,8 @@ def _emit(dst, lits, lit, off, ml, STEP: tl.constexpr):
 
 @triton.jit(do_not_specialize=["nbytes", "num_chunks"])
 def _lz4_compress_kernel(src_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, nbytes, num_chunks,
-                         CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr, STEP: tl.constexpr,
-                         SCRATCH: tl.constexpr, WRITE: tl.constexpr):
+                         CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr, COLS: tl.constexpr,
+                         STEP: tl.constexpr, SCRATCH: tl.constexpr, WRITE: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     HSIZE: tl.constexpr = 1 << HBITS
@@ -277,7 +305,8 @@ def _lz4_compress_kernel(src_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, 
     T8: tl.constexpr = HSIZE
     D4: tl.constexpr = 2 * HSIZE
     D8: tl.constexpr = D4 + CHUNK
-    tl.static_assert(D8 + CHUNK <= SCRATCH)
+    HASHES: tl.constexpr = D8 + CHUNK
+    tl.static_assert(HASHES + HT <= SCRATCH)
     sc = scratch_ptr + pid * SCRATCH
     hl = tl.arange(0, HT)
     lane = tl.arange(0, STEP)
@@ -300,8 +329,8 @@ def _lz4_compress_kernel(src_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, 
             mixed = lo * 0x9E3779B1  # HASH_MUL
             h4 = (mixed >> (32 - HBITS)).to(tl.int32)
             h8 = (((mixed ^ hi) * 0x9E3779B1) >> (32 - HBITS)).to(tl.int32)
-            tl.store(sc + D4 + i, _candidate(sc + T4, h4, i, live, lo, src, t0, HT), mask=live)
-            tl.store(sc + D8 + i, _candidate(sc + T8, h8, i, live, lo, src, t0, HT), mask=live)
+            tl.store(sc + D4 + i, _candidate(sc + T4, sc + HASHES, h4, i, live, lo, src, t0, HT, COLS), mask=live)
+            tl.store(sc + D8 + i, _candidate(sc + T8, sc + HASHES, h8, i, live, lo, src, t0, HT, COLS), mask=live)
         tl.debug_barrier()
         # 2. The greedy parse: from each position, the first later one with a candidate
         # starts a match (the longer of its two); the walk resumes after the match.
@@ -365,9 +394,9 @@ def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None,
     programs = min(programs, MAX_ENCODE_PROGRAMS)
     scratch = torch.empty(programs * scratch_words(chunk), dtype=torch.int32, device=data.device)
     sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
-    # The interpreter pays per operation, not per element: wider tiles (same bytes out).
-    tile = HASH_TILE_INTERPRETED if interpreting() else HASH_TILE
-    args = dict(CHUNK=chunk, HBITS=hash_bits(chunk), HT=tile, STEP=32 * warps, SCRATCH=scratch_words(chunk),
+    tile, cols = hash_tile(warps)
+    args = dict(CHUNK=chunk, HBITS=hash_bits(chunk), HT=tile, COLS=cols, STEP=32 * warps,
+                SCRATCH=scratch_words(chunk),
                 num_warps=warps)
     _lz4_compress_kernel[(programs,)](data, sizes, sizes, data, scratch, nbytes, num_chunks, WRITE=False, **args)
     ends = torch.cumsum(sizes, 0)

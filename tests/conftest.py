@@ -13,6 +13,21 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """Triton 3.6's CPU interpreter turns 1-element arrays into ints with int(array),
+    which NumPy 2.4 refuses (Triton 3.7 fixed it): every interpreted kernel would fail
+    with a TypeError. Say so once, with the fix, instead."""
+    if torch.cuda.is_available():
+        return
+    import triton
+    from packaging.version import Version
+
+    if Version(triton.__version__) < Version("3.7") and Version(np.__version__) >= Version("2.4"):
+        raise pytest.UsageError(f"Triton {triton.__version__}'s CPU interpreter, which runs the kernels in these tests "
+                                f"without a GPU, does not work with NumPy {np.__version__} (Triton 3.7 fixed it): "
+                                f"python -m pip install 'numpy<2.4'")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cswap_home(tmp_path_factory):
     """Profiles a developer made with cswap-tune must not change what tests see."""

@@ -151,7 +151,8 @@ def cpu_step_peak(model, x, drop: bool = False) -> int:
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
-@pytest.mark.parametrize("name", ["small_cnn", "vgg16", "resnet18"])
+@pytest.mark.parametrize("name", ["small_cnn", pytest.param("vgg16", marks=pytest.mark.slow),
+                                  pytest.param("resnet18", marks=pytest.mark.slow)])
 def test_peak_within_5_percent_of_a_real_cpu_step(name):
     torch.manual_seed(0)
     model = build(name, dataset="cifar10")

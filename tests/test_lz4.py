@@ -142,7 +142,7 @@ def test_format_block_offsets_are_an_exclusive_prefix_of_block_sizes():
     assert sizes[0] < 600 and sizes[1] > CHUNK and sizes[2] == 11  # zeros, random-ish, 10 literals
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=pytest.mark.slow)])
 def test_repeated_4k_pattern_compresses_10x(backend):
     # 1 MiB (torch) / 64 KiB (triton, slower here) of one random 4 KiB pattern. A
     # block matches only within itself: each chunk stores the pattern once, so the
@@ -248,6 +248,27 @@ def test_launch_config_does_not_change_result(grid, block):
     blob = LZ4.compress(x, config=config, backend="triton")
     assert torch.equal(blob.data, LZ4.compress(x, backend="torch").data)
     assert_bit_equal(LZ4.decompress(blob, config=config, backend="triton"), x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [128, 256, 512])
+def test_the_gpus_hash_tiles_write_the_same_bytes(block, monkeypatch):
+    """A GPU hashes 32 or 64 positions per round and compares them with earlier lanes
+    32 or 64 at a time (kl.hash_tile: 64 x 32 at 256 threads, in two column steps);
+    the interpreter runs one 256-wide step. Run the GPU's shapes here: repeats closer
+    than a tile (in-tile candidates, both hashes) and farther (table candidates) give
+    the reference's bytes."""
+    gpu_tile = kl.hash_tile(block // 32, interpreted=False)
+    monkeypatch.setattr(kl, "hash_tile", lambda warps: gpu_tile)
+    g = torch.Generator().manual_seed(block)
+    pieces = [torch.randint(0, 4, (1200,), generator=g, dtype=torch.uint8),          # short repeats
+              torch.arange(40, dtype=torch.uint8).repeat(30),                         # period 40
+              torch.randint(0, 256, (500,), generator=g, dtype=torch.uint8).repeat(3)]   # period 500
+    x = torch.cat(pieces)
+    config = cswap.LaunchConfig(grid=2, block=block)
+    blob = LZ4.compress(x, config=config, backend="triton")
+    assert torch.equal(blob.data, LZ4.compress(x, backend="torch").data)
+    assert_bit_equal(LZ4.decompress(blob, backend="torch"), x)
 
 
 # -- interoperability with the lz4 package ------------------------------------------------------

@@ -12,6 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import plan_budget
 
+pytestmark = pytest.mark.slow  # the benchmark's quick run: CI runs them (pytest -m slow)
+
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):

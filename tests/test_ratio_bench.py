@@ -20,6 +20,8 @@ import ratio
 
 from cswap import codecs
 
+pytestmark = pytest.mark.slow  # the benchmark's quick run: CI runs them (pytest -m slow)
+
 ROWS = ("fp32", "bf16", "all", "dense GELU bf16")
 
 

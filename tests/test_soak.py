@@ -16,6 +16,8 @@ import pytest
 
 from test_benchmarks import BENCHMARKS, _load
 
+pytestmark = pytest.mark.slow  # soak runs: CI runs them (pytest -m slow)
+
 soak = _load(BENCHMARKS / "soak.py")
 
 CI_RUN = ["--samples", "512", "--batch-size", "16", "--epoch-every", "50", "--iterations", "300", "--every", "50",

@@ -8,6 +8,8 @@ import pytest
 from cswap.tune.profile import read_profile
 from cswap.cli.tune import main
 
+pytestmark = pytest.mark.slow  # cswap-tune end to end: CI runs them (pytest -m slow)
+
 
 def test_quick_run_writes_a_valid_profile(tmp_path):
     out = tmp_path / "tmp.json"

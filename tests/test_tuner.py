@@ -87,6 +87,7 @@ def test_surface_has_a_narrow_valley(true_best):
     assert local_minima == [291, 528, 915]
 
 
+@pytest.mark.slow  # the shared BO runs take 16-24 s
 def test_bayes_finds_the_valley_for_every_seed(bo_runs, true_best):
     best, seconds = true_best
     for seed, (result, counting) in bo_runs.items():
@@ -99,6 +100,7 @@ def test_bayes_finds_the_valley_for_every_seed(bo_runs, true_best):
         assert result.wall_s > 0
 
 
+@pytest.mark.slow  # the shared BO runs take 16-24 s
 def test_bayes_memoises_repeated_configs(bo_runs):
     for result, counting in bo_runs.values():
         configs = [e.config for e in result.evaluations]
@@ -107,6 +109,7 @@ def test_bayes_memoises_repeated_configs(bo_runs):
         assert all(e.seconds == kernel_seconds(e.config) for e in result.evaluations)
 
 
+@pytest.mark.slow  # the shared BO runs take 16-24 s
 def test_bayes_beats_random_search_on_average(bo_runs, true_best):
     _, seconds = true_best
     bo_gaps = [gap(result, seconds) for result, _ in bo_runs.values()]

@@ -491,6 +491,7 @@ def test_mask_count_and_table_ends_are_checked():
         ZANS.decompress(cswap.Compressed.from_bytes(blob_of(x, meta16, p)))
 
 
+@pytest.mark.slow
 def test_random_corruption_of_each_section_never_crashes_and_backends_agree():
     x, w, meta, payload, _ = _coded_buffer()
     n = w.numel()
