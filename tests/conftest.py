@@ -14,6 +14,19 @@ import pytest  # noqa: E402
 
 
 def pytest_configure(config):
+    _share_cores_between_workers()
+    _refuse_triton_36_with_numpy_24()
+
+
+def _share_cores_between_workers():
+    """pytest -n N runs N workers side by side: with each at torch's default of one
+    thread per core, their OpenMP threads spin against each other's."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def _refuse_triton_36_with_numpy_24():
     """Triton 3.6's CPU interpreter turns 1-element arrays into ints with int(array),
     which NumPy 2.4 refuses (Triton 3.7 fixed it): every interpreted kernel would fail
     with a TypeError. Say so once, with the fix, instead."""

@@ -8,10 +8,12 @@ in a collective after a peer failed, and reports every failure at once.
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import multiprocessing.connection
 import os
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -52,7 +54,15 @@ def run_rank(rank: int, world: int, out_dir: str, backend: str, body: Callable[[
 
 
 def spawn(target: Callable, args: tuple, out: Path, world: int, deadline_s: float, label: str) -> dict:
-    """Start target(rank, *args) in `world` spawned processes; {rank: results} once all succeeded."""
+    """Start target(rank, *args) in `world` spawned processes; {rank: results} once all succeeded.
+    One spawn at a time on the machine (pytest -n runs test modules side by side): gloo
+    ranks of two spawns at once on two cores took 120 s instead of 10."""
+    with open(Path(tempfile.gettempdir()) / "cswap-tests-spawned-ranks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _spawn(target, args, out, world, deadline_s, label)
+
+
+def _spawn(target: Callable, args: tuple, out: Path, world: int, deadline_s: float, label: str) -> dict:
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=target, args=(rank, *args), name=f"cswap-{label}-rank{rank}", daemon=True)
              for rank in range(world)]

