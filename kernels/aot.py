@@ -18,8 +18,8 @@ time; `build()` finds where ptxas put each spill by disassembling the cubin
 with the nvdisasm Triton ships (`hot_spills`). A value carried across the
 tile loop or a step loop that ptxas stores and reloads once per tile or step
 (4096 elements, a 16 KiB chunk, or 256-4096 elements) costs nothing
-measurable; ptxas 12.8 (Triton 3.6) and 12.9 (3.8) make a few such, even at
-32-80 registers, trading them for occupancy.
+measurable; ptxas 12.8 (Triton 3.6) makes a few such under the launches'
+128-register cap (launch.MAX_REGISTERS).
 
 Private Triton surfaces used here (checked on Triton 3.6, 3.8 and 3.9):
 `driver.set_active` and its `_active`, `knobs.runtime.jit_cache_hook`,
@@ -44,16 +44,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .launch import LaunchConfig
+from .launch import MAX_REGISTERS, LaunchConfig
 
 __all__ = ["ARCHS", "MAX_REGISTERS", "WORD_DTYPES", "Launch", "Build", "record", "codec_launches", "build",
            "build_matrix", "format_table", "spill_sites", "summary"]
 
 ARCHS = (80, 90)
-# The gate: at most 128 registers per thread (four programs of 128 threads, 16 warps,
-# per SM on sm_80/sm_90: enough resident warps to keep loads in flight), and no spill
-# in an innermost loop (see spill_sites).
-MAX_REGISTERS = 128
+# The gate: at most MAX_REGISTERS per thread (launch.py: every launch asks ptxas for
+# it), and no spill in an innermost loop (see spill_sites).
 WORD_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 
@@ -67,6 +65,7 @@ class Launch:
     attrs: dict                 # argument index path -> [["tt.divisibility", 16]], ...
     num_warps: int
     words: str = ""             # the word dtype the codec launched it for ("" for bytes)
+    maxnreg: int | None = None  # the launch's register cap (ptxas' .maxnreg), None: ptxas chooses
 
     @property
     def block(self) -> int:
@@ -86,11 +85,11 @@ class Launch:
         (tile and chunk counts stay 32-bit, as do rows: a first dimension of
         2**31 is not a tensor anyone trains on)."""
         signature = {k: ("i64" if t == "i32" and k in _SIZE_ARGUMENTS else t) for k, t in self.signature.items()}
-        return Launch(self.kernel, signature, self.constexprs, self.attrs, self.num_warps, self.words)
+        return Launch(self.kernel, signature, self.constexprs, self.attrs, self.num_warps, self.words, self.maxnreg)
 
     def key(self) -> tuple:
         return (self.kernel, tuple(self.signature.items()), tuple(sorted(map(str, self.constexprs.items()))),
-                tuple(sorted(map(str, self.attrs.items()))), self.num_warps)
+                tuple(sorted(map(str, self.attrs.items()))), self.num_warps, self.maxnreg)
 
 
 _SIZE_ARGUMENTS = {"n", "nnz", "num_runs", "cols", "nbytes", "blocks_nbytes", "symbols", "mask_bytes", "streams_nbytes"}
@@ -176,8 +175,10 @@ def record(arch: int = 90, words: str = ""):
     def hook(*, fn, compile, **_):
         jit = fn.jit_function
         signature = dict(compile["signature"])
+        options = json.loads(compile["specialization_data"])["options"]
         launches.append(Launch(_kernel_name(jit), signature, dict(compile["constants"]),
-                               dict(compile["configs"][0]), int(compile["num_warps"]), words))
+                               dict(compile["configs"][0]), int(compile["num_warps"]), words,
+                               options.get("maxnreg")))
         return True  # "handled": the JIT neither compiles nor launches
 
     previous_hook, previous_driver = knobs.runtime.jit_cache_hook, driver._active  # None until first used
@@ -300,7 +301,7 @@ def build(launch: Launch, arch: int) -> Build:
     try:
         with contextlib.redirect_stdout(stdout):
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                                      options={"num_warps": launch.num_warps})
+                                      options={"num_warps": launch.num_warps, "maxnreg": launch.maxnreg})
     except Exception as exc:  # noqa: BLE001  a compile error is a result to report
         result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
         return result

@@ -93,6 +93,13 @@ def decoder_output(out: torch.Tensor | None, n: int, dtype: torch.dtype, device:
 BYTES_PER_THREAD = 16
 ELEMENTS_PER_THREAD = 8
 
+# Every launch caps ptxas at 128 registers per thread (four programs of 128 threads,
+# 16 warps, per SM on sm_80/sm_90: enough resident warps to keep loads in flight).
+# Left to itself ptxas went past it on sm_80 (CSR's encoder, 146-155) or held the LZ4
+# encoder to 64 and spilled in its match loop; under the cap no kernel spills on
+# Triton 3.8 and 6 of 672 builds do on 3.6 (benchmarks/results/static-triton-*).
+MAX_REGISTERS = 128
+
 
 def step_elements(tile: int, num_warps: int, itemsize: int, elements_per_thread: int = ELEMENTS_PER_THREAD) -> int:
     """Elements a program handles per step of its loop over a tile: at most the

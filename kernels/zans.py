@@ -123,16 +123,13 @@ tile, lanes = the K interleaved states; `tile` / K dependent steps per warp):
     ballots per bin bit), per-program accumulators, 256 atomics per plane per
     program and round of 65536 tiles.
 
-Built ahead of time with Triton 3.9's ptxas (cswap.kernels.aot's recorder, every word
-size, the tuner's blocks 128, 256 and 512; benchmarks/results/static-triton-3.9.0).
-Registers, sm_90: decode 54-58, encode 50-53, histogram 38-58, pack 48-107 (block
-512), mask count 26; no spills. sm_80: the same but for the histogram kernel at block
-512 with 4- and 8-byte words, which ptxas holds to 40 registers and spills 32-48 bytes
-(a whole tile per step instead spills on sm_90; left as is: one pass per compression,
-its spills hit L1). At block 32 the histogram holds 9 x 256 bins in one warp: 159.
-With Triton 3.6 (benchmarks/results/static-triton-3.6.0) everything compiles; the
-encoder spills 8 bytes on sm_90 at block 256 and the histogram 24-48 at blocks 128
-(sm_80) and 256.
+Built ahead of time (cswap.kernels.aot's recorder, every word size, the tuner's
+blocks 128, 256 and 512, sm_80 and sm_90), under the launches' 128-register cap:
+Triton 3.8, decode 56-58 registers, encode 48-54, histogram 60-90, pack 72-114,
+mask count 26-30, no spills (benchmarks/results/static-triton-3.8.0). Triton 3.6
+takes more (histogram 121-128) and spills 16-32 bytes in the histogram pass with
+16-bit words at block 256 (in its inner loop on sm_80: one pass per compression,
+left as is; benchmarks/results/static-triton-3.6.0).
 """
 
 from __future__ import annotations
@@ -146,7 +143,7 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
-from .launch import LaunchConfig, decoder_output, launch_grid, step_elements
+from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, launch_grid, step_elements
 
 __all__ = [
     "TILE", "LANES", "PROB_BITS", "PROB_SCALE", "STATE_LOW", "CODE_BELOW", "MIN_TILE", "MAX_TILE",
@@ -749,7 +746,7 @@ def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.nda
         grid, warps = launch_grid(config, num_tiles, words.device)
         sub = step_elements(_zvc.TILE, warps, itemsize)
         _zans_histogram_kernel[(grid,)](words, hist, counts[1:], n, num_tiles, W=itemsize, TILE=_zvc.TILE,
-                                        SUB=sub, ROUND=_HIST_ROUND, num_warps=warps)
+                                        SUB=sub, ROUND=_HIST_ROUND, num_warps=warps, maxnreg=MAX_REGISTERS)
     return hist.cpu().numpy(), counts
 
 
@@ -769,7 +766,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         grid, warps = launch_grid(config, zvc_tiles, device)
         _zvc._zvc_compress_kernel[(grid,)](words, torch.cumsum(counts, 0), masks, values, n, zvc_tiles,
                                            TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
-                                           num_warps=warps)
+                                           num_warps=warps, maxnreg=MAX_REGISTERS)
     else:
         masks = torch.empty(0, dtype=torch.int32, device=device)
         values = words
@@ -784,7 +781,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
         _zans_encode_kernel[(grid,)](values8, masks8, enc, magic, sbase, scratch, lens, p.symbols, mbytes, tile,
                                      tv, total_tiles, p.coded_planes, W=itemsize, K=LANES, ROWS=warps,
-                                     num_warps=warps)
+                                     num_warps=warps, maxnreg=MAX_REGISTERS)
     offsets = torch.zeros(total_tiles + 1, dtype=torch.int64, device=device)
     torch.cumsum(lens, 0, out=offsets[1:])
     streams_nbytes = int(offsets[-1])  # the second host sync: sizes the buffer
@@ -798,7 +795,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         grid, warps = launch_grid(config, total_tiles, device)
         _zans_pack_kernel[(grid,)](values8, masks8, scratch.view(torch.uint8), sbase, offsets, streams,
                                    p.symbols, mbytes, tile, tv, total_tiles, W=itemsize,
-                                   BLOCK=32 * warps * 4, num_warps=warps)
+                                   BLOCK=32 * warps * 4, num_warps=warps, maxnreg=MAX_REGISTERS)
     return tile, p.mode, p.symbols, p.coded_planes, streams_nbytes
 
 
@@ -841,20 +838,20 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
         _zans_decode_kernel[(grid,)](s16, streams, offsets, dec, table_ok, table_sum, _as_u8(values), _as_u8(masks),
                                      status, symbols, mask_nbytes(n) if mode == MASKED else 0, tile, tv,
                                      total_tiles, coded_planes, streams_nbytes, W=itemsize, K=LANES, ROWS=warps,
-                                     num_warps=warps)
+                                     num_warps=warps, maxnreg=MAX_REGISTERS)
     _global_checks(status, offsets, streams_nbytes)
     if mode == MASKED and n:
         zvc_tiles = _cdiv(n, _zvc.TILE)
         grid, warps = launch_grid(config, zvc_tiles, device)
         counts = torch.zeros(zvc_tiles + 1, dtype=torch.int64, device=device)
         _zans_mask_count_kernel[(grid,)](masks, counts[1:], n, zvc_tiles, TILE=_zvc.TILE, SUB=32 * warps,
-                                         num_warps=warps)
+                                         num_warps=warps, maxnreg=MAX_REGISTERS)
         tile_offsets = torch.cumsum(counts, 0)
         _mask_count_check(status, tile_offsets[-1], symbols)
         zvc_status = torch.zeros(zvc_tiles, dtype=torch.int8, device=device)
         _zvc._zvc_decompress_kernel[(grid,)](masks, tile_offsets, values, out, zvc_status, n, symbols, zvc_tiles,
                                              TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
-                                             num_warps=warps)
+                                             num_warps=warps, maxnreg=MAX_REGISTERS)
     return out, status
 
 
