@@ -35,11 +35,11 @@ _WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """t's elements as 1-D integer words (the codecs' view), in memory order when t is dense."""
-    words = t.detach()
-    if not words.is_contiguous():
-        words = words.contiguous()
-    return words.view(_WORDS[t.element_size()]).reshape(-1)
+    """t's elements as 1-D integer words (the codecs' view), in memory order when t is contiguous."""
+    words = t.detach().reshape(-1)
+    if words.stride(0) != 1:  # a gather, or one element with any stride: byte views need stride 1
+        words = words.clone(memory_format=torch.contiguous_format)
+    return words.view(_WORDS[t.element_size()])
 
 
 def sparsity_and_runs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,17 +9,26 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "inverse", "flat_bytes", "modified_error"]
+__all__ = ["Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error"]
 
 
 def dense_permutation(t: torch.Tensor) -> list[int] | None:
     """A permutation p with t.permute(p) contiguous (same memory, no copy), or
     None when t is not dense (overlapping or with gaps). Restoring through the
-    inverse permutation gives back t's strides (channels_last stays so)."""
+    inverse permutation gives back t's strides (channels_last stays so) but
+    those of size-1 dimensions, which any value fits: restore_strides sets them."""
     if t.is_contiguous():
         return list(range(t.dim()))
     perm = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
     return perm if t.permute(perm).is_contiguous() else None
+
+
+def restore_strides(y: torch.Tensor, perm: list[int], stride: tuple[int, ...]) -> torch.Tensor:
+    """y, the contiguous bytes of a dense tensor in `perm` order, with the saved
+    tensor's exact strides: kernels choose their path from strides, size-1
+    dimensions' included (an (N, C, 1, 1) channels_last tensor is contiguous too)."""
+    y = y.permute(inverse(perm))
+    return y if y.stride() == stride else y.as_strided(y.shape, stride)
 
 
 def inverse(perm: list[int]) -> list[int]:
@@ -31,7 +40,10 @@ def inverse(perm: list[int]) -> list[int]:
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """The bytes of a contiguous tensor as a 1-D uint8 view."""
-    return t.reshape(-1).view(torch.uint8)
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:  # one element with any stride is contiguous; byte views need stride 1
+        flat = flat.as_strided(flat.shape, (1,))
+    return flat.view(torch.uint8)
 
 
 def version_alias(t: torch.Tensor) -> torch.Tensor:
@@ -102,6 +114,7 @@ class Item:
         self.version = t._version
         self.version_alias = version_alias(t)
         self.perm = perm                           # None: not dense, restored contiguous
+        self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.pass_ = pass_
         self.index = len(pass_.items)
         self.ready = None                          # event on compute at pack: the tensor is computed

@@ -40,7 +40,7 @@ from .. import codecs
 from ..codecs.container import Compressed, unpack_header
 from ..errors import CorruptDataError
 from . import integrity
-from .items import Handle, Item, flat_bytes, inverse
+from .items import Handle, Item, flat_bytes, restore_strides
 
 __all__ = ["Restorer"]
 
@@ -225,7 +225,7 @@ class Restorer:
         dev.record_stream(y_bytes, h2d, at="restore.record_restored")
         item.h2d_done = item.last_read = dev.record_event(h2d, timing=True)
         y = y_bytes.view(info.dtype).view(shape)
-        return y.permute(inverse(item.perm)) if item.perm is not None else y
+        return restore_strides(y, item.perm, item.stride) if item.perm is not None else y
 
     # -- integrity ------------------------------------------------------------------------
 

@@ -1,0 +1,83 @@
+"""A restored tensor has exactly the saved tensor's strides (issue 25 §1).
+
+Kernels choose their path from strides, size-1 dimensions included: timm's
+ConvNeXt saves an (N, C, 1, 1) channels_last tensor (LayerNorm2d at a 1x1
+stage) whose strides differ from the contiguous ones although is_contiguous()
+is true for both. A Function here saves tensors of such layouts and folds the
+strides it gets back into its gradient, so a restore with other strides
+changes gradients; each layout goes through every mode, on the CPU default and
+on the emulated device.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import cswap
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning",
+                                        "ignore:.*no profile for this device:RuntimeWarning")
+
+LAYOUTS = {  # size, strides
+    "nc11-channels-last": ((2, 3, 1, 1), (3, 1, 3, 3)),
+    "size1-odd-strides": ((4, 1, 5), (5, 7, 1)),
+    "channels-last": ((2, 3, 4, 5), (60, 1, 15, 3)),
+    "transposed": ((6, 4), (1, 6)),
+    "one-element": ((1, 1), (9, 4)),
+}
+
+
+class StridesIntoGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return h * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (h,) = ctx.saved_tensors
+        StridesIntoGradient.seen.append(h.stride())
+        return grad * (3 + sum(i * s for i, s in enumerate(h.stride(), 1)))
+
+
+class Net(nn.Module):
+    def __init__(self, size, stride):
+        super().__init__()
+        self.size, self.stride = size, stride
+        self.w = nn.Parameter(torch.linspace(-1, 1, torch.Size(size).numel()).reshape(size))
+
+    def forward(self, x):
+        h = torch.empty_strided(self.size, self.stride).copy_(x * self.w)  # an activation with these strides
+        return StridesIntoGradient.apply(h).sum()
+
+
+def _grads(model, x):
+    StridesIntoGradient.seen = []
+    model.zero_grad()
+    model(x).backward()
+    return model.w.grad.clone(), StridesIntoGradient.seen
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_restored_tensors_keep_their_strides(layout, mode, device):
+    size, stride = LAYOUTS[layout]
+    x = torch.randn(size).relu()  # zeros: the codecs have something to compress
+    expected, seen = _grads(Net(size, stride), x)
+    assert seen == [stride]
+    model = cswap.patch(Net(size, stride), mode=mode, candidates="all", min_bytes=0)
+    try:
+        for _ in range(2):
+            if device == "emulated":
+                with cswap.testing.emulated_device() as dev:
+                    got, seen = _grads(model, x)
+                assert dev.hazards == []
+            else:
+                got, seen = _grads(model, x)
+            assert seen == [stride] and torch.equal(got, expected)
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+    finally:
+        cswap.unpatch(model)
