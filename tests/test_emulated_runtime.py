@@ -314,8 +314,10 @@ def test_prefetch_is_issued_before_the_item_is_checked():
 
 
 def test_new_pinned_memory_never_blocks_forward():
-    """F10. Pinning host memory takes milliseconds (here 30 ms a buffer): the worker does
-    it outside any lock pack needs, and the first pass sizes the pool for the rest."""
+    """F10. Pinning host memory takes milliseconds (here 200 ms a buffer, far above what a
+    pack takes on a loaded machine): the worker does it outside any lock pack needs, and
+    the first pass sizes the pool for the rest."""
+    pin_s = 0.2
     make, shape = NETS["small_cnn"]
     passes = []
     policy = lambda info: None if len(passes) < 2 else "zvc"  # noqa: E731 - raw first, then compressed
@@ -332,14 +334,14 @@ def test_new_pinned_memory_never_blocks_forward():
 
     sw.pack = timed_pack  # the hooks call the bound method through the swapper
     try:
-        with cswap.testing.emulated_device(bandwidth_gbps=1.0, pin_latency_s=0.03):
+        with cswap.testing.emulated_device(bandwidth_gbps=1.0, pin_latency_s=pin_s):
             for x, y in nets.batches(shape, 4):
                 passes.append(1)
                 gradients(model, x, y)
                 if len(passes) == 1:
                     allocated = sw.pool.allocations
         assert allocated > 0 and sw.pool.allocations == allocated  # later passes, compressed, reuse them
-        assert max(durations) < 0.015, max(durations)
+        assert max(durations) < pin_s / 2, max(durations)  # no pack waited for a pinning
     finally:
         cswap.unpatch(model)
 
