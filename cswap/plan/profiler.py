@@ -69,6 +69,8 @@ class _Record:
     nnz: torch.Tensor | None = None
     runs: torch.Tensor | None = None
     hist: torch.Tensor | None = None  # ZANS's histograms
+    storage: int = 0              # which storage it views (numbered in the pass)
+    storage_bytes: int = 0
 
     def sample(self, t: torch.Tensor) -> None:
         self.nnz, self.runs = sparsity_and_runs(t)
@@ -87,33 +89,68 @@ class _Pass:
     records: dict[str, _Record] = field(default_factory=dict)   # offloaded: timed and sampled
     kept: dict[str, _Record] = field(default_factory=dict)      # kept on the device by the plan: sampled
     ticks: list = field(default_factory=list)                   # (device bytes, keys away), per save and use
+    storages: object = None                                     # storage -> its number (weak keys)
+    numbered: int = 0                                           # storages numbered so far
+
+    def storage_of(self, t: torch.Tensor) -> tuple[int, int]:
+        """t's storage's number in this pass and its bytes: saved views of one storage
+        (q, k and v of one projection; a LayerNorm output and its 2-D view) free memory
+        only together."""
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        if self.storages is None:
+            self.storages = WeakIdKeyDictionary()  # weak: a freed storage's address is reused
+        st = t.untyped_storage()
+        if st not in self.storages:
+            self.numbered += 1
+            self.storages[st] = self.numbered
+        return self.storages[st], st.nbytes()
 
 
 @dataclass
 class MemoryTrace:
     """Device memory through one timed iteration, at each save and use of a saved tensor
-    (a tick), with every candidate offloaded raw. `curve[k]` is what the device would
-    have held at tick k had nothing been offloaded (what it held plus what was away);
-    `windows[key]` the ticks [a, b) over which that tensor was away (its copy out done
-    and the step done with it, until its copy back started; empty when never away)."""
+    (a tick), with every candidate offloaded raw. Saved tensors are grouped by the
+    storage they view: a storage leaves the device only when all its saved views have
+    (moving one of q, k and v frees nothing). `groups` lists each storage's keys in
+    save order, `group_bytes` its size; `windows[key]` the ticks [a, b) over which that
+    tensor was away (its copy out done and the step done with it, until its copy back
+    started; empty when never away), `group_windows` those over which all of a
+    storage's views were; `curve[k]` what the device would have held at tick k had
+    nothing been offloaded (what it held plus the storages away)."""
 
     curve: np.ndarray
     windows: dict[str, tuple[int, int]]
     measured_peak: int  # the most the device held at a tick, offloading everything
+    groups: list[list[str]] = field(default_factory=list)
+    group_bytes: list[int] = field(default_factory=list)
+    group_windows: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _memory_trace(ticks, nbytes: dict[str, int]) -> MemoryTrace | None:
+def _memory_trace(ticks, storage_of: dict[str, tuple[int, int]]) -> MemoryTrace | None:
+    """From the ticks (device bytes, keys away) and each key's (storage number, bytes)."""
     if not ticks:
         return None
-    curve = np.array([held + sum(nbytes[k] for k in away) for held, away in ticks], dtype=np.float64)
     windows: dict[str, tuple[int, int]] = {}
     for k, (_, away) in enumerate(ticks):
         for key in away:
             a, b = windows.get(key, (k, k))
             if b == k:  # still the first stretch away (a later one would be a second round)
                 windows[key] = (a, k + 1)
-    return MemoryTrace(curve, {key: windows.get(key, (0, 0)) for key in nbytes},
-                       int(max(held for held, _ in ticks)))
+    windows = {key: windows.get(key, (0, 0)) for key in storage_of}
+    members: dict[int, list[str]] = {}
+    for key, (number, _) in storage_of.items():
+        members.setdefault(number, []).append(key)
+    groups = list(members.values())
+    group_bytes = [storage_of[keys[0]][1] for keys in groups]
+    group_windows = []
+    for keys in groups:
+        a, b = max(windows[k][0] for k in keys), min(windows[k][1] for k in keys)
+        group_windows.append((a, b) if a < b else (0, 0))
+    curve = np.array([held for held, _ in ticks], dtype=np.float64)
+    for (a, b), nbytes in zip(group_windows, group_bytes):
+        curve[a:b] += nbytes
+    return MemoryTrace(curve, windows, int(max(held for held, _ in ticks)), groups, group_bytes, group_windows)
 
 
 class TensorProfiler:
@@ -190,6 +227,8 @@ class TensorProfiler:
             p.device = device
             p.start = self._stamp(device)
         record = p.records.setdefault(key, _Record(info))
+        if p.timing and self.record_memory:
+            record.storage, record.storage_bytes = p.storage_of(t)
         if p.timing:
             record.saved = self._stamp(device)
         if p.sampling:
@@ -245,7 +284,8 @@ class TensorProfiler:
             self.iteration = self._iteration(p)
             self.device = p.device
             if self.record_memory:
-                self.memory = _memory_trace(p.ticks, {k: r.info.nbytes for k, r in p.records.items()})
+                storage_of = {k: (r.storage, r.storage_bytes) for k, r in p.records.items()}
+                self.memory = _memory_trace(p.ticks, storage_of)
         elif p.timing:
             self.timing_armed = True  # no (complete) backward: time the next pass
         self.overhead_s += time.perf_counter() - start

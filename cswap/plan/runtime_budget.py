@@ -4,7 +4,10 @@ The first step after patch offloads every saved activation raw and is timed
 (cswap.plan.profiler), with the device's memory read at each save and use
 (a MemoryTrace). From that step the planner (cswap.plan.budget) chooses per
 tensor keep, raw or a codec; each epoch end plans again with the new
-sparsity. The budget is in the bytes PyTorch allocates on the device
+sparsity. The planner's unit is a storage: saved tensors that view one
+(q, k and v of one projection, a LayerNorm output and Linear's 2-D view of
+it) leave together or stay together, since a kept view keeps the storage.
+The budget is in the bytes PyTorch allocates on the device
 (torch.cuda.memory_allocated), compared at each save and use: a temporary
 that lives and dies between two of them is not seen, so leave headroom.
 
@@ -17,7 +20,9 @@ step, and plans for AUTO_HEADROOM of what the device can hold.
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
+from .advisor import IterationProfile
 from .budget import KEEP, Instance, Plan, offload_everything, parse_bytes, plan_budget
 
 __all__ = ["AUTO", "AUTO_HEADROOM", "RuntimeBudget", "check_budget"]
@@ -56,6 +61,24 @@ def _is_fraction(budget) -> bool:
         except ValueError:
             return False
     return isinstance(budget, float) and 0 < budget <= 1
+
+
+def _storages(iteration: IterationProfile, memory) -> tuple[IterationProfile, list, list[list[str]]]:
+    """The planning units: one per storage of the profiled tensors (the first view's
+    profile, sized to the storage), their windows, and each unit's keys."""
+    profiles = {t.key: t for t in iteration.tensors}
+    units, windows, members = [], [], []
+    for keys, nbytes, window in zip(memory.groups, memory.group_bytes, memory.group_windows):
+        keys = [k for k in keys if k in profiles]
+        if not keys:
+            continue
+        first = profiles[keys[0]]
+        units.append(replace(first, shape=(max(nbytes // first.itemsize, 1),)))
+        windows.append(window)
+        members.append(keys)
+    order = sorted(range(len(units)), key=lambda i: units[i].save_s)
+    return (IterationProfile(iteration.forward_s, iteration.backward_s, tuple(units[i] for i in order)),
+            [windows[i] for i in order], [members[i] for i in order])
 
 
 class RuntimeBudget:
@@ -105,12 +128,12 @@ class RuntimeBudget:
         if memory is None or not iteration.tensors:
             return self.choices
         self.bytes = self.resolve(device)
-        windows = [memory.windows.get(t.key, (0, 0)) for t in iteration.tensors]
-        self.instance = inst = Instance.build(iteration, profile, memory.curve, windows)
+        units, windows, members = _storages(iteration, memory)
+        self.instance = inst = Instance.build(units, profile, memory.curve, windows)
         self.plan = plan_budget(inst, self.bytes)
         self.everything = offload_everything(inst, self.bytes)
         self.compute_s = iteration.forward_s + iteration.backward_s
-        self.choices = {t.key: c for t, c in zip(iteration.tensors, self.plan.choices)}
+        self.choices = {key: c for keys, c in zip(members, self.plan.choices) for key in keys}
         self._tell()
         return self.choices
 
