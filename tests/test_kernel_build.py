@@ -6,7 +6,7 @@ CI runs this file with the newest and the oldest (.ci/run).
 
 CI builds for sm_90 at every block size the tuner can choose and every word
 dtype the codecs launch, and at the default block with 64-bit sizes (tensors
-of 2**31 elements or more); `python benchmarks/kernels.py` builds the full
+of 2**31 elements or more); `python benchmarks/kernel_builds.py` builds the full
 matrix (sm_80 and sm_90, every block, both size widths) and writes it to a file.
 The builds run in a subprocess: TRITON_INTERPRET, which these tests set for the
 other modules, replaces the kernels at import.

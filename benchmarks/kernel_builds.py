@@ -7,8 +7,8 @@ read from the disassembly (cswap.kernels.aot).
 The full matrix: every block the tuner searches x every word type x 32- and
 64-bit sizes x both architectures (the test suite builds the sm_90 part).
 
-    python benchmarks/kernels.py                 # the full matrix, a few minutes on 2 cores
-    python benchmarks/kernels.py --arch 90 --blocks 128
+    python benchmarks/kernel_builds.py                 # the full matrix, a few minutes on 2 cores
+    python benchmarks/kernel_builds.py --arch 90 --blocks 128
 
 Results: the printed table, and CSV + JSON under
 benchmarks/results/static-triton-<version>/kernel-builds.*; figures are the
