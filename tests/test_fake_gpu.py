@@ -7,9 +7,7 @@ modules, and used in backward in the same order.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import weakref
 
 import pytest
 import torch
@@ -18,6 +16,8 @@ from cswap.models import build
 from cswap.plan import fake_gpu
 from cswap.runtime.candidates import op_name, producer
 from cswap.runtime.layers import LayerTracker
+
+from cpu_memory import cpu_step_peak
 
 CIFAR = (3, 32, 32)
 
@@ -100,54 +100,6 @@ def test_the_model_is_not_touched_and_bad_input_is_named():
         fake_gpu.trace_step(lambda x: x, torch.randn(2))
     with pytest.raises(ValueError, match="optimizer must be 'sgd' or 'adam'"):
         fake_gpu.trace_step(model, torch.randn(2, *CIFAR), optimizer="lion")
-
-
-def cpu_step_peak(model, x, drop: bool = False) -> int:
-    """The allocator's peak over one steady-state SGD step on this CPU (the profiler's
-    memory timeline), with oneDNN off: its scratch is allocated outside any tensor, like
-    cuDNN's workspace on a GPU, which the trace leaves to the device reserve. drop: saved
-    activations are dropped at save and made again (zeros) at first use, as an offload
-    that is instantaneous would (the gradients are then wrong; the memory is the point)."""
-    from torch.profiler._memory_profiler import MemoryProfileTimeline
-
-    model = copy.deepcopy(model)
-    params, buffers = {id(p) for p in model.parameters()}, {id(b) for b in model.buffers()}
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    restored = {}
-
-    def pack(t):
-        if fake_gpu.kind_of(t, params, buffers, {id(x)}) != "activation":
-            return t
-        st = t.untyped_storage()
-        return (st.data_ptr(), st.nbytes(), t.dtype, t.shape, t.stride(), t.storage_offset())
-
-    def unpack(packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        key, nbytes, dtype, shape, stride, offset = packed
-        base = restored.get(key)
-        base = base() if base is not None else None
-        if base is None or base.dtype != dtype:
-            base = torch.zeros(nbytes // dtype.itemsize, dtype=dtype)  # zeros: valid max-pool indices
-            restored[key] = weakref.ref(base)
-        return base.as_strided(shape, stride, offset)
-
-    def step():
-        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack) if drop else contextlib.nullcontext()
-        with hooks:
-            value = model(x).float().mean()
-        value.backward()
-        opt.step()
-
-    with torch.backends.mkldnn.flags(enabled=False):
-        step()
-        opt.zero_grad(set_to_none=True)
-        restored.clear()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                    record_shapes=True, with_stack=True) as prof:
-            step()
-    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
-    return max(sum(s) for s in sizes)
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")

@@ -17,13 +17,18 @@ any process. What differs from CUDA: ops that pick a fused CUDA kernel take
 their CPU form here; the one seen in cswap's models is dropout, which saves a
 float mask (CUDA: a bool mask, a quarter of the bytes).
 
-Private PyTorch surfaces, pinned here and nowhere else (checked on 2.13):
+Activation checkpointing (torch.utils.checkpoint, non-reentrant) is traced as
+it runs: the region's inputs are saved, and its forward runs again in backward,
+where its ops and memory count.
+
+Private PyTorch surfaces, pinned here and nowhere else (checked on 2.11-2.14):
 `torch._subclasses.fake_tensor.FakeTensorMode`,
-`torch.distributed._tools.mem_tracker.MemTracker` (a torch without them
-raises FakeGPUUnavailable naming what is missing), a TorchDispatchMode from
-`torch.utils._python_dispatch` (which module made a tensor) and autograd
-nodes' `_saved_*` attributes (which op saves it: reading one runs the unpack
-hook on what the node holds).
+`torch.distributed._tools.mem_tracker.MemTracker`, its grad-hook table and its
+peak update (a torch without them raises FakeGPUUnavailable naming what is
+missing), a TorchDispatchMode from `torch.utils._python_dispatch` (which module
+made a tensor), `torch._C._current_autograd_node` (the op whose backward first
+reads a saved tensor) and autograd's `Variable._execution_engine` (backward
+under torch function modes).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import gc
 import itertools
 import re
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -41,6 +47,8 @@ from torch import nn
 
 from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
+from .attention import fused_attention_mode
+from .inputs import Inputs, default_loss
 
 __all__ = ["DEVICE", "FakeGPUUnavailable", "OpRecord", "SavedRecord", "StepTrace", "kind_of", "trace_step"]
 
@@ -106,7 +114,7 @@ def _autocast_mode(low: torch.dtype):
     from torch.nn import functional as F
 
     lower = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.linear,
-             F.prelu, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm,
+             F.prelu, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm,
              torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.mm, torch.Tensor.bmm}
     fp32 = {F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
             F.kl_div, F.binary_cross_entropy_with_logits, F.layer_norm, F.group_norm, torch.softmax,
@@ -127,33 +135,34 @@ def _autocast_mode(low: torch.dtype):
     return Autocast()
 
 
-def _graph_nodes(root):
-    """Every node of the autograd graph behind `root`, once each."""
-    seen, stack = set(), [root]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        yield node
-        stack.extend(next_node for next_node, _ in node.next_functions)
-
-
 def _fake_mode():
     try:
         from torch._subclasses.fake_tensor import FakeTensorMode
     except ImportError as exc:  # pragma: no cover - depends on the torch build
         raise FakeGPUUnavailable(f"cswap.plan.fake_gpu: no FakeTensorMode in torch {torch.__version__} ({exc})")
-    return FakeTensorMode(allow_non_fake_inputs=False)
+    # Non-fake inputs are allowed for tensors a forward makes itself: torch.tensor([],
+    # device=h.device) on "meta" (Hugging Face's DynamicCache) is a plain meta tensor.
+    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def _mem_tracker():
     try:
-        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
     except ImportError as exc:  # pragma: no cover - depends on the torch build
         raise FakeGPUUnavailable(f"cswap.plan.fake_gpu: no MemTracker in torch {torch.__version__} ({exc}); "
                                  f"a torch built with distributed support is needed")
-    return MemTracker()
+
+    class StepPeak(MemTracker):
+        """MemTracker keeping only the step's peak: its per-module peaks cost a pass over every
+        module at every op (three quarters of the trace's time for a LoRA-wrapped Llama)."""
+
+        def _update_peak_stats(self, peak_state) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+    return StepPeak()
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,7 @@ class StepTrace:
     peak_by_kind: dict[str, int] = field(default_factory=dict)
     ops: list[OpRecord] = field(default_factory=list)
     offloaded_peak_bytes: int | None = None
+    attention: dict[str, int] = field(default_factory=dict)  # SDPA backend -> calls in forward
 
     def activations(self) -> list[SavedRecord]:
         return [r for r in self.saved if r.kind == "activation"]
@@ -235,13 +245,11 @@ def _optimizer(name: str, params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-3)
 
 
-def _fake_inputs(example_inputs, device, dtype=None) -> tuple:
+def _fake_inputs(example_inputs, device, dtype=None) -> Inputs:
     """Fake tensors of the example inputs' shapes and dtypes (floating ones cast to
     `dtype` when given) on the fake device."""
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    return tuple(torch.empty(x.shape, device=device, dtype=dtype if dtype is not None and x.is_floating_point()
-                             else x.dtype) if isinstance(x, torch.Tensor) else x for x in example_inputs)
+    return Inputs.of(example_inputs).map(lambda x: torch.empty(
+        x.shape, device=device, dtype=dtype if dtype is not None and x.is_floating_point() else x.dtype))
 
 
 def _to_fake(model: nn.Module, device: torch.device) -> None:
@@ -264,15 +272,20 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
 
 def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sgd",
                dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
-               drops: bool = True) -> StepTrace:
-    """Trace one training step of `model` on `example_inputs` (tensors of the
+               drops: bool = True, sdpa_arch: int | str | None = None) -> StepTrace:
+    """Trace one training step of `model` on `example_inputs` (a tensor, a tuple of
+    forward's positional arguments or a dict of its keyword arguments: tensors of the
     batch's shape and dtype, on any device, meta included; their values are not
-    read). `loss(output) -> scalar` defaults to the mean of the output; `optimizer`
+    read). `loss(output) -> scalar` defaults to the output's own loss when it has one
+    (Hugging Face models given labels), else the mean of its first tensor; `optimizer`
     is "sgd" (momentum) or "adam"; `dtype` casts the model's floating parameters
     and buffers and the floating inputs (e.g. torch.bfloat16); `autocast`
     (torch.float16 or torch.bfloat16) runs forward and loss as CUDA's
     torch.autocast would (mixed precision: float32 parameters, lower-precision
-    convolutions and matmuls). The model itself is not touched: a copy is.
+    convolutions and matmuls). sdpa_arch: the compute capability (90 for an H100)
+    whose fused attention kernels F.scaled_dot_product_attention runs as
+    (cswap.plan.attention; StepTrace.attention counts them); None: the fake device's
+    math fallback. The model itself is not touched: a copy is.
 
     With `drops` the step runs twice: as is, and with every saved activation
     dropped by the pack hook and made again by the unpack hook, which tells when
@@ -284,11 +297,11 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
     for name, value in (("dtype", dtype), ("autocast", autocast)):
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
-    kept = _trace(model, example_inputs, loss, optimizer, dtype, autocast, drop=False)
+    kept = _trace(model, example_inputs, loss, optimizer, dtype, autocast, sdpa_arch, drop=False)
     if not drops:
         gc.collect()
         return kept
-    dropped = _trace(model, example_inputs, loss, optimizer, dtype, autocast, drop=True)
+    dropped = _trace(model, example_inputs, loss, optimizer, dtype, autocast, sdpa_arch, drop=True)
     if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
         raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
                            "step (is its forward data-dependent or random in structure?)")
@@ -327,20 +340,20 @@ def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autocast, drop: bool) -> StepTrace:
+def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autocast, sdpa_arch,
+           drop: bool) -> StepTrace:
     device = torch.device(DEVICE)
-    loss = loss or (lambda out: out.float().mean())
+    loss = loss or default_loss
     mode = _fake_mode()
     tracker = LayerTracker()
     memory = _mem_tracker()
     recorder = _Recorder(tracker, _live_bytes(memory))
     ops = recorder.ops
     records: list[SavedRecord] = []
-    saved_by: dict[int, str] = {}
+    saved_by: dict[int, str] = {}         # the op whose backward first reads it
     used_at: dict[int, int] = {}
     uses: dict[int, int] = {}
     input_ids: set[int] = set()
-    probing: list[str | None] = [None]
     from torch.utils.weak import WeakIdKeyDictionary
 
     storages = WeakIdKeyDictionary()      # storage -> its number (weak: addresses are reused)
@@ -348,6 +361,9 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
     dropped_at: dict[int, int] = {}       # storage number -> op index when it was freed
     restored: dict[int, object] = {}      # storage number -> weak reference to its remade copy
     fake = _fake_copy(model, dtype)
+    attention = Counter()
+    # around backward too: a checkpointed region's recompute must save what its forward did
+    fused = fused_attention_mode(sdpa_arch, attention) if sdpa_arch is not None else contextlib.nullcontext()
     with mode:
         _to_fake(fake, device)
         params = {id(p) for p in fake.parameters()}
@@ -380,9 +396,9 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
 
         def unpack(packed):
             index, t = packed
-            if probing[0] is not None:  # naming the node that holds it, not a use
-                saved_by.setdefault(index, probing[0])
-                return t
+            if index not in saved_by:  # the node running backward now holds it
+                node = torch._C._current_autograd_node()
+                saved_by[index] = op_name(_VERSION.sub("", node.name())) if node is not None else ""
             uses.setdefault(index, len(uses))
             used_at.setdefault(index, len(ops))
             if isinstance(t, torch.Tensor):
@@ -390,26 +406,19 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
             return _remade(t, restored, recorder)
 
         memory.track_external(fake, opt)
+        _no_grad_hooks_on_frozen(memory, fake)
         tracker.attach(fake)
         try:
-            with memory, recorder.mode, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with memory, recorder.mode, fused, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 recorder.paused = True  # the batch is made in the tracker's sight, not as an op of the step
                 inputs = _fake_inputs(example_inputs, device, dtype)
                 recorder.paused = False
-                input_ids.update(id(x) for x in inputs if isinstance(x, torch.Tensor))
+                input_ids.update(id(x) for x in inputs.tensors())
                 with _autocast_mode(autocast) if autocast is not None else contextlib.nullcontext():
-                    value = loss(fake(*inputs))
-                if not drop:
-                    # The op each tensor is saved for: the graph node holding it (reading
-                    # a node's _saved_* attributes runs the unpack hook on what it holds).
-                    for node in _graph_nodes(value.grad_fn):
-                        probing[0] = op_name(_VERSION.sub("", node.name()))
-                        for attr in dir(node):
-                            if attr.startswith("_saved_"):
-                                getattr(node, attr)
-                    probing[0] = None
+                    value = loss(inputs(fake))
+                in_forward = dict(attention)
                 recorder.phase = "backward"
-                value.backward()
+                _backward(value)
                 del value
                 recorder.phase = "optimizer"
                 opt.step()
@@ -423,7 +432,28 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
             by_kind[name] = by_kind.get(name, 0) + int(nbytes)
     saved = [replace(r, use=uses.get(r.index), saved_by=saved_by.get(r.index, ""), used_at=used_at.get(r.index),
                      dropped_at=dropped_at.get(r.storage)) for r in records]
-    return StepTrace(saved, by_kind.pop("total", 0), by_kind, list(ops))
+    return StepTrace(saved, by_kind.pop("total", 0), by_kind, list(ops), attention=in_forward)
+
+
+def _backward(value: torch.Tensor) -> None:
+    """value.backward() with the thread's torch function modes kept on: Tensor.backward
+    is itself a torch function, which a mode handles with the modes off, so a
+    checkpointed region would recompute without the attention mode and save other tensors."""
+    torch.autograd.Variable._execution_engine.run_backward(
+        (value,), (torch.ones_like(value),), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _no_grad_hooks_on_frozen(memory, model: nn.Module) -> None:
+    """MemTracker hooks every parameter's gradient, which raises on a frozen one (LoRA, a
+    frozen backbone): mark those as hooked already (a private table, read here only)."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            memory._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
 
 
 def _remade(meta: tuple, restored: dict, recorder: _Recorder) -> torch.Tensor:

@@ -67,10 +67,13 @@ def step_seconds(ops, gpu: GPU, precision: str, efficiency: float) -> dict[str, 
     return out
 
 
-def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", loss=None, drop: bool = True):
+def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", loss=None, drop: bool = True,
+              arch: int | None = None):
     """Trace one step of `model` at `precision` (PRECISIONS): fp32/tf32 as float32,
-    amp as float16 autocast, bf16 and fp16 as the model cast to that type.
-    example_inputs: a tensor, a tuple, or a batch shape (a float32 image batch)."""
+    amp as float16 autocast, bf16 and fp16 as the model cast to that type; attention
+    as a GPU of compute capability `arch` runs it (cswap.plan.attention).
+    example_inputs: a tensor, a tuple, a dict of keyword arguments, or a batch shape (a
+    float32 image batch)."""
     from . import fake_gpu
 
     if precision not in PRECISIONS:
@@ -80,7 +83,8 @@ def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", los
         example_inputs = torch.empty(tuple(example_inputs), device="meta")
     kwargs = {"amp": {"autocast": torch.float16}, "bf16": {"dtype": torch.bfloat16},
               "fp16": {"dtype": torch.float16}}.get(precision, {})
-    return fake_gpu.trace_step(model, example_inputs, loss=loss, optimizer=optimizer, drops=drop, **kwargs)
+    return fake_gpu.trace_step(model, example_inputs, loss=loss, optimizer=optimizer, drops=drop, sdpa_arch=arch,
+                               **kwargs)
 
 
 # -- calibration --------------------------------------------------------------------------------------------

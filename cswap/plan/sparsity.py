@@ -26,6 +26,7 @@ from torch import nn
 from ..runtime.candidates import SPARSE_PRODUCERS, is_activation, op_name, producer
 from ..runtime.layers import LayerTracker
 from .profiler import sparsity_and_runs, zans_bits, zans_histograms
+from .inputs import Inputs, default_loss
 
 __all__ = ["SPARSE_OPS", "Sparsity", "auto", "dtype_name", "from_file", "from_number", "measure", "record_keys",
            "zans_bits_by_dtype"]
@@ -110,10 +111,10 @@ def from_file(path) -> Sparsity:
 
 def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: str = "", targets=None) -> Sparsity:
     """Train a copy of `model` on CPU for `steps` SGD steps on `batches` (an iterable
-    of input tuples) and measure every saved activation of the last one. With
-    `targets` (an iterable of class-index tensors, one per batch) the loss is
-    cross-entropy against them; without, the outputs' mean (a stand-in that still
-    moves the weights)."""
+    of input tuples or cswap.plan.inputs.Inputs) and measure every saved activation of
+    the last one. With `targets` (an iterable of class-index tensors, one per batch)
+    the loss is cross-entropy against them; without, the output's own loss or its
+    mean (cswap.plan.inputs.default_loss: a stand-in that still moves the weights)."""
     from .fake_gpu import _Recorder
 
     model = copy.deepcopy(model).cpu().float().train()
@@ -141,10 +142,10 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
             recorder.ops.clear()
             recorder.made.clear()
             with recorder.mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = model(*inputs)
+                out = Inputs.of(inputs)(model)
             opt.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(out.float(), next(targets)) if targets is not None else \
-                out.float().mean()
+                default_loss(out)
             loss.backward()
             opt.step()
     finally:
@@ -157,25 +158,32 @@ def auto(model: nn.Module, example_inputs, data: str = "digits", steps: int = 3,
     """Measure on `steps` CPU training steps at `batch`: image batches (3 x H x H) from
     `data` (as cswap-train reads it: "digits" is scikit-learn's, resized) with their
     labels and a cross-entropy loss, any other input as random normal tensors of the
-    example's shapes."""
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    shape = tuple(inputs[0].shape[1:]) if inputs and isinstance(inputs[0], torch.Tensor) else ()
+    example's shapes (integer ones drawn from the example's values when it holds data,
+    zeros on "meta"), keyword inputs included."""
+    inputs = Inputs.of(example_inputs)
+    shape = tuple(inputs.args[0].shape[1:]) if inputs.args and isinstance(inputs.args[0], torch.Tensor) else ()
     gen = torch.Generator().manual_seed(0)
-    if len(inputs) == 1 and len(shape) == 3 and shape[0] == 3 and shape[1] == shape[2] and \
-            inputs[0].is_floating_point():
+    if len(inputs.args) == 1 and not inputs.kwargs and len(shape) == 3 and shape[0] == 3 and \
+            shape[1] == shape[2] and inputs.args[0].is_floating_point():
         from ..cli.train import load_data
 
         x, y = load_data(data, shape[-1], seed=0)[:2]
         pick = torch.randint(len(x), (steps * batch,), generator=gen)
         x, y = x[pick], y[pick]
-        batches = [(x[i * batch:(i + 1) * batch],) for i in range(steps)]
+        batches = [Inputs((x[i * batch:(i + 1) * batch],)) for i in range(steps)]
         targets = [y[i * batch:(i + 1) * batch] for i in range(steps)]
         what = f"{data} images and labels"
     else:
-        batches = [tuple(torch.randn((batch, *t.shape[1:]), generator=gen).to(t.dtype)
-                         if isinstance(t, torch.Tensor) and t.is_floating_point() else
-                         (torch.zeros((batch, *t.shape[1:]), dtype=t.dtype) if isinstance(t, torch.Tensor) else t)
-                         for t in inputs) for _ in range(steps)]
+        def like(t: torch.Tensor) -> torch.Tensor:
+            shape = (batch, *t.shape[1:])
+            if t.is_floating_point():
+                return torch.randn(shape, generator=gen).to(t.dtype)
+            if t.is_meta or t.numel() == 0:
+                return torch.zeros(shape, dtype=t.dtype)
+            values = t.detach().cpu().reshape(-1)
+            return values[torch.randint(len(values), shape, generator=gen)]
+
+        batches = [inputs.map(like) for _ in range(steps)]
         targets = None
         what = "random normal inputs"
     return measure(model, batches, steps=steps, targets=targets,
