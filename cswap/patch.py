@@ -212,7 +212,9 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     simulated iteration with shared PCIe links). report_dir: where
     cswap.epoch_end(model) writes its reports (JSON lines, CSV, PNG plots);
     verbose: print each epoch's table. Swapper options (cswap.runtime.Swapper):
-    candidates="sparse" | "all", min_bytes (default 1 MiB on CUDA),
+    candidates="auto" (default: ReLU and pooling outputs, or every saved
+    activation when the first step makes none, as in GELU/SiLU transformers,
+    said once) | "sparse" | "all", min_bytes (default 1 MiB on CUDA),
     stash_bytes and prefetch_bytes (bytes in flight each way; default an
     eighth of what the previous forward pass offloaded), max_host_bytes,
     pin_memory, codec_configs={codec: LaunchConfig} (default: the profile's

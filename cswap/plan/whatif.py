@@ -33,7 +33,9 @@ The pieces, each saying where its figures come from:
 
 Modes are cswap.patch's: none, vdnn (every candidate raw), sc (ZVC on every
 candidate), cswap (the advisor's choice per tensor, paper eq. 1-4); candidates
-are ReLU and pooling outputs of at least MIN_BYTES, as in the runtime. Mode
+are ReLU and pooling outputs of at least MIN_BYTES, as in the runtime (or, in a
+model without them such as a GELU transformer, every saved activation of that
+size, as the runtime's default candidates="auto" does). Mode
 "budget" is cswap.plan.budget's plan for the GPU's capacity (or the budget, if
 given) over every saved activation of at least MIN_BYTES (keep, raw or a codec
 each), checked on the full curve and planned again with any overshoot taken off.
@@ -53,6 +55,7 @@ from torch import nn
 from .advisor import Advisor, IterationProfile, TensorProfile, simulate
 from .budget import KEEP, Instance, parse_bytes, plan_budget
 from .gpus import GPU, gpu as lookup
+from .inputs import Inputs
 from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, dtype_name, record_keys
 
@@ -356,9 +359,17 @@ def _budget_mode(trace, groups, starts, phase_s, link, sizes, capacity) -> tuple
     return mode, choices, inst
 
 
+def _candidates(groups: list[_Group]) -> list[_Group]:
+    """What cswap.patch's default (candidates="auto") offloads: ReLU and pooling outputs of
+    MIN_BYTES or more, or every saved activation of that size in a model without them."""
+    large = [g for g in groups if g.nbytes >= MIN_BYTES]
+    sparse = [g for g in large if g.op in SPARSE_OPS]
+    return sparse or large
+
+
 def _choices(mode: str, groups: list[_Group], decisions) -> dict:
     """What `mode` offloads, as cswap.patch does: storage -> None (raw) or a codec."""
-    candidates = [g for g in groups if g.op in SPARSE_OPS and g.nbytes >= MIN_BYTES]
+    candidates = _candidates(groups)
     if mode == "vdnn":
         return {g.storage: None for g in candidates}
     if mode == "sc":
@@ -394,11 +405,15 @@ def measured_times(source) -> tuple[dict, str]:
 
 
 def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", optimizer: str = "sgd",
-            loss=None, budget=None, profile=None, sparsity=None, times=None, reserve_bytes: int = RESERVE_BYTES,
-            _trace_cache=None) -> Prediction:
-    """Predict one training step of `model` on `example_inputs` (a tensor or tuple,
-    any device, "meta" included: only shapes and dtypes are read) on `gpu` (a name
-    from cswap.gpus()). precision: fp32 (TF32 convolutions where the GPU has them,
+            loss=None, budget=None, profile=None, sparsity=None, times=None,
+            reserve_bytes: int = RESERVE_BYTES) -> Prediction:
+    """Predict one training step of `model` on `example_inputs` (a tensor, a tuple of
+    forward's positional arguments or a dict of its keyword arguments such as
+    {"input_ids": ids, "labels": ids}; any device, "meta" included: only shapes and
+    dtypes are read; the batch is the first tensor's leading dimension) on `gpu` (a
+    name from cswap.gpus()). loss(output) -> scalar: the step's loss; by default the
+    output's own loss when it has one (Hugging Face models given labels), else the
+    mean of its first tensor. precision: fp32 (TF32 convolutions where the GPU has them,
     PyTorch's default), tf32, amp (float16 autocast), bf16 or fp16 (the model cast).
     budget: bytes, "20GiB" or a fraction of the GPU's memory: the limit `fits` checks
     (at most the GPU's memory minus `reserve_bytes`).
@@ -419,11 +434,11 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         raise ValueError(f"cswap.predict: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "bf16":
         g.peak_flops("bf16")  # a GPU without bf16 raises, saying why
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
-    if first is None or first.dim() == 0:
-        raise ValueError("cswap.predict: example_inputs must hold at least one tensor with a batch dimension")
-    batch = first.shape[0]
+    try:
+        inputs = Inputs.of(example_inputs)
+        batch = inputs.batch
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"cswap.predict: {exc}") from None
     if isinstance(sparsity, str) and sparsity == "auto":
         sparsity = auto(model, inputs)
     elif isinstance(sparsity, (int, float)):
@@ -437,9 +452,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         f"measured: cswap-tune profile of {profile.doc['device']['name']}"
     budget_bytes = parse_bytes(budget, g.memory_bytes) if budget is not None else None
 
-    x = tuple(torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
-              for t in inputs)
-    trace = trace_for(model, x, precision, optimizer, loss)
+    x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+    trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch)
     eff, eff_source = efficiency(g)
     op_s = np.array([op_seconds(op, g, precision, eff) for op in trace.ops])
     compute_source = f"predicted: roofline over FLOPs and bytes per op ({g.label} datasheet), {eff_source}"
@@ -483,10 +497,13 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         "sparsity": sparsity.source,
         "timeline": "predicted: cswap's advisor timeline (shared D2H/H2D links, prefetch one ahead)",
     }
+    if trace.attention:
+        calls = ", ".join(f"{n} {b}" for b, n in sorted(trace.attention.items()))
+        sources["attention"] = (f"assumed: scaled_dot_product_attention as PyTorch's dispatcher picks it on compute "
+                                f"capability {g.arch / 10:.1f} ({calls} per forward; cswap.plan.attention)")
 
     def again(b: int) -> Prediction:
-        resized = tuple(torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="meta")
-                        if isinstance(t, torch.Tensor) else t for t in x)
+        resized = x.map(lambda t: torch.empty((b, *t.shape[1:]), dtype=t.dtype, device="meta"))
         # measured times at another batch: in proportion to it (compute-bound layers)
         scaled = None if times is None else {f"{k}_s": v * b / batch for k, v in measured.items()}
         return predict(model, resized, g, precision=precision, optimizer=optimizer, loss=loss, budget=budget,
@@ -514,10 +531,10 @@ def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, pla
             best = min(d.t_codec, key=d.t_codec.get) if d.t_codec else None
             why = (f"T'={d.t_prime * 1e3:.3f} ms raw; best codec {best} T={d.t_codec[best] * 1e3:.3f} ms "
                    f"({d.sizes[best] / max(grp.nbytes, 1):.0%} of the bytes)" if best else "")
-            if grp.op not in SPARSE_OPS:
-                why = "not a ReLU/pooling output: vdnn, sc and cswap keep it; " + why
-            elif grp.nbytes < MIN_BYTES:
+            if grp.nbytes < MIN_BYTES:
                 why = f"under {MIN_BYTES >> 20} MiB: kept; " + why
+            elif grp.storage not in plans["vdnn"]:
+                why = "not a ReLU/pooling output: vdnn, sc and cswap keep it; " + why
         out.append(TensorPrediction(r.index, r.made_in, r.made_in_type, r.op, r.saved_by, key[2], r.shape,
                                     dtype_name(r.dtype), r.nbytes, s, runs, decided, why,
                                     zans_of[r.index]))

@@ -122,7 +122,7 @@ class Swapper:
     MODES = ("none", "vdnn", "sc", "cswap", "vdnnpp", "save_on_cpu")
 
     def __init__(self, mode: str | None = None, policy: Callable[[SwapInfo], str | None] | None = None, *,
-                 candidates: str = "sparse", min_bytes: int | None = None, stash_bytes: int | None = None,
+                 candidates: str = "auto", min_bytes: int | None = None, stash_bytes: int | None = None,
                  prefetch_bytes: int | None = None, max_host_bytes: int | None = None, pin_memory: bool = True,
                  codec_configs: dict | None = None, checksum: bool = False, layer=None, observer=None):
         if mode is None:
@@ -132,8 +132,9 @@ class Swapper:
         check_policy(mode, policy)
         if mode == "cswap" and policy is None:
             raise ValueError("cswap: mode='cswap' needs policy=callable(info) -> codec name or None")
-        if candidates not in ("sparse", "all"):
-            raise ValueError(f"cswap: candidates must be 'sparse' (ReLU and pooling outputs) or 'all' "
+        if candidates not in ("auto", "sparse", "all"):
+            raise ValueError(f"cswap: candidates must be 'auto' (ReLU and pooling outputs, or every saved "
+                             f"activation in a model without them), 'sparse' (ReLU and pooling outputs) or 'all' "
                              f"(every saved activation), got {candidates!r}")
         for name, value in (("min_bytes", min_bytes), ("stash_bytes", stash_bytes),
                             ("prefetch_bytes", prefetch_bytes), ("max_host_bytes", max_host_bytes)):
@@ -147,6 +148,7 @@ class Swapper:
         self.mode = mode
         self.policy = policy
         self.candidates = candidates
+        self._dense_seen = [0, 0]  # candidates="auto": activations and bytes passed over as dense
         self.min_bytes = min_bytes
         self.stash_bytes = stash_bytes
         self.prefetch_bytes = prefetch_bytes
@@ -195,10 +197,27 @@ class Swapper:
             self.observer.begin_pass()
 
     def end_pass(self) -> None:
+        if self.candidates == "auto" and self._pass is not None and (self._pass.candidates or self._dense_seen[0]):
+            self._settle_candidates()
         self._seen.clear()
         self._graph_inputs, self._input_storages = None, frozenset()  # holds no input batch past the pass
         if self.observer is not None:
             self.observer.end_forward()
+
+    def _settle_candidates(self) -> None:
+        """candidates="auto", after the first step that saved activations: ReLU and pooling
+        outputs when it made any (the paper's choice), else every saved activation (GELU
+        and SiLU models: transformers), said once."""
+        if self._pass.candidates:
+            self.candidates = "sparse"
+            return
+        self.candidates = "all"
+        count, nbytes = self._dense_seen
+        self._warn_now("dense", f"cswap: none of the {count} activations ({nbytes / 2**20:.1f} MiB) this model's "
+                                f"first step saved for backward is a ReLU or pooling output (a GELU/SiLU model, "
+                                f"as transformers are), so from the next step every saved activation is "
+                                f"offloaded (candidates='all'). Pass budget= to move only what must go, or "
+                                f"candidates='sparse' to keep them")
 
     def stash_limit(self) -> int:
         if self.stash_bytes is not None:
@@ -377,7 +396,12 @@ class Swapper:
         if t.numel() * t.element_size() < floor:
             return None
         name = producer(t)
-        return op_name(name or "") if self.candidates == "all" or name in SPARSE_PRODUCERS else None
+        if self.candidates == "all" or name in SPARSE_PRODUCERS:
+            return op_name(name or "")
+        if self.candidates == "auto":
+            self._dense_seen[0] += 1
+            self._dense_seen[1] += t.numel() * t.element_size()
+        return None
 
     def _choose_codec(self, info: SwapInfo) -> str | None:
         """None (offload raw), a codec, or KEEP (leave it on the device)."""
