@@ -2,6 +2,8 @@
 
     cswap-plan --model resnet50 --dataset imagenet --batch 256 --gpu h100-sxm-80gb
     cswap-plan --model vgg16 --batch 128 --gpu v100-sxm2-16gb --sparsity 0.6 --json plan.json --plot plan.png
+    cswap-plan --hf-config config.json --seq-len 4096 --lora-rank 16 --gradient-checkpointing \
+               --gpu l4-24gb --dtype bf16 --optimizer adam
     cswap-plan --list-gpus
 
 One training step is traced on a fake GPU; per mode (none, vdnn, sc, cswap) it
@@ -34,7 +36,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", choices=models.names())
     p.add_argument("--dataset", default="imagenet", choices=sorted(_SHAPES), help="input shape and classes")
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hf-config", type=Path, help="a Hugging Face config.json (or its folder) instead of --model: "
+                                                  "the model is built on the meta device, no weights")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence, with --hf-config")
+    p.add_argument("--lora-rank", type=int, help="with --hf-config: peft LoRA of this rank on every linear layer")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="with --hf-config: the model's gradient_checkpointing_enable() (non-reentrant)")
+    p.add_argument("--batch", type=int, help="default 64, or 1 with --hf-config")
     p.add_argument("--gpu", default="h100-sxm-80gb", help="a name from --list-gpus")
     p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
                    help="fp32 (TF32 convolutions, PyTorch's default), tf32, amp (fp16 autocast), bf16, fp16")
@@ -43,20 +51,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", help="a cswap-tune profile of that GPU (measured PCIe and codec times)")
     p.add_argument("--times", help="forward and backward times measured by a cswap run on that GPU: its report "
                                    "folder or epochs.jsonl (replaces the roofline's phase totals)")
-    p.add_argument("--sparsity", default="auto",
-                   help="auto (measured on a few CPU training steps on --data), a cswap-plan JSON, or a number")
+    p.add_argument("--sparsity",
+                   help="auto (measured on a few CPU training steps on --data; the default with --model), a "
+                        "cswap-plan JSON, or a number (default 0 with --hf-config: no steps run on the CPU)")
     p.add_argument("--data", default="digits", help="data for --sparsity auto: digits, synthetic, an .npz file "
                                                      "or a folder (as cswap-train)")
     p.add_argument("--reserve", default=f"{RESERVE_BYTES / 2**30:g}GiB",
                    help="memory kept for the CUDA context and workspaces (default %(default)s)")
-    p.add_argument("--no-largest-batch", action="store_true", help="skip the search for the largest batch")
+    p.add_argument("--no-largest-batch", action="store_true",
+                   help="skip the search for the largest batch (always skipped with --hf-config)")
     p.add_argument("--tensors", type=int, default=20, help="saved activations to list (largest first; 0: all)")
     p.add_argument("--json", type=Path, help="write the prediction as JSON")
     p.add_argument("--plot", type=Path, help="write a PNG of device memory over one step per mode")
     p.add_argument("--list-gpus", action="store_true", help="list the GPUs and exit")
     args = p.parse_args(argv)
-    if args.batch < 1:
-        p.error(f"--batch must be at least 1, got {args.batch}")
+    hf_only = [flag for flag, value in (("--lora-rank", args.lora_rank),
+                                        ("--gradient-checkpointing", args.gradient_checkpointing)) if value]
+    if hf_only and args.hf_config is None:
+        p.error(f"{hf_only[0]} needs --hf-config")
+    if args.batch is None:
+        args.batch = 1 if args.hf_config else 64
+    if args.sparsity is None:
+        args.sparsity = "0" if args.hf_config else "auto"
+    if args.batch < 1 or args.seq_len < 1:
+        p.error(f"--batch and --seq-len must be at least 1, got {args.batch} and {args.seq_len}")
     return args
 
 
@@ -139,15 +157,25 @@ def main(argv=None) -> int:
             print(f"{name:<16} {g.label:<28} {_gib(g.memory_bytes):>11} {g.hbm_bytes_per_s / 1e12:5.2f} TB/s "
                   f"{g.link}")
         return 0
-    shape = _SHAPES[args.dataset]
-    model = models.build(args.model, dataset=args.dataset)
     try:
+        if args.hf_config is not None:
+            from ..plan.hf import from_config
+
+            model, inputs = from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len,
+                                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing)
+            if args.sparsity == "auto":
+                raise ValueError("--sparsity auto runs CPU steps, which a model built from a config alone "
+                                 "cannot; give a number or a cswap-plan JSON")
+            spars = sparsity_for(args.sparsity, model, None, args.data)
+        else:
+            shape = _SHAPES[args.dataset]
+            model = models.build(args.model, dataset=args.dataset)
+            inputs = torch.empty(args.batch, *shape, device="meta")
+            spars = sparsity_for(args.sparsity, model, shape, args.data)
         reserve = parse_bytes(args.reserve)
-        spars = sparsity_for(args.sparsity, model, shape, args.data)
-        p = predict(model, torch.empty(args.batch, *shape, device="meta"), args.gpu, precision=args.dtype,
-                    optimizer=args.optimizer, budget=args.budget, profile=args.profile, sparsity=spars,
-                    times=args.times, reserve_bytes=reserve)
-        print(report(p, not args.no_largest_batch, args.tensors))
+        p = predict(model, inputs, args.gpu, precision=args.dtype, optimizer=args.optimizer, budget=args.budget,
+                    profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve)
+        print(report(p, not (args.no_largest_batch or args.hf_config), args.tensors))
     except ValueError as exc:
         print(f"cswap-plan: {exc}", file=sys.stderr)
         return 2

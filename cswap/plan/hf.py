@@ -1,0 +1,81 @@
+"""A Hugging Face model from its config file alone, on the "meta" device: no weights,
+no download, built in a second at any size, for cswap.predict and cswap-plan --hf-config.
+
+    model, inputs = from_config("config.json", batch=1, seq_len=4096, lora_rank=16,
+                                gradient_checkpointing=True)
+    cswap.predict(model, inputs, "l4-24gb", precision="bf16", optimizer="adam")
+
+The class is the config's first `architectures` entry (LlamaForCausalLM, ...),
+else the first that transformers can build from it of a sequence-to-sequence LM
+(encoder-decoder configs), a masked LM (encoders such as BERT), a causal LM and
+the bare model. Inputs are token ids with labels
+equal to them, so the model computes its own loss (cswap.plan.inputs.default_loss).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .inputs import Inputs
+
+__all__ = ["from_config"]
+
+_AUTO_CLASSES = ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("cswap: --hf-config needs the transformers package: pip install transformers") from None
+    return transformers
+
+
+def _build(transformers, config):
+    for name in (config.architectures or [])[:1]:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls(config)
+    errors = []
+    for name in ("AutoModelForSeq2SeqLM",) * bool(config.is_encoder_decoder) + _AUTO_CLASSES:
+        try:
+            return getattr(transformers, name).from_config(config)
+        except (ValueError, KeyError) as exc:
+            errors.append(f"{name}: {exc}")
+    raise ValueError(f"cswap: no transformers model class builds from this config ({'; '.join(errors)[:400]})")
+
+
+def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | None = None,
+                gradient_checkpointing: bool = False):
+    """(model on "meta", Inputs of token ids and labels) for the config at `path` (a
+    config.json, or a folder holding one). lora_rank: wrap with peft LoRA of that rank on
+    every linear layer (the base frozen); gradient_checkpointing: as the model's own
+    gradient_checkpointing_enable() with non-reentrant torch.utils.checkpoint."""
+    transformers = _transformers()
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        doc = json.loads(path.read_text())
+        config = transformers.AutoConfig.for_model(doc.pop("model_type"), **doc)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"cswap: {path} is not a Hugging Face config.json with a model_type ({exc})") from None
+    if batch < 1 or seq_len < 1:
+        raise ValueError(f"cswap: batch and seq_len must be at least 1, got {batch} and {seq_len}")
+    with torch.device("meta"):
+        model = _build(transformers, config)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora_rank:
+        try:
+            import peft
+        except ImportError:
+            raise ImportError("cswap: --lora-rank needs the peft package: pip install peft") from None
+        with torch.device("meta"):
+            model = peft.get_peft_model(model, peft.LoraConfig(r=lora_rank, target_modules="all-linear"))
+    model.train()
+    ids = torch.zeros(batch, seq_len, dtype=torch.long, device="meta")
+    return model, Inputs((), {"input_ids": ids, "labels": ids})

@@ -1,0 +1,275 @@
+"""Today's models (issue 25): Hugging Face transformers, peft LoRA, activation
+checkpointing, bf16, timm and torchvision, built tiny from configs (tests/modern.py).
+
+Per model: training patched in every mode is bit-identical to stock autograd over
+three steps, on the CPU default and on the emulated device (no hazards), and
+unpatch leaves the model as it was; a budget is met; cswap.predict runs on it,
+and its traced peak is within 10% of a real CPU step's, with attention as the
+CPU runs it, at short and long sequences.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+
+import cswap
+import modern
+from cpu_memory import cpu_step_peak
+from cswap.plan import attention, fake_gpu
+from cswap.plan.inputs import default_loss
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning",
+                                         "ignore:.*no profile for this device:RuntimeWarning",
+                                         "ignore:.*use_cache=True.*is incompatible:UserWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
+
+STEPS = 3
+MODELS = [n for n in modern.MODELS if n not in ("attention", "prenorm_transformer")]
+
+
+def train(model, inputs, device=None) -> list[list[torch.Tensor]]:
+    """STEPS SGD steps (a seed per step: dropout draws the same masks); each step's gradients."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    grads = []
+    for step in range(STEPS):
+        torch.manual_seed(step)
+        opt.zero_grad(set_to_none=True)
+        if device == "emulated":
+            with cswap.testing.emulated_device() as dev:
+                default_loss(inputs(model)).backward()
+            assert dev.hazards == []
+        else:
+            default_loss(inputs(model)).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        opt.step()
+    return grads
+
+
+def hook_counts(model):
+    return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()]
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+@pytest.mark.parametrize("name", MODELS)
+def test_training_is_bit_identical_and_unpatch_restores(name, mode, device):
+    model, inputs = modern.build(name)
+    expected = train(copy.deepcopy(model), inputs)
+    before = hook_counts(model)
+    patched = cswap.patch(model, mode=mode, candidates="all", min_bytes=0, verbose=False)
+    try:
+        got = train(patched, inputs, device)
+        assert cswap.stats(patched)["offloaded_tensors"] > 0
+    finally:
+        cswap.unpatch(patched)
+    assert hook_counts(model) == before
+    assert len(got) == len(expected)
+    for step, (a, b) in enumerate(zip(got, expected)):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}: gradients differ"
+
+
+def _peak_on_emulated(model, inputs, steps=3) -> list[int]:
+    peaks = []
+    for step in range(steps):
+        with cswap.testing.emulated_device(bandwidth_gbps=math.inf) as dev:
+            torch.manual_seed(step)
+            model.zero_grad(set_to_none=True)
+            default_loss(inputs(model)).backward()
+        assert dev.hazards == []
+        peaks.append(dev.peak_bytes)
+    return peaks
+
+
+@pytest.mark.parametrize("name", ["prenorm_transformer", "llama", "vit"])
+def test_a_budget_between_offload_all_and_none_is_met(name):
+    """Transformers save views of one storage (q, k and v of a projection; a LayerNorm
+    output and its 2-D view): the plan moves storages, so moving part frees what it says
+    (planning per tensor, the pre-norm transformer peaked at up to 1.17x budgets at 0.05-0.15;
+    nearer offload-all the profiled floor itself moves with thread timing)."""
+    model, inputs = modern.build(name)
+    stock = max(_peak_on_emulated(copy.deepcopy(model), inputs, 1))
+    everything = cswap.patch(copy.deepcopy(model), mode="vdnn", candidates="all", min_bytes=0, verbose=False)
+    try:
+        floor = max(_peak_on_emulated(everything, inputs)[1:])
+    finally:
+        cswap.unpatch(everything)
+    assert floor < stock
+    for fraction in (0.15, 0.3, 0.6):
+        budget = int(floor + fraction * (stock - floor))
+        patched = cswap.patch(copy.deepcopy(model), budget=budget, min_bytes=0, verbose=False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                peaks = _peak_on_emulated(patched, inputs, 4)
+        finally:
+            cswap.unpatch(patched)
+        assert max(peaks[1:]) <= budget, (fraction, peaks, budget, floor, stock)  # planned steps within it
+
+
+def test_the_budget_plan_moves_or_keeps_a_storage_whole():
+    """q, k and v are views of one projection's output: a plan that moves k and keeps q
+    frees nothing, so every saved view of a storage gets one choice."""
+    from cswap.patch import _PATCHED
+
+    model, inputs = modern.build("prenorm_transformer")
+    patched = cswap.patch(model, budget=int(3.2e6), min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _peak_on_emulated(patched, inputs, 2)
+        controller = _PATCHED[patched].controller
+        groups, choices = controller.profiler.memory.groups, controller.budget.choices
+    finally:
+        cswap.unpatch(patched)
+    assert any(len(keys) >= 3 for keys in groups)  # q, k, v (and the projection's other views)
+    assert all(len({choices[k] for k in keys}) == 1 for keys in groups), (groups, choices)
+    moved = [c != "keep" for c in choices.values()]
+    assert any(moved) and not all(moved)  # the budget asks for part
+
+
+def _traced_and_real(name, **kwargs):
+    model, inputs = modern.build(name, **kwargs)
+    trace = fake_gpu.trace_step(model, inputs, sdpa_arch=attention.CPU)
+    return trace, cpu_step_peak(model, inputs)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+@pytest.mark.parametrize("name", [*MODELS, "attention"])
+def test_predicted_peak_within_10_percent_of_a_cpu_step(name):
+    trace, real = _traced_and_real(name)
+    assert trace.peak_bytes == pytest.approx(real, rel=0.10)
+
+
+LONG = ["attention", "llama", "llama_bf16", "llama_lora", "gpt2", "bert"]
+
+
+@pytest.mark.parametrize("seq", [512, pytest.param(2048, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", LONG)
+def test_attention_at_long_sequences_is_predicted_as_run(name, seq):
+    """The fake device runs SDPA as the target would (here the CPU: flash attention saves
+    the output and logsumexp; with dropout, GPT-2 and BERT take the math path and save
+    the L x L probabilities), not always as the math fallback."""
+    trace, real = _traced_and_real(name, seq=seq)
+    assert trace.peak_bytes == pytest.approx(real, rel=0.10)
+    assert sum(trace.attention.values()) > 0
+
+
+@pytest.mark.xfail(strict=True, reason="a checkpointed region's recompute with fused attention holds more in the "
+                                       "trace than on the CPU (11% over at L=512, 37% at L=2048): not found yet")
+def test_checkpointed_attention_at_long_sequences():
+    trace, real = _traced_and_real("llama_checkpointed", seq=512)
+    assert trace.peak_bytes == pytest.approx(real, rel=0.10)
+
+
+@pytest.mark.parametrize("arch, dtype, expect", [(90, torch.bfloat16, "flash"), (90, torch.float32, "efficient"),
+                                                 (70, torch.float16, "efficient"), (70, torch.bfloat16, "math")])
+def test_backend_follows_the_cuda_dispatcher(arch, dtype, expect):
+    shape = (2, 4, 128, 64)
+    assert attention.backend(arch, dtype, shape, shape, shape, masked=False, is_causal=True, gqa=False,
+                             dropout=False) == expect
+    # a mask rules out flash; grouped queries rule out memory-efficient attention
+    assert attention.backend(90, torch.bfloat16, shape, shape, shape, masked=True, is_causal=False, gqa=False,
+                             dropout=False) == "efficient"
+    grouped = (2, 2, 128, 64)
+    assert attention.backend(90, torch.float32, shape, grouped, grouped, masked=False, is_causal=True, gqa=True,
+                             dropout=False) == "math"
+    assert attention.backend(90, torch.bfloat16, shape, grouped, grouped, masked=False, is_causal=True, gqa=True,
+                             dropout=False) == "flash"
+    assert attention.backend(attention.CPU, torch.float32, shape, shape, shape, masked=True, is_causal=False,
+                             gqa=False, dropout=True) == "math"
+
+
+def test_predict_takes_keyword_inputs_uses_the_models_loss_and_names_its_attention():
+    model, inputs = modern.build("llama", seq=256)
+    assert inputs.kwargs.keys() == {"input_ids", "labels"}
+    fp32 = cswap.predict(model, inputs.kwargs, "h100-sxm-80gb")
+    bf16 = cswap.predict(model, inputs.kwargs, "h100-sxm-80gb", precision="bf16")
+    assert "2 math" in fp32.sources["attention"]  # fp32 with grouped queries: the math path on CUDA
+    assert "2 flash" in bf16.sources["attention"] and "9.0" in bf16.sources["attention"]
+    assert bf16.peak_bytes() < fp32.peak_bytes()
+    # labels given: the model's own loss; a custom loss on the output works too
+    custom = cswap.predict(model, inputs.kwargs, "h100-sxm-80gb", loss=lambda out: out.logits.float().mean())
+    assert custom.peak_bytes() > 0
+    positional = cswap.predict(model, inputs.kwargs["input_ids"], "h100-sxm-80gb")
+    assert positional.peak_bytes() > 0
+    with pytest.raises(TypeError, match="keyword arguments"):
+        cswap.predict(model, 3, "h100-sxm-80gb")
+
+
+@pytest.mark.parametrize("name", ["llama_lora", "llama_checkpointed", "llama_bf16", "t5", "convnext"])
+def test_predict_runs_on_frozen_checkpointed_and_bf16_models(name):
+    model, inputs = modern.build(name)
+    prediction = cswap.predict(model, inputs.kwargs or inputs.args, "h100-sxm-80gb")
+    assert prediction.peak_bytes("vdnn") <= prediction.peak_bytes("none")
+    assert prediction.step_seconds("none") > 0
+
+
+def test_the_default_moves_a_gelu_models_activations_after_saying_so():
+    """No saved activation of GPT-2 is a ReLU or pooling output: the default (candidates="auto")
+    says so at the first step, names the choices, and offloads every saved activation from then on."""
+    model, inputs = modern.build("gpt2")
+    expected = train(copy.deepcopy(model), inputs)
+    patched = cswap.patch(model, verbose=False)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"none of the \d+ activations .* is a ReLU or pooling output.*"
+                                                r"budget=.*candidates='sparse'") as caught:
+            got = train(patched, inputs)
+        assert sum("ReLU or pooling" in str(w.message) for w in caught) == 1
+        assert cswap.stats(patched)["offloaded_tensors"] > 0
+    finally:
+        cswap.unpatch(patched)
+    assert all(torch.equal(x, y) for a, b in zip(got, expected) for x, y in zip(a, b))
+
+
+def _tiny_config(tmp_path, **overrides):
+    import json
+
+    config = modern.llama_config().to_dict()
+    config.update({"architectures": ["LlamaForCausalLM"], **overrides})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_cswap_plan_takes_a_hugging_face_config(tmp_path, capsys):
+    from cswap.cli.plan import main
+
+    path = _tiny_config(tmp_path)
+    assert main(["--hf-config", str(path), "--seq-len", "64", "--batch", "2", "--lora-rank", "4",
+                 "--gradient-checkpointing", "--gpu", "l4-24gb", "--dtype", "bf16", "--optimizer", "adam",
+                 "--json", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert "2 per step on NVIDIA L4 24GB" in out and "PREDICTED" in out
+    assert "attention assumed" in out and "compute capability 8.9" in out
+    assert "sparsity  assumed: 0" in out  # no CPU steps for a model built from a config alone
+    assert (tmp_path / "plan.json").is_file()
+    # the folder works as well as the file; --lora-rank alone is refused
+    assert main(["--hf-config", str(tmp_path), "--seq-len", "16", "--no-largest-batch"]) == 0
+    with pytest.raises(SystemExit):
+        main(["--lora-rank", "4"])
+    assert main(["--hf-config", str(path), "--sparsity", "auto"]) == 2
+    assert "cannot" in capsys.readouterr().err
+
+
+def test_a_model_from_a_config_is_built_on_meta_with_the_asked_for_wrapping(tmp_path):
+    from cswap.plan.hf import from_config
+
+    model, inputs = from_config(_tiny_config(tmp_path), batch=3, seq_len=8, lora_rank=2,
+                                gradient_checkpointing=True)
+    assert all(p.is_meta for p in model.parameters())
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert model.base_model.model.is_gradient_checkpointing
+    assert inputs.batch == 3 and inputs.kwargs["input_ids"].shape == (3, 8)
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(modern.bert()[0].config.to_json_string())
+    model, _ = from_config(bert)
+    assert type(model).__name__ == "BertForMaskedLM"
+    with pytest.raises(ValueError, match="not a Hugging Face config.json"):
+        from_config(tmp_path / "missing.json")
