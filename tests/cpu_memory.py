@@ -15,13 +15,12 @@ from cswap.plan.inputs import Inputs, default_loss
 
 def cpu_step_peak(model, example_inputs, drop: bool = False, loss=default_loss) -> int:
     """The allocator's peak over one steady-state SGD step on this CPU (the profiler's
-    memory timeline), with oneDNN off: its scratch is allocated outside any tensor, like
-    cuDNN's workspace on a GPU, which the trace leaves to the device reserve. drop: saved
-    activations are dropped at save and made again (zeros) at first use, as an offload
-    that is instantaneous would (the gradients are then wrong; the memory is the point).
-    example_inputs: as cswap.predict takes them (a tensor, a tuple or a dict)."""
-    from torch.profiler._memory_profiler import MemoryProfileTimeline
-
+    memory timeline), with oneDNN off and one thread: oneDNN's scratch and the per-thread
+    buffers of CPU flash attention's backward are workspace, like cuDNN's on a GPU, which
+    the trace leaves to the device reserve. drop: saved activations are dropped at save
+    and made again (zeros) at first use, as an offload that is instantaneous would (the
+    gradients are then wrong; the memory is the point). example_inputs: as cswap.predict
+    takes them (a tensor, a tuple or a dict)."""
     inputs = Inputs.of(example_inputs)
     model = copy.deepcopy(model)
     params, buffers = {id(p) for p in model.parameters()}, {id(b) for b in model.buffers()}
@@ -52,12 +51,25 @@ def cpu_step_peak(model, example_inputs, drop: bool = False, loss=default_loss) 
         value.backward()
         opt.step()
 
-    with torch.backends.mkldnn.flags(enabled=False):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.backends.mkldnn.flags(enabled=False):
+            peak = _profiled_peak(step, opt, restored)
+    finally:
+        torch.set_num_threads(threads)
+    return peak
+
+
+def _profiled_peak(step, opt, restored) -> int:
+    """The peak of the second step (the first gives the optimizer its state)."""
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+    step()
+    opt.zero_grad(set_to_none=True)
+    restored.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                record_shapes=True, with_stack=True) as prof:
         step()
-        opt.zero_grad(set_to_none=True)
-        restored.clear()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                    record_shapes=True, with_stack=True) as prof:
-            step()
     _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
     return max(sum(s) for s in sizes)
