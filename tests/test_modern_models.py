@@ -273,3 +273,18 @@ def test_a_model_from_a_config_is_built_on_meta_with_the_asked_for_wrapping(tmp_
     assert type(model).__name__ == "BertForMaskedLM"
     with pytest.raises(ValueError, match="not a Hugging Face config.json"):
         from_config(tmp_path / "missing.json")
+
+
+def test_attention_flops_of_grouped_queries_count_as_torch_counts_equal_heads():
+    """torch 2.11's flop formulas refuse grouped-query shapes; the trace counts them itself."""
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    q = torch.empty(2, 4, 128, 16, device="meta")
+    lse = torch.empty(2, 4, 128, device="meta")
+    forward = flop_registry[aten._scaled_dot_product_efficient_attention](q, q, q, None, True, 0.0, False,
+                                                                         out_val=None)
+    backward = flop_registry[aten._scaled_dot_product_efficient_attention_backward](
+        q, q, q, q, None, q, lse, None, None, 0.0, (True, True, True, False), out_val=None)
+    assert fake_gpu._attention_flops("_scaled_dot_product_efficient_attention", (q, q, q)) == forward
+    assert fake_gpu._attention_flops("_scaled_dot_product_efficient_attention_backward", (q, q, q, q)) == backward
