@@ -173,7 +173,8 @@ def test_every_model_predicts(name):
     p = cswap.predict(build(name, dataset="cifar10"), torch.empty(8, *CIFAR), gpu="rtx-4090-24gb", sparsity=0.5)
     # raw offloads only ever take bytes off the device (compressed ones stage a buffer first)
     assert p.peak_bytes("vdnn") <= p.peak_bytes("none") and p.step_seconds("none") > 0
-    assert p.tensors and all(set(t.decisions) == {*whatif.MODES, "budget"} for t in p.tensors)
+    assert {*whatif.MODES, "budget"} <= set(p.modes) <= {*whatif.MODES, "budget", "recompute"}
+    assert p.tensors and all(set(t.decisions) == set(p.modes) for t in p.tensors)
 
 
 def test_a_users_own_module():

@@ -6,8 +6,9 @@
                --gpu l4-24gb --dtype bf16 --optimizer adam
     cswap-plan --list-gpus
 
-One training step is traced on a fake GPU; per mode (none, vdnn, sc, cswap) it
-prints the predicted peak memory and whether it fits, the step time and
+One training step is traced on a fake GPU; per mode (none, vdnn, sc, cswap; budget:
+keep, raw or a codec per tensor within the GPU's memory or --budget; recompute: the
+same with checkpointing blocks as a fourth choice) it prints the predicted peak memory and whether it fits, the step time and
 slowdown against no offload, the bytes over PCIe, the compressed tensors and
 the largest batch that fits; then per saved activation what each mode does
 with it and why. Every figure is a prediction and says from what.
@@ -48,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="fp32 (TF32 convolutions, PyTorch's default), tf32, amp (fp16 autocast), bf16, fp16")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     p.add_argument("--budget", help="a memory limit below the GPU's: 40GiB, 40GB or a fraction like 0.5")
+    p.add_argument("--recompute", default="auto",
+                   help="blocks mode 'recompute' may checkpoint: auto (the repeated blocks: transformer layers, "
+                        "residual blocks), none, or module names separated by commas")
     p.add_argument("--profile", help="a cswap-tune profile of that GPU (measured PCIe and codec times)")
     p.add_argument("--times", help="forward and backward times measured by a cswap run on that GPU: its report "
                                    "folder or epochs.jsonl (replaces the roofline's phase totals)")
@@ -92,6 +96,13 @@ def sparsity_for(spec: str, model, shape, data: str):
                          f"or a number in [0, 1]") from None
 
 
+def _recompute(spec: str):
+    """--recompute: 'auto', 'none' (False) or module names separated by commas."""
+    if spec in ("auto", "none"):
+        return spec if spec == "auto" else False
+    return [name.strip() for name in spec.split(",") if name.strip()]
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -101,11 +112,12 @@ def report(p: Prediction, largest: bool, tensors: int) -> str:
     lines = [f"cswap-plan: {p.batch} per step on {g.label} ({_gib(g.memory_bytes)}), {p.precision}, "
              f"{p.optimizer}. PREDICTED, nothing measured on the GPU.",
              f"limit {_gib(p.capacity_bytes)} ({'budget' if p.budget_bytes else 'memory minus reserve'})", ""]
-    head = f"{'mode':<6} {'peak':>10} {'fits':>4} {'step ms':>9} {'slowdown':>8} {'PCIe GiB':>8} " \
+    w = max(6, *(len(m) for m in p.modes))
+    head = f"{'mode':<{w}} {'peak':>10} {'fits':>4} {'step ms':>9} {'slowdown':>8} {'PCIe GiB':>8} " \
            f"{'offload':>7} {'compr.':>6}" + (f" {'max batch':>9}" if largest else "")
     lines += [head, "-" * len(head)]
     for m, mp in p.modes.items():
-        row = (f"{m:<6} {_gib(mp.peak_bytes):>10} {'yes' if p.fits(m) else 'NO':>4} {mp.step_seconds * 1e3:>9.2f} "
+        row = (f"{m:<{w}} {_gib(mp.peak_bytes):>10} {'yes' if p.fits(m) else 'NO':>4} {mp.step_seconds * 1e3:>9.2f} "
                f"{p.slowdown(m):>+8.1%} {mp.pcie_bytes / 2**30:>8.2f} {mp.offloaded:>7} {mp.compressed:>6}")
         if largest:
             row += f" {p.largest_batch(m):>9}"
@@ -174,7 +186,8 @@ def main(argv=None) -> int:
             spars = sparsity_for(args.sparsity, model, shape, args.data)
         reserve = parse_bytes(args.reserve)
         p = predict(model, inputs, args.gpu, precision=args.dtype, optimizer=args.optimizer, budget=args.budget,
-                    profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve)
+                    profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
+                    recompute=_recompute(args.recompute))
         print(report(p, not (args.no_largest_batch or args.hf_config), args.tensors))
     except ValueError as exc:
         print(f"cswap-plan: {exc}", file=sys.stderr)

@@ -39,6 +39,9 @@ size, as the runtime's default candidates="auto" does). Mode
 "budget" is cswap.plan.budget's plan for the GPU's capacity (or the budget, if
 given) over every saved activation of at least MIN_BYTES (keep, raw or a codec
 each), checked on the full curve and planned again with any overshoot taken off.
+Mode "recompute" is the same with checkpointing blocks as a fourth choice
+(cswap.plan.recompute; `recompute=`: "auto" for the model's repeated blocks,
+module names, a predicate, or False), shown when some block saves activations.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -54,6 +57,7 @@ from torch import nn
 
 from .advisor import Advisor, IterationProfile, TensorProfile, simulate
 from .budget import KEEP, Instance, parse_bytes, plan_budget
+from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
 from .gpus import GPU, gpu as lookup
 from .inputs import Inputs
 from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
@@ -153,6 +157,7 @@ class Prediction:
     _again: object = None     # predict() at another batch, for largest_batch
     _largest: dict = field(default_factory=dict)
     _others: dict = field(default_factory=dict)  # predictions at other batches
+    blocks: list = field(default_factory=list)  # the recompute planner's blocks over `instance`'s tensors
 
     def _mode(self, mode: str) -> ModePrediction:
         if mode not in self.modes:
@@ -367,6 +372,42 @@ def _candidates(groups: list[_Group]) -> list[_Group]:
     return sparse or large
 
 
+def _blocks(names: list[str], trace, movable: list[_Group], op_s: np.ndarray) -> list[Block]:
+    """The blocks the planner may recompute: the saved activations made and saved inside
+    each (not its input, which checkpointing still saves) and its forward's seconds."""
+    blocks = []
+    for name in names:
+        members = tuple(i for i, g in enumerate(movable)
+                        if inside(g.made_in, name) and all(inside(r.module, name) for r in g.records))
+        seconds = float(sum(t for op, t in zip(trace.ops, op_s) if op.phase == "forward" and inside(op.module, name)))
+        blocks.append(Block(name, members, seconds))
+    return blocks
+
+
+def _recompute_mode(trace, groups, starts, phase_s, link, sizes, capacity, blocks) -> tuple[ModePrediction, dict]:
+    """The budget planner with recompute as a fourth choice (cswap.plan.recompute), checked on
+    the full curve and planned again with any overshoot off the budget, as _budget_mode."""
+    inst, movable = _budget_instance(trace, groups, starts, phase_s, link, sizes)
+    target = capacity
+    for _ in range(4):
+        plan = plan_with_recompute(inst, blocks, target)
+        choices = {g.storage: c for g, c in zip(movable, plan.choices) if c not in (KEEP, RECOMPUTE)}
+        mode = _mode("recompute", trace, groups, choices, link, starts, phase_s, sizes)
+        curve = np.array(mode.curve_bytes, dtype=np.float64)
+        for i, c in enumerate(plan.choices):
+            a, b = inst.windows[i]
+            if c == RECOMPUTE and a < b:
+                curve[a:b] -= movable[i].nbytes
+        again = sum(b.seconds for b in blocks if b.name in plan.recomputed)
+        mode = replace(mode, peak_bytes=int(curve.max(initial=0)), step_seconds=mode.step_seconds + again,
+                       compute_seconds=mode.compute_seconds + again, curve_bytes=curve.astype(np.int64).tolist())
+        if mode.peak_bytes <= capacity or not plan.fits:
+            break
+        target -= mode.peak_bytes - capacity
+    choices.update({g.storage: RECOMPUTE for g, c in zip(movable, plan.choices) if c == RECOMPUTE})
+    return mode, choices
+
+
 def _choices(mode: str, groups: list[_Group], decisions) -> dict:
     """What `mode` offloads, as cswap.patch does: storage -> None (raw) or a codec."""
     candidates = _candidates(groups)
@@ -406,7 +447,7 @@ def measured_times(source) -> tuple[dict, str]:
 
 def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", optimizer: str = "sgd",
             loss=None, budget=None, profile=None, sparsity=None, times=None,
-            reserve_bytes: int = RESERVE_BYTES) -> Prediction:
+            reserve_bytes: int = RESERVE_BYTES, recompute="auto") -> Prediction:
     """Predict one training step of `model` on `example_inputs` (a tensor, a tuple of
     forward's positional arguments or a dict of its keyword arguments such as
     {"input_ids": ids, "labels": ids}; any device, "meta" included: only shapes and
@@ -424,7 +465,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     cswap.plan.sparsity.Sparsity, or None (no zeros: compression never pays).
     times: forward and backward seconds measured by a cswap run of this model and
     batch on that GPU (its report folder, epochs.jsonl, or {"forward_s", "backward_s"}):
-    they replace the roofline's phase totals (the roofline still shares them out per op)."""
+    they replace the roofline's phase totals (the roofline still shares them out per op).
+    recompute: the blocks mode "recompute" may checkpoint ("auto": the repeated blocks,
+    transformer layers and residual blocks; module names; a predicate (name, module) ->
+    bool; False for none)."""
     from .sparsity import auto, from_number
 
     if not isinstance(model, nn.Module):
@@ -487,6 +531,14 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         capacity = min(budget_bytes, capacity)
     modes["budget"], plans["budget"], instance = _budget_mode(trace, groups, starts, phase_s, link, sizes,
                                                               capacity)
+    names = resolve(model, recompute) if recompute is not False else []
+    blocks = []
+    if names:
+        movable = [g for g in groups if g.nbytes >= MIN_BYTES]
+        blocks = _blocks(names, trace, movable, op_s)
+        if any(b.members for b in blocks):
+            modes["recompute"], plans["recompute"] = _recompute_mode(trace, groups, starts, phase_s, link, sizes,
+                                                                     capacity, blocks)
     tensors = _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans)
     sources = {
         "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
@@ -507,10 +559,11 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         # measured times at another batch: in proportion to it (compute-bound layers)
         scaled = None if times is None else {f"{k}_s": v * b / batch for k, v in measured.items()}
         return predict(model, resized, g, precision=precision, optimizer=optimizer, loss=loss, budget=budget,
-                       profile=profile, sparsity=sparsity, times=scaled, reserve_bytes=reserve_bytes)
+                       profile=profile, sparsity=sparsity, times=scaled, reserve_bytes=reserve_bytes,
+                       recompute=recompute)
 
     return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, instance,
-                      again)
+                      again, blocks=blocks)
 
 
 def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans) -> list[TensorPrediction]:

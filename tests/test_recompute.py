@@ -1,0 +1,125 @@
+"""Recompute as the budget planner's fourth choice (issue 25): blocks, the planner, the exact
+optimum, cswap.predict's "recompute" mode, and the benchmark's quick run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cswap.plan.advisor import IterationProfile, TensorProfile
+from cswap.plan.budget import KEEP, Instance, plan_budget
+from cswap.plan.recompute import RECOMPUTE, Block, checkpoint_everything, optimum_with_recompute, peak_with, \
+    plan_with_recompute, repeated_blocks, resolve
+
+MiB = 1 << 20
+
+
+class Link:
+    """A profile with a slow link and no codecs: moving a tensor costs time the step cannot hide."""
+
+    bw_d2h = bw_h2d = 1e9
+    codecs = ()
+
+    def seconds(self, codec, direction, size, sparsity):
+        raise AssertionError("no codecs")
+
+
+def instance(n: int = 6, nbytes: int = 64 * MiB) -> Instance:
+    """n tensors saved 1 ms apart in a 6 ms forward and used in reverse in a 12 ms backward,
+    each away from one op after its save to one op before its use on a 2n-op curve."""
+    tensors = tuple(TensorProfile(key=f"{i}:t", layer=f"blocks.{i // 2}", layer_type="Block", op="gelu",
+                                  shape=(nbytes // 4,), itemsize=4, sparsity=0.0, runs=1, save_s=i * 1e-3,
+                                  use_s=(n - 1 - i) * 2e-3, hidden_f=1e-3, hidden_b=2e-3) for i in range(n))
+    curve = np.array([(k + 1) * nbytes if k < n else (2 * n - k) * nbytes for k in range(2 * n)], dtype=float)
+    windows = [(i + 1, 2 * n - 1 - i) for i in range(n)]
+    return Instance.build(IterationProfile(6e-3, 12e-3, tensors), Link(), curve, windows)
+
+
+def test_recompute_frees_a_blocks_members_for_its_forward_time():
+    inst = instance()
+    blocks = [Block(f"blocks.{b}", (2 * b, 2 * b + 1), 0.5e-3) for b in range(3)]
+    budget = 4 * 64 * MiB
+    without = plan_budget(inst, budget)
+    plan = plan_with_recompute(inst, blocks, budget)
+    assert plan.fits and without.fits
+    assert plan.recomputed and plan.extra_seconds < without.extra_seconds  # cheap recompute beats slow copies
+    for b in blocks:  # a block is recomputed whole or not at all
+        assert len({plan.choices[i] == RECOMPUTE for i in b.members}) == 1
+        assert (b.name in plan.recomputed) == (plan.choices[b.members[0]] == RECOMPUTE)
+    assert peak_with(inst, plan.choices) <= budget
+    exact = optimum_with_recompute(inst, blocks, budget)
+    assert exact.extra_seconds <= plan.extra_seconds * (1 + 1e-6) + 1e-9
+    assert plan.extra_seconds <= exact.extra_seconds * 1.02 + 1e-9
+    everything = checkpoint_everything(inst, blocks, budget)
+    assert set(everything.recomputed) == {b.name for b in blocks}
+    assert plan.extra_seconds <= everything.extra_seconds + 1e-12
+
+
+def test_dear_recompute_is_left_to_the_link():
+    inst = instance()
+    blocks = [Block(f"blocks.{b}", (2 * b, 2 * b + 1), 1.0) for b in range(3)]  # a second per block
+    plan = plan_with_recompute(inst, blocks, 4 * 64 * MiB)
+    assert plan.fits and not plan.recomputed
+    assert plan.choices == plan_budget(inst, 4 * 64 * MiB).choices
+    # nothing to do when the step fits
+    fits = plan_with_recompute(inst, blocks, 1e12)
+    assert fits.choices == [KEEP] * inst.n and fits.extra_seconds == 0
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(4, 4)
+        self.layers = nn.ModuleList([Layer(), Layer(), Layer()])
+        self.head = nn.Sequential(nn.ReLU(), nn.Linear(4, 2))
+
+
+def test_the_default_blocks_are_the_repeated_ones_and_names_are_checked():
+    net = Net()
+    assert repeated_blocks(net) == ["layers.0", "layers.1", "layers.2"]  # not head's ReLU and Linear
+    assert resolve(net, "auto") == repeated_blocks(net)
+    assert resolve(net, ["layers.1"]) == ["layers.1"]
+    assert resolve(net, lambda name, m: isinstance(m, Layer)) == ["layers.0", "layers.1", "layers.2"]
+    with pytest.raises(ValueError, match="not a module of this model"):
+        resolve(net, ["layers.9"])
+
+
+def test_predict_shows_a_recompute_mode_for_a_transformer():
+    import modern
+
+    import cswap
+
+    model, inputs = modern.build("llama", seq=512)
+    p = cswap.predict(model, inputs.kwargs, "h100-sxm-80gb", budget=0.5 * 1024**2 + 2e6)
+    assert "recompute" in p.modes and {b.name for b in p.blocks} == {"model.layers.0", "model.layers.1"}
+    assert all(b.members and b.seconds > 0 for b in p.blocks)
+    assert p.step_seconds("recompute") <= p.step_seconds("budget") * (1 + 1e-9) or not p.fits("budget")
+    assert "recompute" not in cswap.predict(model, inputs.kwargs, "h100-sxm-80gb", recompute=False).modes
+
+
+@pytest.mark.slow
+def test_the_benchmark_quick_run(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import plan_recompute
+
+    assert plan_recompute.main(["--quick", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "plan_recompute.json").read_text())["rows"]
+    assert len(rows) == 12
+    for r in rows:
+        assert r["with_recompute_fits"] and r["optimum_fits"]
+        assert r["with_recompute_vs_optimum"] >= -1e-3  # nothing beats the optimum (HiGHS's MIP gap)
+        assert r["with_recompute_ms"] <= r["checkpoint_everything_ms"] * (1 + 1e-9)
+        assert r["with_recompute_ms"] <= r["without_recompute_ms"] * (1 + 1e-9)
+    assert sum(r["with_recompute_vs_optimum"] <= 0.02 for r in rows) >= 11
