@@ -22,7 +22,9 @@ slack for later restores (conservative).
 The planner: which blocks to recompute is searched over a ranking of the
 blocks (bytes freed per second of recompute: its prefixes, then a toggle of
 each block; a step that does not fit counts as slower than any that does),
-each candidate set's remaining tensors planned by cswap.plan.budget.plan_budget.
+each candidate set's remaining tensors planned by the budget planner's greedy
+stage, then refined by toggling blocks with the whole budget planner
+(cswap.plan.budget.plan_budget) while that helps.
 """
 
 from __future__ import annotations
@@ -158,11 +160,13 @@ def _better(a: RecomputePlan, b: RecomputePlan | None) -> bool:
     return a.extra_seconds < b.extra_seconds * (1 - 1e-12) if a.fits else a.peak_bytes < b.peak_bytes
 
 
-def plan_with_recompute(inst: Instance, blocks: list[Block], budget: float) -> RecomputePlan:
+def plan_with_recompute(inst: Instance, blocks: list[Block], budget: float, search_seconds: float = 1.0
+                        ) -> RecomputePlan:
     """The planner (module docstring): blocks ranked by the bytes their members hold per
     second of recompute; the best prefix of that ranking (none, the first, the first two,
-    ... all), then each block toggled once where that helps; every candidate set's other
-    tensors planned by the budget planner's first stage (the final set by all of it)."""
+    ... all), then each block toggled once where that helps, the other tensors planned by
+    the budget planner's first stage; then, by the whole budget planner, blocks toggled
+    while that helps (for at most search_seconds)."""
     started = time.perf_counter()
     useful = sorted((b for b in blocks if b.members),
                     key=lambda b: -sum(inst.nbytes[i] for i in b.members) / max(b.seconds, 1e-12))
@@ -180,7 +184,19 @@ def plan_with_recompute(inst: Instance, blocks: list[Block], budget: float) -> R
         plan = planned(trial)
         if _better(plan, current):
             chosen, current = trial, plan
+    # The chosen set and its neighbours (a block toggled) by the full budget planner, while one helps
     final = _with(inst, chosen, budget, plan_budget, started)
+    deadline = started + search_seconds
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for block in useful:
+            trial = [c for c in chosen if c is not block] if block in chosen else chosen + [block]
+            plan = _with(inst, trial, budget, plan_budget, started)
+            if _better(plan, final):
+                chosen, final, improved = trial, plan, True
+            if time.perf_counter() > deadline:
+                break
     if chosen:  # never worse than the budget planner alone
         alone = _with(inst, [], budget, plan_budget, started)
         final = alone if _better(alone, final) else final
