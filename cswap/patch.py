@@ -14,7 +14,9 @@ import torch
 from torch import nn
 
 from .plan.controller import Controller
+from .plan.recompute import resolve as resolve_blocks
 from .plan.runtime_budget import AUTO
+from .runtime.checkpointing import CheckpointedBlocks
 from .runtime.layers import LayerTracker
 from .runtime.stats import SwapStats
 from .runtime.swapper import Swapper, check_policy
@@ -46,6 +48,7 @@ class _Patch:
         self.checked_compiled = False  # the first pass was checked for compiled graphs cswap cannot read
         self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
         self.restore_forward = None  # budget="auto": puts the model's own forward back
+        self.blocks = None           # recompute=: the blocks the plan may checkpoint
         self.handles = [
             model.register_forward_pre_hook(self._enter, prepend=True),
             model.register_forward_hook(self._exit, always_call=True),
@@ -136,6 +139,8 @@ class _Patch:
     def remove(self) -> None:
         if self.restore_forward is not None:
             self.restore_forward()
+        if self.blocks is not None:
+            self.blocks.detach()
         for handle in self.handles:
             handle.remove()
         if self.hooks_ctx is not None:  # unpatched from inside forward
@@ -186,7 +191,7 @@ def _hooks(swapper: Swapper):
     return torch.autograd.graph.saved_tensors_hooks(swapper.pack, swapper.unpack)
 
 
-def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None, profile=None,
+def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None, recompute=None, profile=None,
           advisor: str = "independent", report_dir=None, verbose: bool = True, **options) -> nn.Module:
     """Offload the activations `model` saves for backward to host memory.
 
@@ -207,6 +212,12 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     first step (offloaded raw, timed and its memory traced) the planner keeps,
     moves raw or compresses each for the least predicted step time within the
     budget, and plans again each epoch end (cswap.plan.runtime_budget).
+    recompute: with a budget, blocks the plan may also checkpoint (recompute in
+    backward instead of keeping or moving what they save): "auto" for the model's
+    repeated blocks (transformer layers, residual blocks), module names, or a
+    predicate (name, module) -> bool; None (the default) for none. Chosen blocks
+    run under torch.utils.checkpoint(use_reentrant=False) from the step after the
+    profiled one (cswap.runtime.checkpointing).
     profile: a cswap.Profile or a path (default: cswap.load_profile()).
     advisor: "independent" (paper eq. 1-4 per tensor) or "timeline" (a
     simulated iteration with shared PCIe links). report_dir: where
@@ -228,9 +239,11 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     mode = mode or "cswap"
     unknown = sorted(set(options) - set(SWAPPER_OPTIONS))
     if unknown:
-        raise TypeError(f"cswap.patch: unknown option {unknown[0]!r}; options are mode, policy, budget, profile, advisor, "
-                        f"report_dir, verbose, {', '.join(SWAPPER_OPTIONS)}")
+        raise TypeError(f"cswap.patch: unknown option {unknown[0]!r}; options are mode, policy, budget, recompute, profile, "
+                        f"advisor, report_dir, verbose, {', '.join(SWAPPER_OPTIONS)}")
     check_policy(mode, policy)  # the swapper only ever sees the controller's policy
+    if recompute is not None and budget is None:
+        raise ValueError("cswap.patch: recompute= lets a budget's plan checkpoint blocks; give budget= too")
     if budget is not None:
         if mode != "cswap" or policy is not None:
             raise ValueError(f"cswap.patch: a budget is planned in mode='cswap' without a policy (got "
@@ -248,9 +261,14 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     controller.warm_up = swapper.warm_up
     if controller.budget is not None:
         swapper.memory_limit = controller.budget.limit
+    names = resolve_blocks(model, recompute) if recompute is not None else []
     unpatch(model)
     tracker.attach(model)
     _PATCHED[model] = entry = _Patch(model, swapper, tracker, controller)
+    if names:
+        controller.blocks = entry.blocks = CheckpointedBlocks(
+            model, names, lambda: controller.budget.recomputed, controller.profiler,
+            stalled=lambda: swapper.stats.counted("offload_stall_s"))
     if budget == AUTO:
         entry.retry_on_oom(model)
     if getattr(model, "_compiled_call_impl", None) is not None:  # model.compile(): hooks run inside the graph

@@ -123,3 +123,89 @@ def test_the_benchmark_quick_run(tmp_path):
         assert r["with_recompute_ms"] <= r["checkpoint_everything_ms"] * (1 + 1e-9)
         assert r["with_recompute_ms"] <= r["without_recompute_ms"] * (1 + 1e-9)
     assert sum(r["with_recompute_vs_optimum"] <= 0.02 for r in rows) >= 11
+
+
+# -- at run time: patch(model, budget=..., recompute=...) ------------------------------------------------------
+
+
+def _train(model, x, steps, device=True):
+    import cswap
+    from cswap.plan.inputs import default_loss
+
+    grads, peaks = [], []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        with cswap.testing.emulated_device(bandwidth_gbps=0.05) as dev:
+            default_loss(x(model)).backward()
+        assert dev.hazards == []
+        grads.append([p.grad.clone() for p in model.parameters()])
+        peaks.append(dev.peak_bytes)
+    return grads, peaks
+
+
+def _blocks_net(n=3):
+    import modern
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[modern.PreNormBlock() for _ in range(n)])
+    from cswap.plan.inputs import Inputs
+
+    return model, Inputs((torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(1)),))
+
+
+@pytest.mark.filterwarnings("ignore:.*no profile for this device:RuntimeWarning")
+def test_checkpointed_blocks_keep_gradients_exact_and_leave_cswap_only_their_inputs():
+    import copy
+
+    import cswap
+    from cswap.patch import _PATCHED
+    from cswap.runtime.checkpointing import CheckpointedBlocks
+
+    model, x = _blocks_net()
+    expected, _ = _train(copy.deepcopy(model), x, 2)
+    counts = {}
+    for chosen in (frozenset(), frozenset({"1", "2"})):
+        patched = cswap.patch(copy.deepcopy(model), mode="vdnn", candidates="all", min_bytes=0, verbose=False)
+        calls = []
+        patched[1].norm1.register_forward_hook(lambda *a: calls.append(1))
+        blocks = CheckpointedBlocks(patched, ["0", "1", "2"], lambda: chosen, _PATCHED[patched].controller.profiler)
+        try:
+            got, _ = _train(patched, x, 2)
+            counts[chosen] = (cswap.stats(patched)["offloaded_tensors"], len(calls))
+        finally:
+            blocks.detach()
+            cswap.unpatch(patched)
+        assert all(torch.equal(a, b) for ga, gb in zip(got, expected) for a, b in zip(ga, gb))
+        assert all("forward" not in m.__dict__ for m in patched.modules())
+    (moved_all, calls_all), (moved_some, calls_some) = counts[frozenset()], counts[frozenset({"1", "2"})]
+    assert moved_some < moved_all        # what blocks 1 and 2 save inside went to checkpoint, not cswap
+    assert calls_some == 2 * calls_all   # block 1 ran again in each backward (its first layer counts)
+
+
+@pytest.mark.filterwarnings("ignore:.*no profile for this device:RuntimeWarning")
+def test_patch_with_recompute_times_the_blocks_plans_and_stays_exact():
+    import copy
+
+    import cswap
+    from cswap.patch import _PATCHED
+    from cswap.plan.runtime_budget import _blocks, _storages
+
+    model, x = _blocks_net()
+    expected, stock = _train(copy.deepcopy(model), x, 3)
+    with pytest.raises(ValueError, match="give budget= too"):
+        cswap.patch(copy.deepcopy(model), recompute="auto")
+    budget = int(0.6 * max(stock))
+    patched = cswap.patch(copy.deepcopy(model), budget=budget, recompute="auto", min_bytes=0, verbose=False)
+    try:
+        got, peaks = _train(patched, x, 3)
+        c = _PATCHED[patched].controller
+        seconds = c.blocks.seconds()
+        units, _, members = _storages(c.profiler.latest(), c.profiler.memory)
+        blocks = _blocks(seconds, members, c.profiler.infos)
+    finally:
+        cswap.unpatch(patched)
+    assert all(torch.equal(a, b) for ga, gb in zip(got, expected) for a, b in zip(ga, gb))
+    assert set(seconds) == {"0", "1", "2"} and all(s > 0 for s in seconds.values())
+    assert all(len(b.members) >= 5 for b in blocks)  # what each block makes and saves inside
+    assert max(peaks[1:]) <= budget
+    assert all("forward" not in m.__dict__ for m in patched.modules())

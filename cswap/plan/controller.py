@@ -62,6 +62,7 @@ class Controller:
         # Called with the (codec, itemsize) pairs the decisions use, to build their
         # kernels before the next step needs them (patch wires Swapper.warm_up).
         self.warm_up = None
+        self.blocks = None  # cswap.runtime.checkpointing.CheckpointedBlocks, with patch(recompute=...)
 
     @property
     def profile(self):
@@ -116,7 +117,9 @@ class Controller:
             self.decisions = self.advisor.decide(iteration)
             self._decided_from = self.profiler.iteration
             if self.budget is not None:
-                self.budget.replan(iteration, self.profiler.memory, self.profile, self.profiler.device)
+                blocks = self.blocks.seconds() if self.blocks is not None else None
+                self.budget.replan(iteration, self.profiler.memory, self.profile, self.profiler.device,
+                                   blocks=blocks, infos=self.profiler.infos)
             if self.warm_up is not None:
                 self.warm_up({(codec, t.itemsize) for t in iteration.tensors
                               if (codec := self._decision(t.key)) not in (None, KEEP)})

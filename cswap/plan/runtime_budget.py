@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from .advisor import IterationProfile
 from .budget import KEEP, Instance, Plan, offload_everything, parse_bytes, plan_budget
+from .recompute import RECOMPUTE, Block, inside, plan_with_recompute
 
 __all__ = ["AUTO", "AUTO_HEADROOM", "RuntimeBudget", "check_budget"]
 
@@ -81,6 +82,17 @@ def _storages(iteration: IterationProfile, memory) -> tuple[IterationProfile, li
             [windows[i] for i in order], [members[i] for i in order])
 
 
+def _blocks(seconds: dict[str, float], members: list[list[str]], infos: dict) -> list[Block]:
+    """Each block's planning units: those whose every tensor it made and saved (its inputs,
+    saved at its boundary, are not: checkpointing still saves them)."""
+    def within(key: str, name: str) -> bool:
+        info = infos.get(key)
+        return info is not None and inside(info.layer, name) and inside(info.saved_in, name)
+
+    return [Block(name, tuple(i for i, keys in enumerate(members) if all(within(k, name) for k in keys)), s)
+            for name, s in seconds.items()]
+
+
 class RuntimeBudget:
     """The plan of one patched model: per tensor key, KEEP, None (raw) or a codec."""
 
@@ -94,6 +106,7 @@ class RuntimeBudget:
         self.plan: Plan | None = None
         self.everything: Plan | None = None  # offloading every tensor, as patch(model) without a budget
         self.instance: Instance | None = None
+        self.recomputed: frozenset[str] = frozenset()  # blocks the plan checkpoints (patch(recompute=...))
         self.compute_s = 0.0
         self._said: set[str] = set()
 
@@ -122,18 +135,27 @@ class RuntimeBudget:
             return int(float(self.spec) * total)
         return parse_bytes(self.spec)
 
-    def replan(self, iteration, memory, profile, device) -> dict:
+    def replan(self, iteration, memory, profile, device, blocks: dict | None = None, infos: dict | None = None
+               ) -> dict:
         """Plan from the profiled step (`iteration`, its MemoryTrace `memory`) and the
-        profile's link and codec figures; returns the new choices."""
+        profile's link and codec figures; returns the new choices. blocks: the blocks the
+        plan may recompute, name -> forward seconds in that step, with `infos` (key ->
+        SwapInfo) telling which tensors each makes and saves inside it."""
         if memory is None or not iteration.tensors:
             return self.choices
         self.bytes = self.resolve(device)
         units, windows, members = _storages(iteration, memory)
         self.instance = inst = Instance.build(units, profile, memory.curve, windows)
-        self.plan = plan_budget(inst, self.bytes)
+        if blocks:
+            self.plan = plan_with_recompute(inst, _blocks(blocks, members, infos or {}), self.bytes)
+            self.recomputed = frozenset(self.plan.recomputed)
+        else:
+            self.plan = plan_budget(inst, self.bytes)
         self.everything = offload_everything(inst, self.bytes)
         self.compute_s = iteration.forward_s + iteration.backward_s
-        self.choices = {key: c for keys, c in zip(members, self.plan.choices) for key in keys}
+        # a recomputed tensor is never seen while its block is checkpointed: raw, should it be
+        self.choices = {key: None if c == RECOMPUTE else c for keys, c in zip(members, self.plan.choices)
+                        for key in keys}
         self._tell()
         return self.choices
 
@@ -178,6 +200,8 @@ class RuntimeBudget:
             "predicted_step_offload_all_s": self.compute_s + self.everything.extra_seconds,
             "plan": f"{sum(c == KEEP for c in self.plan.choices)} keep, "
                     f"{sum(c is None for c in self.plan.choices)} raw, "
-                    f"{sum(c not in (KEEP, None) for c in self.plan.choices)} compressed",
+                    f"{sum(c not in (KEEP, None, RECOMPUTE) for c in self.plan.choices)} compressed"
+                    + (f", {len(self.recomputed)} blocks recomputed ({', '.join(sorted(self.recomputed))})"
+                       if self.recomputed else ""),
             "planning_ms": 1e3 * self.plan.planning_seconds,
         }

@@ -1,0 +1,93 @@
+"""Blocks the budget plan recomputes, at run time: their forward runs under non-reentrant
+torch.utils.checkpoint while the plan says so, and is timed in the profiled step.
+
+Each block's forward is wrapped once at patch time (an instance attribute, put back
+by detach). While `recomputed()` names the block, the wrapper runs the original
+forward through checkpoint(use_reentrant=False): what the block saves inside goes
+to checkpoint's holders instead of cswap's hooks and is made again before the
+block's backward, and its inputs, saved at the boundary, are cswap's to keep or
+move. In the first timed pass (the profiled step) each block's forward is bracketed
+by timing events on its device's compute stream; `seconds()` reads them once that
+pass is over (the profiler has synchronised), and keeps them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .device import device_of
+
+__all__ = ["CheckpointedBlocks"]
+
+
+class CheckpointedBlocks:
+    def __init__(self, model: torch.nn.Module, names: list[str], recomputed, profiler, stalled=lambda: 0.0):
+        modules = dict(model.named_modules())
+        self.blocks = {name: modules[name] for name in names}
+        self.recomputed = recomputed  # () -> the block names to checkpoint now
+        self.profiler = profiler
+        self.stalled = stalled  # () -> seconds the training thread has waited for copies out so far
+        self.events: dict[str, list] = {}  # name -> [device, start, end, seconds waited] in the profiled step
+        self._pass = None                  # that step's profiler pass
+        self._seconds: dict[str, float] | None = None
+        self._restore = []
+        self._handles = []
+        for name, module in self.blocks.items():
+            self._wrap(name, module)
+            self._handles.append(module.register_forward_pre_hook(functools.partial(self._start, name)))
+            self._handles.append(module.register_forward_hook(functools.partial(self._end, name)))
+
+    def _wrap(self, name: str, module: torch.nn.Module) -> None:
+        own = module.__dict__.get("forward")  # an instance attribute of the user's, if any
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def maybe_checkpointed(*args, **kwargs):
+            if name in self.recomputed() and torch.is_grad_enabled():
+                return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+            return forward(*args, **kwargs)
+
+        module.forward = maybe_checkpointed
+        self._restore.append(lambda: setattr(module, "forward", own) if own is not None
+                             else module.__dict__.pop("forward", None))
+
+    def _start(self, name, module, args) -> None:
+        p = self.profiler.current
+        if p is None or not p.timing or self._seconds is not None:
+            return
+        if self._pass is None:
+            self._pass = p
+        if p is not self._pass or name in self.events:  # a recompute in backward, or a second call: the first forward counts
+            return
+        tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        dev = device_of(tensor) if tensor is not None else None
+        if dev is not None:
+            self.events[name] = [dev, dev.record_event(dev.compute_stream(), timing=True), None, self.stalled()]
+
+    def _end(self, name, module, args, output) -> None:
+        entry = self.events.get(name)
+        if entry is not None and entry[2] is None and self.profiler.current is self._pass:
+            dev = entry[0]
+            entry[2] = dev.record_event(dev.compute_stream(), timing=True)
+            entry[3] = self.stalled() - entry[3]
+
+    def seconds(self) -> dict[str, float]:
+        """Each block's forward seconds in the profiled step ({} until that step is over),
+        less what its forward waited for copies out (that step offloads everything: a
+        recompute runs without those waits)."""
+        if self._seconds is None:
+            if self._pass is None or self.profiler.current is self._pass:
+                return {}
+            self._seconds = {name: max(dev.elapsed_s(start, end) - waited, 0.0)
+                             for name, (dev, start, end, waited) in self.events.items() if end is not None}
+        return self._seconds
+
+    def detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for restore in self._restore:
+            restore()
+        self._handles, self._restore = [], []
