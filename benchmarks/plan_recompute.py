@@ -44,9 +44,8 @@ from plan_budget import subset
 
 from cswap import models
 from cswap.plan import whatif
-from cswap.plan.budget import plan_budget
-from cswap.plan.recompute import Block, checkpoint_everything, optimum_with_recompute, peak_with, \
-    plan_with_recompute
+from cswap.plan.budget import peak, plan_budget
+from cswap.plan.recompute import Block, checkpoint_everything, optimum_with_recompute, plan_with_recompute
 from cswap.plan.sparsity import from_number
 
 # (label, builder, GPU, precision, sparsity of ReLU/pooling outputs)
@@ -109,7 +108,7 @@ def instances(traces: dict, count: int, rng: random.Random) -> list:
         sub = subset(inst, chosen)
         sub_blocks = [Block(b.name, tuple(where[i] for i in b.members), b.seconds) for b in picked]
         top = float(sub.curve.max())
-        floor = min(peak_with(sub, [sub.paper_choice(i) for i in range(sub.n)]),
+        floor = min(peak(sub, [sub.paper_choice(i) for i in range(sub.n)]),
                     checkpoint_everything(sub, sub_blocks, top).peak_bytes)
         if top - floor < 0.01 * top:
             continue

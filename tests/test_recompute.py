@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from cswap.plan.advisor import IterationProfile, TensorProfile
-from cswap.plan.budget import KEEP, Instance, plan_budget
-from cswap.plan.recompute import RECOMPUTE, Block, checkpoint_everything, optimum_with_recompute, peak_with, \
+from cswap.plan.budget import KEEP, Instance, peak, plan_budget
+from cswap.plan.recompute import RECOMPUTE, Block, checkpoint_everything, optimum_with_recompute, \
     plan_with_recompute, repeated_blocks, resolve
 
 MiB = 1 << 20
@@ -52,7 +52,7 @@ def test_recompute_frees_a_blocks_members_for_its_forward_time():
     for b in blocks:  # a block is recomputed whole or not at all
         assert len({plan.choices[i] == RECOMPUTE for i in b.members}) == 1
         assert (b.name in plan.recomputed) == (plan.choices[b.members[0]] == RECOMPUTE)
-    assert peak_with(inst, plan.choices) <= budget
+    assert peak(inst, plan.choices) <= budget
     exact = optimum_with_recompute(inst, blocks, budget)
     assert exact.extra_seconds <= plan.extra_seconds * (1 + 1e-6) + 1e-9
     assert plan.extra_seconds <= exact.extra_seconds * 1.02 + 1e-9

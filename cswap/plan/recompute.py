@@ -32,14 +32,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .advisor import IterationProfile
 from .budget import KEEP, Instance, Plan, _cover, _greedy_pick, _prune, evaluate, offload_everything, optimum, \
     plan_budget
 
 __all__ = ["RECOMPUTE", "Block", "RecomputePlan", "checkpoint_everything", "inside", "optimum_with_recompute",
-           "peak_with", "plan_with_recompute", "repeated_blocks", "resolve"]
+           "plan_with_recompute", "repeated_blocks", "resolve"]
 
 RECOMPUTE = "recompute"  # a choice beside KEEP, None (raw) and a codec
 
@@ -229,14 +227,3 @@ def optimum_with_recompute(inst: Instance, blocks: list[Block], budget: float, t
             best = plan
     best.planning_seconds = time.perf_counter() - started
     return best
-
-
-def peak_with(inst: Instance, choices) -> float:
-    """The model's peak for per-tensor choices that may include RECOMPUTE (away like an offload)."""
-    delta = np.zeros(len(inst.curve) + 1)
-    for (a, b), n, c in zip(inst.windows, inst.nbytes, choices):
-        if c != KEEP and a < b:
-            delta[a] -= n
-            delta[b] += n
-    return float((inst.curve + np.cumsum(delta)[:-1]).max()) if len(inst.curve) else 0.0
-
