@@ -1284,6 +1284,29 @@ def test_host_pool_waits_for_the_release_event(dev):
     assert c.data_ptr() == a.data_ptr() and pool.allocations == 2
 
 
+def test_a_buffer_whose_copy_failed_is_idle_not_a_failure_forever(dev):
+    """The copy that last used a pool buffer failed (reported through its item): the buffer
+    is free again. Querying its event raised the old failure at every later use, so the
+    training step after a failed copy failed too, and every one after it."""
+    class Failed:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def event_query(self, event, at=None):
+            raise RuntimeError("link down")
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    pool = HostPool(1 << 20)
+    a = pool.acquire(600, dev)
+    pool.release(a, object(), Failed(dev))
+    assert pool.acquire(600, dev).data_ptr() == a.data_ptr() and pool.allocations == 1
+    pool.release(a, object(), Failed(dev))
+    pool.clear()
+    assert pool.reserved_bytes == 0
+
+
 def test_host_pool_max_bytes_bound(dev):
     warned = []
     pool = HostPool(4096, warn=lambda key, message: warned.append(message))

@@ -41,6 +41,18 @@ def size_class(nbytes: int) -> int:
     return 1 << (max(int(nbytes), 512) - 1).bit_length()
 
 
+def _idle(event, dev) -> bool:
+    """The buffer's last copy is over: done, or failed (that failure was reported through
+    the item that copied; the buffer holds nothing anyone waits for). Without this a pool
+    buffer whose copy failed raised the old failure at every later use, in every step."""
+    if event is None:
+        return True
+    try:
+        return dev.event_query(event, at="host_pool.buffer_free")
+    except Exception:  # noqa: BLE001 - the copy's own failure, already on its item
+        return True
+
+
 class HostPool:
     """Host buffers (pinned when possible) bounded by `max_bytes` in all.
 
@@ -102,7 +114,7 @@ class HostPool:
         whose last copy has completed."""
         for fit in sorted(c for c in self._free if cls <= c <= _REUSE_UP_TO * cls):
             for i, (buf, event, dev) in enumerate(self._free[fit]):
-                if event is None or dev.event_query(event, at="host_pool.buffer_free"):
+                if _idle(event, dev):
                     del self._free[fit][i]
                     self._used.add(buf.data_ptr())
                     return buf
@@ -153,7 +165,7 @@ class HostPool:
         for cls in sorted(self._free, reverse=True):
             keep = []
             for buf, event, dev in self._free[cls]:
-                if select(buf) and (event is None or dev.event_query(event, at="host_pool.buffer_free")):
+                if select(buf) and _idle(event, dev):
                     self.reserved_bytes -= cls
                 else:
                     keep.append((buf, event, dev))
