@@ -54,7 +54,9 @@ def hook_counts(model):
     return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()]
 
 
-@pytest.mark.parametrize("device", ["cpu", "emulated"])
+# The emulated device's half, and the heavier CNNs' peaks, run in the slow set: the quick
+# set stays within the README's five minutes on two cores.
+@pytest.mark.parametrize("device", ["cpu", pytest.param("emulated", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
 @pytest.mark.parametrize("name", MODELS)
 def test_training_is_bit_identical_and_unpatch_restores(name, mode, device):
@@ -138,8 +140,12 @@ def _traced_and_real(name, **kwargs):
     return trace, cpu_step_peak(model, inputs)
 
 
+HEAVY = ("convnext", "mobilenet_v3", "resnet18")
+
+
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
-@pytest.mark.parametrize("name", [*MODELS, "attention"])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n
+                                  for n in [*MODELS, "attention"]])
 def test_predicted_peak_within_10_percent_of_a_cpu_step(name):
     trace, real = _traced_and_real(name)
     assert trace.peak_bytes == pytest.approx(real, rel=0.10)

@@ -129,7 +129,8 @@ def _autocast_mode(low: torch.dtype):
     from torch.nn import functional as F
 
     lower = {F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.linear,
-             F.prelu, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.addbmm,
+             F.prelu, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm, torch.addmm,
+             torch.baddbmm, torch.addbmm,
              torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.mm, torch.Tensor.bmm}
     fp32 = {F.softmax, F.log_softmax, F.cross_entropy, F.nll_loss, F.mse_loss, F.l1_loss, F.smooth_l1_loss,
             F.kl_div, F.binary_cross_entropy_with_logits, F.layer_norm, F.group_norm, torch.softmax,

@@ -60,7 +60,7 @@ class CheckpointedBlocks:
             return
         if self._pass is None:
             self._pass = p
-        if p is not self._pass or name in self.events:  # a recompute in backward, or a second call: the first forward counts
+        if p is not self._pass or name in self.events:  # a recompute in backward or a second call: the first counts
             return
         tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
         dev = device_of(tensor) if tensor is not None else None
