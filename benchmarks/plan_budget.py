@@ -34,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,7 +42,6 @@ from common import RESULTS, environment, write_results
 
 from cswap import models
 from cswap.plan import whatif
-from cswap.plan.advisor import IterationProfile
 from cswap.plan.budget import (KEEP, Instance, largest_first, offload_everything, optimum, peak, per_tensor_rule,
                                plan_budget)
 from cswap.plan.sparsity import from_number
@@ -68,14 +66,6 @@ def trace(name: str, batch: int, gpu: str, sparsity: float, min_bytes: int = wha
     return p.instance
 
 
-def subset(inst: Instance, chosen: list[int]) -> Instance:
-    """The same step with only `chosen` tensors allowed to leave (the others stay)."""
-    it = inst.iteration
-    return Instance(IterationProfile(it.forward_s, it.backward_s, tuple(it.tensors[i] for i in chosen)),
-                    [inst.costs[i] for i in chosen], inst.codecs, inst.bw_d2h, inst.bw_h2d, inst.curve,
-                    [inst.windows[i] for i in chosen], [inst.standalone[i] for i in chosen])
-
-
 def instances(traces: dict, count: int, rng: random.Random) -> list[tuple[str, Instance, float]]:
     """`count` (trace label, subset, budget) draws whose budget is strictly between floor and peak."""
     out = []
@@ -85,7 +75,7 @@ def instances(traces: dict, count: int, rng: random.Random) -> list[tuple[str, I
         inst = traces[label]
         movable = [i for i, (a, b) in enumerate(inst.windows) if a < b]
         chosen = sorted(rng.sample(movable, min(len(movable), rng.randint(5, 20))))
-        sub = subset(inst, chosen)
+        sub = inst.subset(chosen)
         top = float(sub.curve.max())
         floor = peak(sub, [sub.paper_choice(i) for i in range(sub.n)])
         if top - floor < 0.01 * top:  # offloading this subset barely lowers the peak: no decision to make

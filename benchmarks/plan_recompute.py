@@ -40,7 +40,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, environment, write_results
-from plan_budget import subset
 
 from cswap import models
 from cswap.plan import whatif
@@ -105,7 +104,7 @@ def instances(traces: dict, count: int, rng: random.Random) -> list:
         if len(chosen) > 28:  # the exact optimum's MILPs stay small
             continue
         where = {i: j for j, i in enumerate(chosen)}
-        sub = subset(inst, chosen)
+        sub = inst.subset(chosen)
         sub_blocks = [Block(b.name, tuple(where[i] for i in b.members), b.seconds) for b in picked]
         top = float(sub.curve.max())
         floor = min(peak(sub, [sub.paper_choice(i) for i in range(sub.n)]),

@@ -43,7 +43,7 @@ def test_the_planner_is_near_the_optimum_on_the_quick_instances(quick):
 
 def test_subsets_keep_the_trace_and_only_limit_who_may_leave():
     inst = plan_budget.trace("resnet18", 4, "a100-sxm4-40gb", 0.5)
-    sub = plan_budget.subset(inst, [0, 3, 5])
+    sub = inst.subset([0, 3, 5])
     assert sub.n == 3 and list(sub.curve) == list(inst.curve)
     assert sub.windows == [inst.windows[i] for i in (0, 3, 5)]
     assert [t.key for t in sub.iteration.tensors] == [inst.iteration.tensors[i].key for i in (0, 3, 5)]

@@ -78,6 +78,15 @@ class Instance:
     def n(self) -> int:
         return len(self.iteration.tensors)
 
+    def subset(self, chosen: list[int], curve: np.ndarray | None = None) -> "Instance":
+        """The same step with only `chosen` tensors allowed to leave (the others stay, or
+        are accounted for in `curve`, by default this instance's)."""
+        it = self.iteration
+        return Instance(IterationProfile(it.forward_s, it.backward_s, tuple(it.tensors[i] for i in chosen)),
+                        [self.costs[i] for i in chosen], self.codecs, self.bw_d2h, self.bw_h2d,
+                        self.curve if curve is None else curve, [self.windows[i] for i in chosen],
+                        [self.standalone[i] for i in chosen])
+
     def paper_choice(self, i: int):
         """The paper's rule for an offloaded tensor: the codec whose cost beats the raw copy's, else raw."""
         costs = self.standalone[i]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .advisor import IterationProfile
 from .budget import KEEP, Instance, Plan, _cover, _greedy_pick, _prune, evaluate, offload_everything, optimum, \
     plan_budget
 
@@ -113,11 +112,7 @@ def _rest(inst: Instance, recomputed: list[Block]) -> tuple[Instance, list[int]]
     for i in gone:
         a, b = inst.windows[i]
         curve[a:b] -= inst.nbytes[i]
-    it = inst.iteration
-    sub = Instance(IterationProfile(it.forward_s, it.backward_s, tuple(it.tensors[i] for i in keep)),
-                   [inst.costs[i] for i in keep], inst.codecs, inst.bw_d2h, inst.bw_h2d, curve,
-                   [inst.windows[i] for i in keep], [inst.standalone[i] for i in keep])
-    return sub, keep
+    return inst.subset(keep, curve), keep
 
 
 def _combine(inst: Instance, recomputed: list[Block], rest: Plan, kept: list[int], started: float) -> RecomputePlan:
