@@ -162,3 +162,13 @@ def prenorm_transformer(seq: int = 64):
 
 
 MODELS["prenorm_transformer"] = prenorm_transformer
+
+
+def llama_masked(seq: int = 16):
+    """A Llama given the all-ones attention mask a tokenizer returns for an unpadded batch."""
+    model, inputs = llama(seq)
+    ids = inputs.kwargs["input_ids"]
+    return model, Inputs((), {**inputs.kwargs, "attention_mask": torch.ones_like(ids)})
+
+
+MODELS["llama_masked"] = llama_masked

@@ -48,6 +48,7 @@ from torch import nn
 from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
 from .attention import fused_attention_mode
+from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
 
 __all__ = ["DEVICE", "FakeGPUUnavailable", "OpRecord", "SavedRecord", "StepTrace", "kind_of", "trace_step"]
@@ -380,6 +381,7 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
     attention = Counter()
     # around backward too: a checkpointed region's recompute must save what its forward did
     fused = fused_attention_mode(sdpa_arch, attention) if sdpa_arch is not None else contextlib.nullcontext()
+    masks = as_in_a_real_step(example_inputs)  # reads the inputs' values: before the fake mode
     with mode:
         _to_fake(fake, device)
         params = {id(p) for p in fake.parameters()}
@@ -425,7 +427,7 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
         _no_grad_hooks_on_frozen(memory, fake)
         tracker.attach(fake)
         try:
-            with memory, recorder.mode, fused, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with memory, recorder.mode, fused, masks, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 recorder.paused = True  # the batch is made in the tracker's sight, not as an op of the step
                 inputs = _fake_inputs(example_inputs, device, dtype)
                 recorder.paused = False
