@@ -267,8 +267,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     _PATCHED[model] = entry = _Patch(model, swapper, tracker, controller)
     if names:
         controller.blocks = entry.blocks = CheckpointedBlocks(
-            model, names, lambda: controller.budget.recomputed, controller.profiler,
-            stalled=lambda: swapper.stats.counted("offload_stall_s"))
+            model, names, lambda: controller.budget.recomputed, controller.profiler)
     if budget == AUTO:
         entry.retry_on_oom(model)
     if getattr(model, "_compiled_call_impl", None) is not None:  # model.compile(): hooks run inside the graph

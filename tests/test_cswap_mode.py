@@ -67,6 +67,45 @@ def test_profiler_times_and_samples_the_first_iteration(tmp_path):
     assert it.tensors[0].sparsity == pytest.approx(float((relu_out == 0).float().mean()), abs=1e-6)
 
 
+class Chain(nn.Module):
+    """Linear + ReLU layers: 1 MiB outputs, little compute between them."""
+
+    def __init__(self, n=4, width=256):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(n)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_the_profiled_step_times_the_models_compute_not_cswaps_waits(tmp_path):
+    """Issue 26 §3: the timed pass offloads everything raw within the stash limit, so on a
+    slow link each save waits for the copy before it. Those waits (and the sampling) are
+    cswap's, not compute that hides a transfer: the compute clock stops for them, and a
+    tensor's save is stamped before its wait."""
+    x = torch.randn(1024, 256, generator=torch.Generator().manual_seed(0))
+    gbps = 0.02  # 1 MiB in 52 ms: 4 tensors ~ 0.2 s each way, against milliseconds of compute
+    model = cswap.patch(Chain(), profile=profile_with_link(tmp_path, gbps), min_bytes=0, verbose=False)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=gbps, jitter=0.0) as dev:
+            for _ in range(2):  # the second forward finishes the profiled pass
+                model.zero_grad()
+                model(x).sum().backward()
+        assert dev.hazards == []
+        it = _PATCHED[model].controller.profiler.latest()
+        stalled = cswap.stats(model)["offload_stall_s"]
+    finally:
+        cswap.unpatch(model)
+    assert len(it.tensors) == 4
+    link_s = 4 * (1 << 20) / (gbps * 1e9)  # each pass's copies, one way
+    assert stalled > 0.5 * link_s  # the forward did wait for the link
+    # compute only: well below the waits (before the fix forward_s and the hidden times included them)
+    assert it.forward_s < 0.25 * link_s
+    assert sum(t.hidden_f for t in it.tensors) < 0.25 * link_s
+    assert it.backward_s < 0.25 * link_s
+
+
 def test_profiler_samples_zans_size_of_each_tensor(tmp_path):
     model = cswap.patch(Shifted(), profile=profile_with_link(tmp_path, 1.0), verbose=False)
     x, y = data()

@@ -209,3 +209,32 @@ def test_patch_with_recompute_times_the_blocks_plans_and_stays_exact():
     assert all(len(b.members) >= 5 for b in blocks)  # what each block makes and saves inside
     assert max(peaks[1:]) <= budget
     assert all("forward" not in m.__dict__ for m in patched.modules())
+
+
+@pytest.mark.filterwarnings("ignore:.*no profile for this device:RuntimeWarning")
+def test_on_a_slow_link_the_run_time_plan_recomputes_and_meets_the_budget(tmp_path):
+    """With the profile's link as slow as the emulated device's, moving a block's members
+    costs more than running its forward again: the plan made from the profiled step
+    (whose compute no longer counts cswap's waits, issue 26 §3) recomputes blocks,
+    predicts a step well below offloading everything, meets the budget, stays exact."""
+    import copy
+
+    import cswap
+    from cswap.patch import _PATCHED
+    from test_cswap_mode import profile_with_link
+
+    model, x = _blocks_net(4)
+    expected, stock = _train(copy.deepcopy(model), x, 3)
+    budget = int(0.4 * max(stock))
+    patched = cswap.patch(copy.deepcopy(model), budget=budget, recompute="auto", min_bytes=0, verbose=False,
+                          profile=profile_with_link(tmp_path, 0.05))
+    try:
+        got, peaks = _train(patched, x, 3)
+        budget_plan = _PATCHED[patched].controller.budget
+        recomputed, metrics = budget_plan.recomputed, budget_plan.metrics()
+    finally:
+        cswap.unpatch(patched)
+    assert all(torch.equal(a, b) for ga, gb in zip(got, expected) for a, b in zip(ga, gb))
+    assert recomputed, metrics["plan"]
+    assert metrics["predicted_step_s"] < 0.75 * metrics["predicted_step_offload_all_s"]
+    assert max(peaks[1:]) <= budget

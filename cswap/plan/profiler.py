@@ -8,6 +8,15 @@ iteration (one sync). From them: Hidden_f of tensor i is the forward compute unt
 the next tensor is saved (the link is free for it that long), Hidden_b the
 backward compute between the use of the tensor saved after it and its own use.
 
+Those are the model's compute, not cswap's: the swapper brackets its own work at
+each save and use (`pause` ... `resume`: waiting for copies out or in, sampling,
+its host time) with a pair of events, and the times are read on a compute clock
+that stops inside the brackets. A stamp is taken before any wait, so a tensor's
+save is when the model made it, not when the stash let it in; the timed pass
+offloads everything raw and, kept within the stash limit, waits for the link (on
+a GPU the compute stream idles meanwhile), and none of that is counted as compute
+that could hide a transfer.
+
 Sparsity (the "epoch" rows) is sampled on one iteration per epoch with an
 on-device reduction per tensor (non-zero count and number of non-zero runs
 of its integer view: "zero" means all bits zero, as for the codecs) and the
@@ -64,8 +73,8 @@ def zans_bits(hist, numel: int, itemsize: int) -> float:
 @dataclass
 class _Record:
     info: SwapInfo
-    saved: object = None          # event or seconds
-    used: object = None
+    saved: int | None = None      # stamps (indices into the pass's clock)
+    used: int | None = None
     nnz: torch.Tensor | None = None
     runs: torch.Tensor | None = None
     hist: torch.Tensor | None = None  # ZANS's histograms
@@ -82,10 +91,13 @@ class _Pass:
     timing: bool
     sampling: bool
     device: object = None  # the cswap.runtime.device.Device of the tensors
-    start: object = None
-    forward_end: object = None
-    backward_start: object = None
-    last_use: object = None
+    start: int | None = None      # stamps: indices into `stamps`
+    forward_end: int | None = None
+    backward_start: int | None = None
+    last_use: int | None = None
+    stamps: list = field(default_factory=list)                  # timing events on the compute stream, in order
+    pauses: list = field(default_factory=list)                  # (stamp, stamp): cswap's own work between
+    compute: list | None = None                                 # per stamp: compute seconds since start (finish)
     records: dict[str, _Record] = field(default_factory=dict)   # offloaded: timed and sampled
     kept: dict[str, _Record] = field(default_factory=dict)      # kept on the device by the plan: sampled
     ticks: list = field(default_factory=list)                   # (device bytes, keys away), per save and use
@@ -180,8 +192,39 @@ class TensorProfiler:
         self.timing_armed = True
 
     @staticmethod
-    def _stamp(device):
-        return device.record_event(device.compute_stream(), timing=True)
+    def _stamp(p: _Pass, device) -> int:
+        if p.device is None:
+            p.device = device
+        p.stamps.append(device.record_event(device.compute_stream(), timing=True))
+        return len(p.stamps) - 1
+
+    def stamp(self, device) -> int | None:
+        """A timing stamp on the compute clock of the timed pass (None when not timing)."""
+        p = self.current
+        if p is None or not p.timing:
+            return None
+        return self._stamp(p, device)
+
+    def pause(self, device) -> int | None:
+        """cswap's own work starts (a save or use: waits, sampling, bookkeeping): the
+        compute clock stops until `resume`. Returns the stamp (None when not timing)."""
+        p = self.current
+        if p is None or not p.timing:
+            return None
+        start = time.perf_counter()
+        at = self._stamp(p, device)
+        if p.start is None:
+            p.start = at
+        self.overhead_s += time.perf_counter() - start
+        return at
+
+    def resume(self, at: int | None) -> None:
+        p = self.current
+        if at is None or p is None or not p.timing:
+            return
+        start = time.perf_counter()
+        p.pauses.append((at, self._stamp(p, p.device)))
+        self.overhead_s += time.perf_counter() - start
 
     # -- called by the swapper -----------------------------------------------------------
 
@@ -210,27 +253,27 @@ class TensorProfiler:
         p.ticks.append((device.memory_allocated() + incoming, away))
         self.overhead_s += time.perf_counter() - start
 
-    def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo, device, offloaded: bool = True) -> None:
+    def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo, device, offloaded: bool = True,
+                at: int | None = None) -> None:
+        """A candidate was saved (`at`: the stamp its pause began with)."""
         p = self.current
         self.infos[key] = info
         if p is None:
             return
         start = time.perf_counter()
+        if p.device is None:
+            p.device = device
         if not offloaded:  # kept by the plan: only its sparsity
-            p.device = p.device or device
             if p.sampling:
                 p.kept[key] = _Record(info)
                 p.kept[key].sample(t)
             self.overhead_s += time.perf_counter() - start
             return
-        if p.start is None:
-            p.device = device
-            p.start = self._stamp(device)
         record = p.records.setdefault(key, _Record(info))
         if p.timing and self.record_memory:
             record.storage, record.storage_bytes = p.storage_of(t)
-        if p.timing:
-            record.saved = self._stamp(device)
+        if p.timing and at is not None and record.saved is None:
+            record.saved = at
         if p.sampling:
             record.sample(t)
         self.overhead_s += time.perf_counter() - start
@@ -238,20 +281,18 @@ class TensorProfiler:
     def end_forward(self) -> None:
         p = self.current
         if p is not None and p.timing and p.start is not None:
-            p.forward_end = self._stamp(p.device)
+            p.forward_end = self._stamp(p, p.device)
 
-    def on_unpack(self, key: str) -> None:
+    def on_unpack(self, key: str, at: int | None) -> None:
+        """Backward asked for an offloaded tensor (`at`: the stamp its pause began with)."""
         p = self.current
-        if p is None or not p.timing or key not in p.records:
+        if p is None or not p.timing or at is None or key not in p.records:
             return
-        start = time.perf_counter()
-        stamp = self._stamp(p.device)
         if p.backward_start is None:
-            p.backward_start = stamp
+            p.backward_start = at
         if p.records[key].used is None:
-            p.records[key].used = stamp
-        p.last_use = stamp
-        self.overhead_s += time.perf_counter() - start
+            p.records[key].used = at
+        p.last_use = at
 
     # -- results --------------------------------------------------------------------------
 
@@ -279,8 +320,9 @@ class TensorProfiler:
                                                 r.info.dtype.itemsize)
                 at += size
         complete = p.timing and p.records and p.forward_end is not None and \
-            all(r.used is not None for r in p.records.values())
+            all(r.saved is not None and r.used is not None for r in p.records.values())
         if complete:
+            p.compute = self._compute_clock(p)
             self.iteration = self._iteration(p)
             self.device = p.device
             if self.record_memory:
@@ -291,8 +333,22 @@ class TensorProfiler:
         self.overhead_s += time.perf_counter() - start
 
     @staticmethod
-    def _seconds(p: _Pass, a, b) -> float:
-        return max(p.device.elapsed_s(a, b), 0.0)
+    def _compute_clock(p: _Pass) -> list[float]:
+        """Each stamp's seconds since the pass's first, less the pauses that ended by then."""
+        first = p.stamps[0]
+        wall = [max(p.device.elapsed_s(first, e), 0.0) for e in p.stamps]
+        paused_at = [0.0] * len(wall)  # seconds paused in the pause ending at each stamp
+        for a, b in p.pauses:
+            paused_at[b] += max(wall[b] - wall[a], 0.0)
+        clock, paused = [], 0.0
+        for seconds, stop in zip(wall, paused_at):
+            paused += stop
+            clock.append(seconds - paused)
+        return clock
+
+    @staticmethod
+    def _seconds(p: _Pass, a: int, b: int) -> float:
+        return max(p.compute[b] - p.compute[a], 0.0)
 
     def _iteration(self, p: _Pass) -> IterationProfile:
         keys = list(p.records)

@@ -7,8 +7,9 @@ forward through checkpoint(use_reentrant=False): what the block saves inside goe
 to checkpoint's holders instead of cswap's hooks and is made again before the
 block's backward, and its inputs, saved at the boundary, are cswap's to keep or
 move. In the first timed pass (the profiled step) each block's forward is bracketed
-by timing events on its device's compute stream; `seconds()` reads them once that
-pass is over (the profiler has synchronised), and keeps them.
+by stamps on the profiler's compute clock, which stops while cswap waits for copies
+or samples (cswap.plan.profiler): a recompute runs without those waits. `seconds()`
+reads them once that pass is over, and keeps them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ __all__ = ["CheckpointedBlocks"]
 
 
 class CheckpointedBlocks:
-    def __init__(self, model: torch.nn.Module, names: list[str], recomputed, profiler, stalled=lambda: 0.0):
+    def __init__(self, model: torch.nn.Module, names: list[str], recomputed, profiler):
         modules = dict(model.named_modules())
         self.blocks = {name: modules[name] for name in names}
         self.recomputed = recomputed  # () -> the block names to checkpoint now
         self.profiler = profiler
-        self.stalled = stalled  # () -> seconds the training thread has waited for copies out so far
-        self.events: dict[str, list] = {}  # name -> [device, start, end, seconds waited] in the profiled step
+        self.stamps: dict[str, list] = {}  # name -> [start, end] stamps of the profiled step
         self._pass = None                  # that step's profiler pass
         self._seconds: dict[str, float] | None = None
         self._restore = []
@@ -60,29 +60,30 @@ class CheckpointedBlocks:
             return
         if self._pass is None:
             self._pass = p
-        if p is not self._pass or name in self.events:  # a recompute in backward or a second call: the first counts
+        if p is not self._pass or name in self.stamps:  # a recompute in backward or a second call: the first counts
             return
         tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
         dev = device_of(tensor) if tensor is not None else None
         if dev is not None:
-            self.events[name] = [dev, dev.record_event(dev.compute_stream(), timing=True), None, self.stalled()]
+            self.stamps[name] = [self.profiler.stamp(dev), None]
 
     def _end(self, name, module, args, output) -> None:
-        entry = self.events.get(name)
-        if entry is not None and entry[2] is None and self.profiler.current is self._pass:
-            dev = entry[0]
-            entry[2] = dev.record_event(dev.compute_stream(), timing=True)
-            entry[3] = self.stalled() - entry[3]
+        entry = self.stamps.get(name)
+        if entry is not None and entry[1] is None and self.profiler.current is self._pass:
+            entry[1] = self.profiler.stamp(self._pass.device)
 
     def seconds(self) -> dict[str, float]:
-        """Each block's forward seconds in the profiled step ({} until that step is over),
-        less what its forward waited for copies out (that step offloads everything: a
-        recompute runs without those waits)."""
+        """Each block's forward compute seconds in the profiled step ({} until that step
+        is over; a step whose timing was incomplete leaves the blocks to the next)."""
         if self._seconds is None:
             if self._pass is None or self.profiler.current is self._pass:
                 return {}
-            self._seconds = {name: max(dev.elapsed_s(start, end) - waited, 0.0)
-                             for name, (dev, start, end, waited) in self.events.items() if end is not None}
+            clock = self._pass.compute
+            if clock is None:  # not a complete timing: time the blocks again in the next timed pass
+                self._pass, self.stamps = None, {}
+                return {}
+            self._seconds = {name: max(clock[end] - clock[start], 0.0)
+                             for name, (start, end) in self.stamps.items() if end is not None}
         return self._seconds
 
     def detach(self) -> None:

@@ -53,11 +53,12 @@ class Restorer:
     def __init__(self, swapper):
         self.sw = swapper
 
-    def unpack(self, handle: Handle) -> torch.Tensor:
+    def unpack(self, handle: Handle, at: int | None = None) -> torch.Tensor:
+        """The tensor back for backward (`at`: the profiler's stamp of this use, if timed)."""
         sw, item = self.sw, handle.item
         sw.check_version(item)
         if sw.observer is not None:
-            sw.observer.on_unpack(item.key)
+            sw.observer.on_unpack(item.key, at)
         if item.error is not None:  # a prefetch found its host copy corrupt
             raise item.error
         dev = item.device

@@ -239,6 +239,15 @@ class Swapper:
                 self.stats.add("kept_unmovable")
             return Kept(t)
         dev = device_of(t)
+        if dev is None or self.observer is None:
+            return self._pack(t, dev, None)
+        at = self.observer.pause(dev)  # the timed pass: what follows is cswap's, not the model's
+        try:
+            return self._pack(t, dev, at)
+        finally:
+            self.observer.resume(at)
+
+    def _pack(self, t: torch.Tensor, dev: Device | None, at: int | None):
         held = dev is not None and held_for_backward(t)
         incoming = dev.uncounted_bytes(t) if held else 0  # (the emulator counts a storage at its first save)
         if dev is not None and self.observer is not None:
@@ -273,7 +282,7 @@ class Swapper:
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
             self._seen[id(t)] = (weakref.ref(t), t._version, KeptByPolicy(dense_permutation(t)))
             if self.observer is not None:
-                self.observer.on_pack(info.key, t, info, dev, offloaded=False)
+                self.observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return Kept(t)
         item = Item(t, info, codec, dense_permutation(t), self._pass, dev)
         item.ready = dev.record_event(dev.compute_stream())
@@ -283,7 +292,7 @@ class Swapper:
         self._pass.items.append(item)
         self._seen[id(t)] = (item.weak, item.version, item)
         if self.observer is not None:
-            self.observer.on_pack(item.key, t, info, dev)
+            self.observer.on_pack(item.key, t, info, dev, at=at)
         return Handle(item, self)
 
     def _admit(self, item: Item) -> None:
@@ -420,18 +429,24 @@ class Swapper:
     def unpack(self, packed):
         self.surface()
         limit = self.memory_limit()
+        at = None
         if self.observer is not None or limit is not None:
             dev = packed.item.device if isinstance(packed, Handle) else device_of(packed.tensor)
             if dev is not None and self.observer is not None:
+                at = self.observer.pause(dev)  # the timed pass: waits for copies are not compute
                 self.observer.on_tick(self._pass, dev)
             if dev is not None and limit is not None:
                 self._wait_within(limit, dev)
-        if isinstance(packed, Kept):
-            t = packed.tensor
-            if t._version != packed.version:
-                raise modified_error(f"[{t.dtype} {list(t.shape)}]", packed.version, t._version)
-            return t
-        return self.restorer.unpack(packed)
+        try:
+            if isinstance(packed, Kept):
+                t = packed.tensor
+                if t._version != packed.version:
+                    raise modified_error(f"[{t.dtype} {list(t.shape)}]", packed.version, t._version)
+                return t
+            return self.restorer.unpack(packed, at)
+        finally:
+            if at is not None:
+                self.observer.resume(at)
 
     def check_version(self, item: Item) -> None:
         now = item.version_alias._version
