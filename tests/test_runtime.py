@@ -1320,6 +1320,43 @@ def test_host_pool_max_bytes_bound(dev):
         HostPool(-1)
 
 
+def test_the_host_limit_warning_never_holds_the_pools_lock(dev):
+    """Issue 26 (review §1): acquire at the host limit warned while holding the pool's lock,
+    and the warning takes the swapper's; the swapper returns buffers to the pool while
+    holding its own (drop_handle, the worker). A handle dropped while a pack met the
+    limit deadlocked. The window widened: the swapper's lock is held across the warning."""
+    sw = Swapper(mode="vdnn", max_host_bytes=4096)
+    try:
+        held = sw.pool.acquire(4096, dev)
+        warning_given = threading.Event()
+        notice = sw.notice
+
+        def slow_notice(key, message):
+            warning_given.set()
+            notice(key, message)
+
+        sw.pool._warn = slow_notice
+
+        def drop_a_handle():  # as drop_handle: the swapper's lock, then the pool's
+            with sw.lock:
+                locked.set()
+                warning_given.wait(timeout=5)
+                sw.pool.release(held)
+
+        locked = threading.Event()
+        dropper = threading.Thread(target=drop_a_handle, daemon=True)
+        dropper.start()
+        locked.wait(timeout=5)
+        packer = threading.Thread(target=lambda: sw.pool.acquire(1, dev), daemon=True)  # at the limit: warns
+        packer.start()
+        dropper.join(timeout=10)
+        packer.join(timeout=10)
+        assert not dropper.is_alive() and not packer.is_alive(), "deadlock: pool lock held while warning"
+        assert any("host memory limit" in m for m in sw._notices)
+    finally:
+        sw.offloader.stop()
+
+
 def test_host_pool_trims_idle_buffers(dev):
     pool = HostPool(8192)
     small = [pool.acquire(1024, dev) for _ in range(2)]

@@ -15,6 +15,9 @@ later iteration that compresses by up to 4x.
 
 The pool has its own lock and allocates outside it: a pinned allocation on
 the offload worker never blocks forward, which only takes the swapper's lock.
+Lock order: the swapper's lock, then the pool's (the swapper returns buffers
+while holding its own); the pool calls nothing outside itself while holding its
+lock, its warnings included.
 
 Idle buffers go back to the system at `max_bytes`, and at `trim_idle()`
 (cswap calls it at each epoch end): a buffer no request used since the
@@ -91,14 +94,16 @@ class HostPool:
                 return buf
             if self.reserved_bytes + cls > self.max_bytes:
                 self._free_idle(lambda b: self.reserved_bytes + cls > self.max_bytes)
-            if self.reserved_bytes + cls > self.max_bytes:
-                self._warn("host-limit", f"cswap: host memory limit of {self.max_bytes / 2**30:.2f} GiB reached; "
-                                         f"new tensors stay on the device until buffers come back (raise "
-                                         f"max_host_bytes to offload more)")
-                return None
-            self.reserved_bytes += cls  # held for this allocation, made outside the lock
-            self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+            full = self.reserved_bytes + cls > self.max_bytes
+            if not full:
+                self.reserved_bytes += cls  # held for this allocation, made outside the lock
+                self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
             pinned = self.pinned
+        if full:  # warned outside the lock: the warning takes the swapper's lock, which is taken before ours
+            self._warn("host-limit", f"cswap: host memory limit of {self.max_bytes / 2**30:.2f} GiB reached; "
+                                     f"new tensors stay on the device until buffers come back (raise "
+                                     f"max_host_bytes to offload more)")
+            return None
         buf = self._allocate(cls, dev, pinned)
         with self._lock:
             if buf is None:
