@@ -554,6 +554,63 @@ def test_cuda_device_names_its_device_in_every_call(monkeypatch):
         assert torch.device("cuda", 1) in args, (name, args)
 
 
+def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
+    """Issue 26 (review §2): on a worker thread the current device is GPU 0 until set;
+    entering a stream context, allocating, pinning or building kernels there made a
+    context on GPU 0 in every process training on another. Each CUDA call of the seam,
+    and the swapper's kernel warm-up, runs inside torch.cuda.device(its device)."""
+    import cswap.codecs
+    from cswap.runtime.swapper import Swapper
+
+    current = [torch.device("cuda", 0)]  # the thread's current device, as torch.cuda.device sets it
+    calls = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+        def __enter__(self):
+            current.append(self.device)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    def noting(name, result=None):
+        def call(*args, **kwargs):
+            calls.append((name, current[-1]))
+            return _Stream() if result is None else result
+        return call
+
+    class Buffer:
+        copy_ = staticmethod(noting("copy_"))
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.cuda, "stream", noting("stream"))
+    monkeypatch.setattr(torch.cuda, "Stream", noting("Stream"))
+    monkeypatch.setattr(torch.accelerator, "empty_host_cache", noting("empty_host_cache"), raising=False)
+    monkeypatch.setattr(cswap.codecs, "warm_up", noting("warm_up"))
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: noting("empty", real_empty(1))(*a, **k))
+    dev = CudaDevice(torch.device("cuda", 1))
+    stream = dev.side_stream("d2h")
+    dev.copy(Buffer(), None, stream)
+    dev.empty(16, stream)
+    dev.host_empty(16, pinned=True)
+    dev.empty_host_cache()
+    dev.launch(stream, noting("launch"))
+    dev.call(stream, noting("call"))
+    sw = Swapper(mode="sc")
+    try:
+        sw.device, sw.tensor_device = dev, torch.device("cuda", 1)
+        sw.warm_up({("zvc", 4)})
+    finally:
+        sw.offloader.stop()
+    names = [name for name, _ in calls]
+    for expected in ("Stream", "copy_", "empty", "empty_host_cache", "launch", "call", "warm_up"):
+        assert expected in names, (expected, names)
+    assert all(device == torch.device("cuda", 1) for _, device in calls), calls
+
+
 def test_cswap_train_sets_the_cuda_device(monkeypatch):
     from cswap.cli import train as train_cli
 

@@ -25,6 +25,7 @@ telling; the emulator accounts memory and checks races with them).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Callable
 
@@ -82,6 +83,12 @@ class Device:
     def synchronize(self) -> None:
         """The host waits for every stream of this device."""
         raise NotImplementedError
+
+    def guard(self):
+        """A context in which this device is the thread's current one (CUDA: work the
+        runtime starts itself, such as building kernels, lands on it, and no thread
+        makes a context on another GPU)."""
+        return contextlib.nullcontext()
 
     # -- work ------------------------------------------------------------------------------
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
@@ -150,7 +157,10 @@ class Device:
 
 
 class CudaDevice(Device):
-    """torch.cuda for one CUDA device; every call names that device."""
+    """torch.cuda for one CUDA device; every call names that device, or runs with it
+    current: a worker thread's current device is GPU 0 until set, and entering a stream
+    context or pinning memory there would make a context on GPU 0 in a process that
+    trains on another."""
 
     kind = "cuda"
 
@@ -164,13 +174,17 @@ class CudaDevice(Device):
     def compute_stream(self):
         return torch.cuda.current_stream(self.device)
 
+    def guard(self):
+        return torch.cuda.device(self.device)
+
     def side_stream(self, role: str):
         with self._lock:
             stream = self._streams.get(role)
             if stream is None:
                 if role not in SIDE_STREAMS:
                     raise ValueError(f"cswap.runtime: unknown stream role {role!r}")
-                stream = self._streams[role] = torch.cuda.Stream(self.device)
+                with torch.cuda.device(self.device):
+                    stream = self._streams[role] = torch.cuda.Stream(self.device)
             return stream
 
     def record_event(self, stream, timing: bool = False):
@@ -207,7 +221,7 @@ class CudaDevice(Device):
         torch.cuda.synchronize(self.device)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
-        with torch.cuda.stream(stream):
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
 
     def launch(self, stream, fn, reads=(), writes=()) -> None:
@@ -219,16 +233,18 @@ class CudaDevice(Device):
             return fn()
 
     def empty(self, nbytes: int, stream) -> torch.Tensor:
-        with torch.cuda.stream(stream):
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        with torch.cuda.device(self.device):  # pinning registers the memory with the current device's context
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
 
     def empty_host_cache(self) -> None:
         free = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
         if free is not None:
-            free()
+            with torch.cuda.device(self.device):
+                free()
 
     def memory_allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device)

@@ -354,7 +354,8 @@ class Swapper:
         for codec, itemsize in sorted(set(choices) - self._warmed):
             if self.tensor_device is None:
                 return
-            codecs.warm_up(codec, WORD_DTYPES[itemsize], self.tensor_device, self.codec_configs.get(codec))
+            with self.device.guard():  # Triton launches on the current device
+                codecs.warm_up(codec, WORD_DTYPES[itemsize], self.tensor_device, self.codec_configs.get(codec))
             self._warmed.add((codec, itemsize))
 
     def unstash(self, item: Item) -> None:
