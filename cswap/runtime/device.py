@@ -43,6 +43,9 @@ class Device:
 
     kind: str = "device"
     device: torch.device
+    # Whether the runtime tells it what the host and compute touch (on_saved, on_use,
+    # host_access, uncounted_bytes): the emulator, whose accounting and race checks need it.
+    observes: bool = False
 
     # -- streams and events ----------------------------------------------------------------
     def compute_stream(self):
@@ -284,8 +287,14 @@ def device_of(t: torch.Tensor) -> Device | None:
             if dev is None:
                 dev = _CUDA[index] = CudaDevice(torch.device("cuda", index))
         return dev
-    if t.device.type == "cpu":
-        from .emulator import current
-
-        return current()
+    if t.is_cpu:
+        return _emulated_current()
     return None
+
+
+def _emulated_current():
+    global _emulated_current
+    from .emulator import current  # (imported once: emulator imports this module)
+
+    _emulated_current = current
+    return current()

@@ -56,6 +56,7 @@ import torch
 
 from . import sync
 from .device import SIDE_STREAMS, Device
+from .immediate import ImmediateDevice
 
 __all__ = ["EmulatedDevice", "current", "activate", "is_default", "POISON"]
 
@@ -200,6 +201,7 @@ class EmulatedDevice(Device):
     hazards, copies (a log), pinned_bytes, inject_failure(), close()."""
 
     kind = "emulated"
+    observes = True
 
     def __init__(self, bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int = 0,
                  capacity_bytes: int | None = None, pin_latency_s: float = 0.0, log: bool = True):
@@ -779,20 +781,18 @@ class _HostView:
         self.vc = dev.host_vc
 
 
-_DEFAULT: EmulatedDevice | None = None
+_DEFAULT = ImmediateDevice()
 _ACTIVE: list[EmulatedDevice] = []
 _STATE = threading.Lock()
 
 
-def current() -> EmulatedDevice:
-    """The emulator CPU tensors use: the innermost active one, else a zero-delay one."""
-    global _DEFAULT
-    with _STATE:
-        if _ACTIVE:
-            return _ACTIVE[-1]
-        if _DEFAULT is None:
-            _DEFAULT = EmulatedDevice(bandwidth_gbps=math.inf, log=False)
+def current() -> Device:
+    """The device CPU tensors use: the innermost active emulator, else one whose every
+    operation completes at once and checks nothing (cswap.runtime.immediate)."""
+    if not _ACTIVE:  # (a list's truth is read atomically: no lock on the common path)
         return _DEFAULT
+    with _STATE:
+        return _ACTIVE[-1] if _ACTIVE else _DEFAULT
 
 
 def is_default(dev: Device) -> bool:
