@@ -388,7 +388,8 @@ def _fail_then_train(inject, mode="vdnn", undo=lambda: None):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
 def test_a_dead_offload_worker_surfaces_in_the_training_step(monkeypatch):
     """F8: the worker dies (an error it does not catch, e.g. warnings turned into errors):
-    what waited on it is failed, and the step raises instead of waiting for ever."""
+    what waited on it is failed, and the step raises instead of waiting for ever. (Compressed
+    items go through the worker; raw ones with a host buffer to reuse are copied out by pack.)"""
     from cswap.runtime.offload import Offloader
 
     issue = Offloader.issue
@@ -396,7 +397,7 @@ def test_a_dead_offload_worker_surfaces_in_the_training_step(monkeypatch):
     def dying_issue(self, item):
         raise SystemExit("the worker died")  # escapes issue()'s own handling
 
-    error = _fail_then_train(lambda dev, sw: monkeypatch.setattr(Offloader, "issue", dying_issue),
+    error = _fail_then_train(lambda dev, sw: monkeypatch.setattr(Offloader, "issue", dying_issue), mode="sc",
                              undo=lambda: monkeypatch.setattr(Offloader, "issue", issue))
     assert isinstance(error, RuntimeError) and "offload worker stopped" in str(error), error
 

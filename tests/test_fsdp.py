@@ -45,7 +45,7 @@ import cswap  # noqa: E402
 import nets  # noqa: E402
 from cswap.runtime.candidates import is_activation  # noqa: E402
 from cswap.patch import _PATCHED  # noqa: E402
-from cswap.runtime.items import Kept  # noqa: E402
+from cswap.runtime.items import Handle  # noqa: E402
 from ranks import assert_same, run_rank, spawn  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
@@ -169,7 +169,7 @@ class PackRecorder:
         shared = [name for name, (lo, hi) in spans if mine is not None and lo < mine[1] and mine[0] < hi]
         if shared:
             self.parameter_saves += 1
-        if not isinstance(packed, Kept):
+        if isinstance(packed, Handle):  # offloaded (kept tensors are packed as (tensor, version))
             self.offloaded += 1
             self.offloaded_bytes += t.numel() * t.element_size()
             what = f"{type(t).__name__} {t.dtype} {list(t.shape)} (grad_fn {type(t.grad_fn).__name__})"

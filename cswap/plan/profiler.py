@@ -40,6 +40,7 @@ from .advisor import IterationProfile, TensorProfile
 
 __all__ = ["MemoryTrace", "TensorProfiler", "sparsity_and_runs", "zans_histograms", "zans_bits"]
 
+IDLE_PASSES = 3  # passes observed in a row with nothing offloaded before waiting for the epoch's end
 _WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -180,16 +181,21 @@ class TensorProfiler:
         self.record_memory = False                          # trace device memory in the timed pass
         self.memory: MemoryTrace | None = None              # ...of the latest complete timing
         self.device = None                                  # the Device of the latest complete timing
+        self._idle_passes = 0                               # passes observed in a row that offloaded nothing
 
     @property
     def active(self) -> bool:
         return self.current is not None
 
     def arm_sampling(self) -> None:
+        """Sample the next pass (each epoch's end); time it too while no pass has been timed."""
         self.sampling_armed = True
+        self.timing_armed |= self.iteration is None
+        self._idle_passes = 0
 
     def arm_timing(self) -> None:
         self.timing_armed = True
+        self._idle_passes = 0
 
     @staticmethod
     def _stamp(p: _Pass, device) -> int:
@@ -301,10 +307,17 @@ class TensorProfiler:
         iteration's timing if backward used every recorded tensor."""
         p, self.current = self.current, None
         if p is None or not (p.records or p.kept):
-            if p is not None:  # nothing was offloaded in it: observe the next pass instead
+            # Nothing was offloaded in it: observe the next pass instead, a few times (an
+            # evaluation pass, a first step that settles the candidates), then wait for the
+            # epoch's end: observing stamps every save, which a model that offloads nothing
+            # would pay at every step.
+            if p is not None and self._idle_passes < IDLE_PASSES:
+                self._idle_passes += 1
                 self.timing_armed |= p.timing
                 self.sampling_armed |= p.sampling
             return
+        if p.records:
+            self._idle_passes = 0
         start = time.perf_counter()
         p.device.synchronize()
         if p.sampling:
@@ -328,7 +341,8 @@ class TensorProfiler:
             if self.record_memory:
                 storage_of = {k: (r.storage, r.storage_bytes) for k, r in p.records.items()}
                 self.memory = _memory_trace(p.ticks, storage_of)
-        elif p.timing:
+        elif p.timing and (p.records or self._idle_passes < IDLE_PASSES):
+            self._idle_passes += not p.records  # (everything kept: as a pass that offloaded nothing)
             self.timing_armed = True  # no (complete) backward: time the next pass
         self.overhead_s += time.perf_counter() - start
 

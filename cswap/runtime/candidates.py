@@ -13,6 +13,7 @@ at the graph boundary, under the op name "compiled_graph".
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -49,11 +50,20 @@ def movable(t) -> bool:
         t.device.type in ("cuda", "cpu")
 
 
+_NODE_NAMES: dict[type, str] = {}  # autograd node class -> its name without the version ("ReluBackward")
+
+
 def _grad_fn_name(t: torch.Tensor) -> str | None:
     fn = t.grad_fn
-    return _VERSION.sub("", fn.name()) if fn is not None else None
+    if fn is None:
+        return None
+    name = _NODE_NAMES.get(type(fn))
+    if name is None:  # each node class has one name (a custom Function's too)
+        name = _NODE_NAMES[type(fn)] = _VERSION.sub("", fn.name())
+    return name
 
 
+@functools.lru_cache(maxsize=4096)
 def op_name(grad_fn_name: str) -> str:
     """The op as users write it: "MaxPool2DWithIndicesBackward" -> "max_pool2d",
     "ReluBackward" -> "relu", "ConvolutionBackward" -> "convolution"."""
@@ -149,7 +159,7 @@ class SwapInfo:
     index: int               # position among this forward pass's offloaded tensors
     saved_in: str = ""       # module path of the module running when autograd saved it, e.g. "features.3"
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """'3:features.3': the same tensor's id in every iteration of a static network."""
         return f"{self.index}:{self.layer}"

@@ -86,11 +86,12 @@ class HostPool:
         with self._lock:
             return sum(buf.numel() for bufs in self._free.values() for buf, _, _ in bufs)
 
-    def acquire(self, nbytes: int, dev) -> torch.Tensor | None:
+    def acquire(self, nbytes: int, dev, allocate: bool = True) -> torch.Tensor | None:
+        """allocate=False: an idle buffer, or None (nothing allocated or freed, no warning)."""
         cls = size_class(nbytes)
         with self._lock:
             buf = self._reuse(cls)
-            if buf is not None:
+            if buf is not None or not allocate:
                 return buf
             if self.reserved_bytes + cls > self.max_bytes:
                 self._free_idle(lambda b: self.reserved_bytes + cls > self.max_bytes)
@@ -116,13 +117,17 @@ class HostPool:
 
     def _reuse(self, cls: int) -> torch.Tensor | None:
         """An idle buffer of this class, else the smallest of up to _REUSE_UP_TO times it,
-        whose last copy has completed."""
-        for fit in sorted(c for c in self._free if cls <= c <= _REUSE_UP_TO * cls):
-            for i, (buf, event, dev) in enumerate(self._free[fit]):
-                if _idle(event, dev):
-                    del self._free[fit][i]
-                    self._used.add(buf.data_ptr())
-                    return buf
+        whose last copy has completed (the oldest first: its copy is the likeliest done)."""
+        fit = cls
+        while fit <= _REUSE_UP_TO * cls:  # classes are powers of two
+            bufs = self._free.get(fit)
+            if bufs:
+                for i, (buf, event, dev) in enumerate(bufs):
+                    if _idle(event, dev):
+                        del bufs[i]
+                        self._used.add(buf.data_ptr())
+                        return buf
+            fit <<= 1
         return None
 
     def release(self, buf: torch.Tensor, event=None, dev=None) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error"]
+__all__ = ["ISSUED", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error"]
 
 
 def dense_permutation(t: torch.Tensor) -> list[int] | None:
@@ -27,7 +27,8 @@ def restore_strides(y: torch.Tensor, perm: list[int], stride: tuple[int, ...]) -
     """y, the contiguous bytes of a dense tensor in `perm` order, with the saved
     tensor's exact strides: kernels choose their path from strides, size-1
     dimensions' included (an (N, C, 1, 1) channels_last tensor is contiguous too)."""
-    y = y.permute(inverse(perm))
+    if perm != list(range(len(perm))):
+        y = y.permute(inverse(perm))
     return y if y.stride() == stride else y.as_strided(y.shape, stride)
 
 
@@ -50,8 +51,9 @@ def version_alias(t: torch.Tensor) -> torch.Tensor:
     """A tensor that shares t's version counter but not its memory: in-place
     changes to t (or any view of it) stay visible after t itself is gone."""
     alias = t.detach()
-    with torch.autograd._unsafe_preserve_version_counter(alias):
-        alias.set_()
+    version = alias._version
+    alias.set_()  # (bumps the shared counter: put back at once, as _unsafe_preserve_version_counter does)
+    torch._C._autograd._unsafe_set_version_counter((alias,), (version,))
     return alias
 
 
@@ -76,12 +78,13 @@ class Kept:
 class Pass:
     """The items offloaded during one forward pass, in pack order."""
 
-    __slots__ = ("items", "nbytes", "candidates", "__weakref__")
+    __slots__ = ("items", "nbytes", "candidates", "cursor", "__weakref__")
 
     def __init__(self):
         self.items: list[Item] = []
         self.nbytes = 0      # offloaded in this pass
         self.candidates = 0  # tensors that could have left (offloaded or kept by the policy): keys' index
+        self.cursor = None   # (round, step, index): where the last prefetch of a backward stopped
 
 
 class KeptByPolicy:
@@ -95,6 +98,10 @@ class KeptByPolicy:
         self.perm = perm
 
 
+ISSUED = threading.Event()  # the `issued` of items copied out by pack itself (and before offloading starts)
+ISSUED.set()
+
+
 class Item:
     """One offloaded tensor (one storage), shared by every save of it.
 
@@ -103,6 +110,34 @@ class Item:
     device memory goes) -> restored for backward (restored, h2d_done) ->
     served to every save in the round -> freed with its last save.
     """
+
+    # What changes over its life starts here, as class attributes: a new item sets only what
+    # differs (pack makes one per offloaded tensor, on the training thread).
+    ready = None                          # event on compute at pack: the tensor is computed
+    sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
+    header = None                         # the codec Header when sent compressed
+    host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
+    moved = 0                             # bytes sent over the link
+    tail = 0                              # offset of the checksum and verdict words in `host`
+    host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
+    busy = False                          # vdnnpp: a restore is reading `host`
+    d2h_done = None                       # event: the copy out has completed
+    issued: threading.Event = ISSUED      # the worker has handled it (copied, kept, or failed)
+    stashed = False                       # counted in the in-flight offload bytes
+    released = False                      # src dropped after the copy out
+    fallback: torch.Tensor | None = None  # kept on the device (host memory limit)
+    failure: BaseException | None = None  # its offload failed: unpack raises this
+    restored: torch.Tensor | None = None  # for backward, this round
+    h2d_done = None                       # event: the copy in (and decode) has completed
+    verdict_pending = False               # a decoder/checksum verdict waits in `host`
+    prefetch_counted = False              # counted in the in-flight restore bytes
+    error: BaseException | None = None    # a prefetch found the host copy corrupt
+    expected_sum: int | None = None       # vdnnpp: the checksum of the bytes sent, once host compressed
+    last_read = None                      # the latest copy reading `host`
+    handles = 0                           # live saves (handles) of it
+    unpacked = 0                          # of those, served in this round
+    round = 0                             # one round = one backward's use
+    freed = False
 
     def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, pass_: Pass, device):
         self.info = info
@@ -117,31 +152,11 @@ class Item:
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.pass_ = pass_
         self.index = len(pass_.items)
-        self.ready = None                          # event on compute at pack: the tensor is computed
-        self.sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
-        self.header = None                         # the codec Header when sent compressed
-        self.host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
-        self.moved = 0                             # bytes sent over the link
-        self.tail = 0                              # offset of the checksum and verdict words in `host`
-        self.host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
-        self.busy = False                          # vdnnpp: a restore is reading `host`
-        self.d2h_done = None                       # event: the copy out has completed
-        self.issued = threading.Event()            # the worker has handled it (copied, kept, or failed)
-        self.stashed = False                       # counted in the in-flight offload bytes
-        self.released = False                      # src dropped after the copy out
-        self.fallback: torch.Tensor | None = None  # kept on the device (host memory limit)
-        self.failure: BaseException | None = None  # its offload failed: unpack raises this
-        self.restored: torch.Tensor | None = None  # for backward, this round
-        self.h2d_done = None                       # event: the copy in (and decode) has completed
-        self.verdict_pending = False               # a decoder/checksum verdict waits in `host`
-        self.prefetch_counted = False              # counted in the in-flight restore bytes
-        self.error: BaseException | None = None    # a prefetch found the host copy corrupt
-        self.expected_sum: int | None = None       # vdnnpp: the checksum of the bytes sent, once host compressed
-        self.last_read = None                      # the latest copy reading `host`
-        self.handles = 0                           # live saves (handles) of it
-        self.unpacked = 0                          # of those, served in this round
-        self.round = 0                             # one round = one backward's use
-        self.freed = False
+
+    def flat_src(self) -> torch.Tensor:
+        """The dense tensor's bytes in memory order, as a 1-D uint8 view (no copy)."""
+        src = self.src
+        return flat_bytes(src if src.is_contiguous() else src.permute(self.perm))
 
 
 class Handle:

@@ -1,7 +1,12 @@
 """Copy out and release: the offload worker and the releaser.
 
-pack() hands each item to the worker thread, so forward never waits for a
-copy (unless the bytes in flight reached the stash limit). Per item the worker:
+A dense tensor sent raw, when the host pool has an idle buffer for it (every
+step after the first), is copied out by pack itself: the training thread
+queues the copy on the D2H stream (three calls to the device) and hands the
+item to nobody, since a hand-off costs the training thread more than the
+calls. Its release follows below. Everything else goes to the worker thread,
+so forward never waits for a compression, a pinned allocation or a copy
+(unless the bytes in flight reached the stash limit). Per item the worker:
 
   1. prepares the bytes to send, on the compression stream after the item's
      ready event: the codec's payload (a codec reads its output size back on
@@ -18,8 +23,10 @@ item i (D2H stream).
 
 The releaser waits for each item's d2h_done, in issue order, and drops the
 saved tensor and the bytes sent at once: device memory goes when its copy
-completes, with no polling. pack() with the stash full does the same for the
-oldest item itself.
+completes, with no polling. An item whose copy has already completed when it
+is issued (a device whose work completes at once: the CPU's) is released
+there and then, by whichever thread issued it. pack() with the stash full
+waits for the oldest item and releases it itself.
 
 Failures. What is expected is handled: a compression that runs out of device
 memory sends the tensor uncompressed (compress_oom), and a full host pool
@@ -40,7 +47,7 @@ import torch
 
 from .. import codecs
 from . import integrity
-from .items import Item, flat_bytes
+from .items import ISSUED, Item, flat_bytes
 
 __all__ = ["Offloader"]
 
@@ -94,7 +101,8 @@ def _work(swapper_ref, jobs: _Jobs, done: queue.SimpleQueue) -> None:
             if swapper is None:
                 return
             swapper.offloader.issue(item)
-            done.put(item)
+            if not swapper.offloader.released_at_once(item):
+                done.put(item)
             item = swapper = None
     finally:  # stopped, or died: whatever is still queued must not wait on this thread
         stranded = [] if item is None or item is _STOP or item.issued.is_set() else [item]
@@ -135,10 +143,47 @@ class Offloader:
 
     # -- threads ----------------------------------------------------------------------------
 
-    def submit(self, item: Item) -> None:
-        if not (self._threads and all(t.is_alive() for t in self._threads) and self._jobs.put(item)):
-            self._start()  # first use, or a thread stopped: new ones (and a new queue)
+    def offload(self, item: Item) -> None:
+        """Start the item's copy out (see the module docstring): here, for a dense
+        tensor sent raw with an idle host buffer for it, else on the worker."""
+        sw = self.sw
+        if item.codec is None and item.perm is not None and not sw.checksum:
+            host = sw.pool.acquire(item.info.nbytes, item.device, allocate=False)
+            if host is not None:
+                item.issued = ISSUED
+                try:
+                    self._send(item, item.flat_src(), None, host)
+                except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
+                    sw.fail(exc, item)
+                if not self.released_at_once(item):
+                    self._running().put_done(item)
+                return
+        item.issued = threading.Event()
+        self._running().put_job(item)
+
+    def released_at_once(self, item: Item) -> bool:
+        """Release the item now if its copy out has already completed (never raises)."""
+        done = item.d2h_done
+        try:
+            if done is not None and not item.device.event_query(done, at="release.copy_done"):
+                return False
+        except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
+            self.sw.fail(exc, item)
+        self.release(item)
+        return True
+
+    def _running(self) -> "Offloader":
+        if not (self._threads and all(t.is_alive() for t in self._threads)):
+            self._start()  # first use, or a thread stopped: new ones (and new queues)
+        return self
+
+    def put_job(self, item: Item) -> None:
+        if not self._jobs.put(item):  # the worker stopped meanwhile
+            self._start()
             self._jobs.put(item)
+
+    def put_done(self, item: Item) -> None:
+        self._done.put(item)
 
     def _start(self) -> None:
         jobs, done = _Jobs(), queue.SimpleQueue()
@@ -178,25 +223,32 @@ class Offloader:
     def _copy_out(self, item: Item) -> None:
         sw, dev = self.sw, item.device
         src = item.src
-        prepared = item.codec is not None or item.perm is None
-        if prepared:
+        data_ready = None
+        if item.codec is not None or item.perm is None:  # prepared on the compression stream
             compress = dev.side_stream("compress")
             dev.wait_event(compress, item.ready, at="offload.compress_after_ready")
             data, header = dev.call(compress, lambda: self._prepare(item, src, compress), reads=[src])
             data_ready = dev.record_event(compress)
         else:
-            data, header = flat_bytes(src.permute(item.perm)), None
+            data, header = item.flat_src(), None
         sent = data.numel() + (header.header_nbytes if header is not None else 0)
         verdicts = header is not None or sw.checksum
-        tail = tail_offset(sent)
         with sw.lock:
             if item.freed:  # every save died before the copy: nothing to keep
                 return
-        host = sw.pool.acquire(tail + _TAIL if verdicts else sent, dev)
+        host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
         if host is None:  # host memory limit: the tensor stays where it is
             item.fallback = src
             sw.stats.add("kept_on_gpu")
             return
+        self._send(item, data, header, host, data_ready)
+
+    def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, data_ready=None) -> None:
+        """Queue the copy of [header] data into `host` on the D2H stream, after
+        `data_ready` (a preparation) or else the item's ready event."""
+        sw, dev = self.sw, item.device
+        sent = data.numel() + (header.header_nbytes if header is not None else 0)
+        tail = tail_offset(sent)
         offset = 0
         if header is not None:  # written here on the host: no copy, no stream sync for it
             raw = header.to_bytes()
@@ -204,11 +256,11 @@ class Offloader:
             host[: len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
             offset = len(raw)
         d2h = dev.side_stream("d2h")
-        if prepared:
+        if data_ready is not None:
             dev.wait_event(d2h, data_ready, at="offload.copy_after_compress")
         else:
             dev.wait_event(d2h, item.ready, at="offload.copy_after_ready")
-        dev.copy(host[offset: offset + data.numel()], data, d2h)
+        dev.copy(host[offset: offset + data.numel()] if offset or host.numel() != sent else host, data, d2h)
         if sw.checksum:  # of the bytes sent, taken on the device before they leave
             total = dev.empty(8, d2h)
             dev.launch(d2h, lambda: total.view(torch.int64).copy_(integrity.checksum(data).view(1)),
@@ -223,11 +275,8 @@ class Offloader:
                 sw.pool.release(host, done, dev)
             else:
                 item.host = host
-        sw.stats.add("offloaded_tensors")
-        sw.stats.add("offloaded_bytes", item.info.nbytes)
-        sw.stats.add("transferred_bytes", sent)
-        if header is not None:
-            sw.stats.add("compressed_tensors")
+        sw.stats.add_all(("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", sent),
+                         ("compressed_tensors", header is not None))
 
     def _prepare(self, item: Item, src: torch.Tensor, stream):
         """On the compression stream: (bytes to send, header or None)."""

@@ -57,7 +57,7 @@ class Restorer:
         """The tensor back for backward (`at`: the profiler's stamp of this use, if timed)."""
         sw, item = self.sw, handle.item
         sw.check_version(item)
-        if sw.observer is not None:
+        if at is not None:
             sw.observer.on_unpack(item.key, at)
         if item.error is not None:  # a prefetch found its host copy corrupt
             raise item.error
@@ -77,7 +77,8 @@ class Restorer:
         out = item.restored
         if item.h2d_done is not None:  # compute waits for its own item only
             dev.wait_event(compute, item.h2d_done, at="unpack.compute_after_copy_in")
-        dev.on_use(out)
+        if dev.observes:
+            dev.on_use(out)
         with sw.lock:
             if handle.served_round != item.round:
                 handle.served_round = item.round
@@ -86,38 +87,47 @@ class Restorer:
         return out if handle.view is None else out.as_strided(*handle.view)
 
     def prefetch(self, item: Item, round_: int) -> None:
-        """Start restoring the items backward will want next while they fit in the
-        prefetch limit (prefetch_bytes=0 turns prefetch off; an item that does not fit
-        is fetched when backward asks), skipping those already served in this backward
-        (round_: item's round in it). Eager backward unpacks in reverse pack order; a
-        compiled graph's backward unpacks its saved tensors in forward order: the
-        direction follows what was served."""
-        items = item.pass_.items
+        """Start restoring the items backward will want next while the bytes restored
+        ahead and not yet served fit in the prefetch limit (prefetch_bytes=0 turns
+        prefetch off; an item that does not fit is fetched when backward asks),
+        skipping those already served in this backward (round_: item's round in it).
+        Eager backward unpacks in reverse pack order; a compiled graph's backward
+        unpacks its saved tensors in forward order: the direction follows what was
+        served. The pass keeps where the last call stopped (its cursor), so each item
+        is looked at once per backward, however large the window."""
+        sw, pass_ = self.sw, item.pass_
+        items = pass_.items
         before = items[item.index - 1] if item.index > 0 else None
-        ascending = before is not None and not before.freed and before.round != round_
-        order = range(item.index + 1, len(items)) if ascending else range(item.index - 1, -1, -1)
-        budget = self.sw.prefetch_limit(item.pass_)
-        memory_limit = self.sw.memory_limit()
-        for j in order:
+        step = 1 if before is not None and not before.freed and before.round != round_ else -1
+        start = item.index + step
+        cursor = pass_.cursor
+        if cursor is not None and cursor[0] == round_ and cursor[1] == step:  # further on in this backward
+            start = max(start, cursor[2]) if step > 0 else min(start, cursor[2])
+        limit = sw.prefetch_limit(pass_)
+        memory_limit = sw.memory_limit() if sw.memory_limit is not None else None
+        j, end = start, (len(items) if step > 0 else -1)
+        while j != end:
             other = items[j]
             if other.freed or other.round != round_:  # gone, or already served in this backward
+                j += step
                 continue
-            if other.info.nbytes > budget:
+            if sw.prefetched_bytes + other.info.nbytes > limit:
                 break
             if memory_limit is not None and other.device.memory_allocated() + other.info.nbytes > memory_limit:
                 break  # over the memory budget: backward fetches it when it needs it
             if other.restored is None and other.error is None and other.failure is None:
                 try:
                     if self.restore(other):
-                        self.sw.stats.add("prefetched")
-                        with self.sw.lock:
-                            self.sw.count_prefetch(other)
+                        sw.stats.add("prefetched")
+                    with sw.lock:  # restored, or still on the device: ahead of backward either way
+                        sw.count_prefetch(other)
                 except torch.OutOfMemoryError:  # no room now: backward fetches it on demand
-                    self.sw.stats.add("prefetch_oom")
+                    sw.stats.add("prefetch_oom")
                     break
                 except CorruptDataError as exc:  # raised when backward reaches that item
                     other.error = exc
-            budget -= other.info.nbytes
+            j += step
+        pass_.cursor = (round_, step, j)
 
     def on_demand(self, item: Item) -> bool:
         """`restore`; when the device is out of memory, give back the prefetched
@@ -174,7 +184,8 @@ class Restorer:
     def _copy_in(self, item: Item, blob, host: torch.Tensor) -> torch.Tensor:
         sw, dev, info = self.sw, item.device, item.info
         compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
-        shape = [info.shape[p] for p in item.perm] if item.perm is not None else list(info.shape)
+        perm = item.perm
+        shape = info.shape if perm is None or perm == sorted(perm) else [info.shape[p] for p in perm]
         y_bytes = dev.empty(info.nbytes, compute)  # where backward uses and frees it
         dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
         if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer

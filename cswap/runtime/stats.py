@@ -59,6 +59,13 @@ class SwapStats(Mapping):
         with self._lock:
             self._counts[name] += value
 
+    def add_all(self, *pairs) -> None:
+        """add(name, value) for each (name, value), under one lock."""
+        with self._lock:
+            counts = self._counts
+            for name, value in pairs:
+                counts[name] += value
+
     def peak(self, name: str, value: int) -> None:
         with self._lock:
             if value > self._counts[name]:

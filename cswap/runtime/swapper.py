@@ -35,6 +35,7 @@ their warnings are given there too.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -53,7 +54,7 @@ from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, compil
     input_storages, is_activation, movable, op_name, producer
 from .device import Device, device_of
 from .host_pool import HostPool
-from .items import Handle, Item, Kept, KeptByPolicy, Pass, dense_permutation, modified_error
+from .items import Handle, Item, KeptByPolicy, Pass, dense_permutation, modified_error
 from .offload import Offloader
 from .restore import Restorer
 from .stats import SwapStats
@@ -61,6 +62,7 @@ from .stats import SwapStats
 __all__ = ["Swapper", "check_policy", "default_max_host_bytes", "held_for_backward"]
 
 MiB = 1 << 20
+Parameter = torch.nn.Parameter
 AUTO_FRACTION = 8  # default stash and prefetch limits: this fraction of the previous pass's offloaded bytes
 
 
@@ -70,6 +72,12 @@ def default_max_host_bytes(fraction: float = 0.5) -> int:
         return int(fraction * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return 8 << 30
+
+
+@functools.cache
+def _offloadable_dtype(dtype: torch.dtype) -> bool:
+    """Elements of 1, 2, 4 or 8 bytes (the codecs' integer views), not complex."""
+    return dtype.itemsize in (1, 2, 4, 8) and not dtype.is_complex
 
 
 def held_for_backward(t: torch.Tensor) -> bool:
@@ -146,6 +154,7 @@ class Swapper:
                 raise TypeError(f"cswap: {name} must be True or False, got {value!r}")
         _check_codec_configs(codec_configs)
         self.mode = mode
+        self.offloads = mode not in ("none", "save_on_cpu")
         self.policy = policy
         self.candidates = candidates
         self._dense_seen = [0, 0]  # candidates="auto": activations and bytes passed over as dense
@@ -155,10 +164,13 @@ class Swapper:
         self.codec_configs = dict(codec_configs or {})
         self.checksum = checksum
         self.layer = layer or (lambda t: ("", "", ""))  # (made in, its type, saved in)
-        self.observer = observer  # a TensorProfiler (begin_pass, on_tick, on_pack, end_forward, on_unpack), or None
-        # Device bytes to stay within (a memory budget's plan), or None: pack waits for copies
-        # out and prefetch holds back while the device holds more (patch wires the budget).
-        self.memory_limit: Callable[[], int | None] = lambda: None
+        # A TensorProfiler (begin_pass, pause/resume, on_tick, on_pack, end_forward, on_unpack), or None;
+        # none in the modes that offload nothing
+        self.observer = observer if self.offloads else None
+        # () -> device bytes to stay within (a memory budget's plan) or None; None when there is no
+        # budget: pack waits for copies out and prefetch holds back while the device holds more
+        # (patch wires the budget).
+        self.memory_limit: Callable[[], int | None] | None = None
         self.lock = threading.RLock()
         self._warned: set[str] = set()
         self._notices: list[str] = []
@@ -171,7 +183,7 @@ class Swapper:
         self._warmed: set[tuple[str, int]] = set()  # (codec, itemsize) pairs whose kernels are built
         self._inflight: deque[Item] = deque()  # admitted, not yet released, in pack order
         self._offload_bytes = 0                # their bytes (the stash)
-        self._prefetch_bytes = 0               # restored ahead of use, not yet served
+        self.prefetched_bytes = 0              # restored ahead of use, not yet served
         self._largest = 0                      # the largest tensor offloaded so far
         self._previous_pass_bytes = 0          # offloaded in the previous pass
         self._failure: tuple[BaseException, Item | None] | None = None
@@ -233,66 +245,79 @@ class Swapper:
     # -- pack -------------------------------------------------------------------------
 
     def pack(self, t: torch.Tensor):
-        self.surface()
+        """The pack hook. What it keeps in place is packed as (tensor, version) (a detached
+        alias, which avoids the cycle output -> grad_fn -> saved output; autograd's in-place
+        check, which hooks turn off, is made at unpack); what it offloads, as a Handle."""
+        if self._notices or self._failure:
+            self.surface()
+        observer = self.observer
+        observed = observer is not None and observer.current is not None
+        if not observed:  # a weight or a view of one (linear saves weight.t()), the commonest save: kept at once
+            base = t._base if t._is_view() else t
+            if type(base) is Parameter and base.requires_grad:
+                return t, t._version
         if not movable(t):  # stays where it is, before anything reads its storage
             if not (t.is_leaf and t.requires_grad):
                 self.stats.add("kept_unmovable")
-            return Kept(t)
+            return t.detach(), t._version
         dev = device_of(t)
-        if dev is None or self.observer is None:
-            return self._pack(t, dev, None)
-        at = self.observer.pause(dev)  # the timed pass: what follows is cswap's, not the model's
+        if dev is None:
+            return t.detach(), t._version
+        if not observed:
+            return self._pack(t, dev, None, sys._getframe(1))
+        at = observer.pause(dev)  # the timed pass: what follows is cswap's, not the model's
         try:
-            return self._pack(t, dev, at)
+            return self._pack(t, dev, at, sys._getframe(1))
         finally:
-            self.observer.resume(at)
+            observer.resume(at)
 
-    def _pack(self, t: torch.Tensor, dev: Device | None, at: int | None):
-        held = dev is not None and held_for_backward(t)
-        incoming = dev.uncounted_bytes(t) if held else 0  # (the emulator counts a storage at its first save)
-        if dev is not None and self.observer is not None:
-            self.observer.on_tick(self._pass, dev, incoming)  # what the device holds, this tensor included
-        limit = self.memory_limit() if dev is not None else None
-        if limit is not None:
-            self._wait_within(limit - incoming, dev)
-        if held:
+    def _pack(self, t: torch.Tensor, dev: Device, at: int | None, caller):
+        """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t."""
+        observer = self.observer
+        held = held_for_backward(t)
+        incoming = dev.uncounted_bytes(t) if held and dev.observes else 0  # (the emulator counts a first save)
+        if at is not None:
+            observer.on_tick(self._pass, dev, incoming)  # what the device holds, this tensor included
+        if self.memory_limit is not None:
+            limit = self.memory_limit()
+            if limit is not None:
+                self._wait_within(limit - incoming, dev)
+        if held and dev.observes:
             dev.on_saved(t)
-        op = None
-        if self.mode not in ("none", "save_on_cpu") and dev is not None:
-            op = self._candidate_op(t, dev, sys._getframe(1))
+        op = self._candidate_op(t, dev, caller) if self.offloads else None
         if op is None:
-            return Kept(t)
+            return t.detach(), t._version
         shared = self._already_offloaded(t)
         if shared is not None:
-            if not isinstance(shared, Kept):
+            if type(shared) is not tuple:
                 self.stats.add("deduplicated")
             return shared
         if self._pass is None:
             self._pass = Pass()
-        if emulator.is_default(dev):
+        if "cpu" not in self._warned and emulator.is_default(dev):
             self._warn_now("cpu", "cswap: offloading CPU tensors to host memory saves no memory; cswap runs its "
-                                  "full pipeline on CPU (against a zero-delay emulated device) only for testing "
-                                  "and development")
+                                  "full pipeline on CPU (against a device whose operations complete at once) only "
+                                  "for testing and development")
         layer, layer_type, saved_in = self.layer(t)
-        info = SwapInfo(op=op, shape=tuple(t.shape), dtype=t.dtype, nbytes=t.numel() * t.element_size(),
-                        device=t.device, layer=layer, layer_type=layer_type, index=self._pass.candidates,
-                        saved_in=saved_in)
-        self._pass.candidates += 1
+        pass_ = self._pass
+        info = SwapInfo(op, tuple(t.shape), t.dtype, t.numel() * t.element_size(), t.device, layer, layer_type,
+                        pass_.candidates, saved_in)
+        pass_.candidates += 1
         codec = self._choose_codec(info)
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
             self._seen[id(t)] = (weakref.ref(t), t._version, KeptByPolicy(dense_permutation(t)))
-            if self.observer is not None:
-                self.observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
-            return Kept(t)
-        item = Item(t, info, codec, dense_permutation(t), self._pass, dev)
+            if observer is not None:
+                observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
+            return t.detach(), t._version
+        item = Item(t, info, codec, dense_permutation(t), pass_, dev)
         item.ready = dev.record_event(dev.compute_stream())
         self.device, self.tensor_device = dev, t.device
         self._admit(item)
-        self.offloader.submit(item)  # at once: an admitted item is always on its way (pack may raise below)
-        self._pass.items.append(item)
+        self.offloader.offload(item)  # at once: an admitted item is always on its way (pack may raise below)
+        pass_.items.append(item)
         self._seen[id(t)] = (item.weak, item.version, item)
-        if self.observer is not None:
-            self.observer.on_pack(item.key, t, info, dev, at=at)
+        if observer is not None:
+            observer.on_pack(item.key, t, info, dev, at=at)
         return Handle(item, self)
 
     def _admit(self, item: Item) -> None:
@@ -300,17 +325,20 @@ class Swapper:
         the oldest copy out to complete and release it (no polling). A failure found
         while waiting is raised before the item is counted."""
         nbytes = item.info.nbytes
-        self._largest = max(self._largest, nbytes)
+        if nbytes > self._largest:
+            self._largest = nbytes
         limit = self.stash_limit()
         waited_since = None
         while True:
-            self.surface()
+            if self._notices or self._failure:
+                self.surface()
             with self.lock:
                 if not self._inflight or self._offload_bytes + nbytes <= limit:
                     self._offload_bytes += nbytes
                     item.stashed = True
                     self._inflight.append(item)
-                    self.stats.peak("peak_offload_bytes", self._offload_bytes)
+                    if self._offload_bytes > self.stats.counted("peak_offload_bytes"):
+                        self.stats.peak("peak_offload_bytes", self._offload_bytes)
                     break
                 oldest = self._inflight[0]
             waited_since = waited_since or time.perf_counter()
@@ -370,25 +398,23 @@ class Swapper:
         (a flatten after pooling): the same bytes are never sent twice."""
         entry = self._seen.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == t._version and not entry[2].freed:
-            return Kept(t) if isinstance(entry[2], KeptByPolicy) else Handle(entry[2], self)
+            return (t.detach(), t._version) if isinstance(entry[2], KeptByPolicy) else Handle(entry[2], self)
         base = t._base if t._is_view() else None
         entry = self._seen.get(id(base)) if base is not None else None
         if entry is not None and entry[0]() is base and entry[1] == t._version and not entry[2].freed \
                 and entry[2].perm is not None:
             if isinstance(entry[2], KeptByPolicy):
-                return Kept(t)
+                return t.detach(), t._version
             # The restored base has the original strides from storage offset 0.
             view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
             return Handle(entry[2], self, view)
         return None
 
     def _candidate_op(self, t: torch.Tensor, dev: Device, caller) -> str | None:
-        """The op that produced `t` when `t` is to be offloaded, else None. `caller`:
-        the frame that saved it (a compiled graph's saves count whatever `candidates`
-        says: the graph hides which op made them)."""
-        if isinstance(t, torch.nn.Parameter) or t.is_sparse or t.layout != torch.strided or t.numel() == 0:
-            return None
-        if t.dtype.itemsize not in (1, 2, 4, 8) or t.is_complex():
+        """The op that produced `t` when `t` is to be offloaded, else None. `t` is movable.
+        `caller`: the frame that saved it (a compiled graph's saves count whatever
+        `candidates` says: the graph hides which op made them)."""
+        if type(t) is Parameter or not _offloadable_dtype(t.dtype) or t.numel() == 0:
             return None
         floor = self.min_bytes if self.min_bytes is not None else (MiB if dev.kind == "cuda" else 0)
         if not is_activation(t):
@@ -428,26 +454,42 @@ class Swapper:
     # -- unpack ---------------------------------------------------------------------------
 
     def unpack(self, packed):
-        self.surface()
-        limit = self.memory_limit()
-        at = None
-        if self.observer is not None or limit is not None:
-            dev = packed.item.device if isinstance(packed, Handle) else device_of(packed.tensor)
-            if dev is not None and self.observer is not None:
-                at = self.observer.pause(dev)  # the timed pass: waits for copies are not compute
-                self.observer.on_tick(self._pass, dev)
-            if dev is not None and limit is not None:
-                self._wait_within(limit, dev)
+        if self._notices or self._failure:
+            self.surface()
+        observer = self.observer
+        observed = observer is not None and observer.current is not None
+        if type(packed) is tuple:  # kept in place
+            t, version = packed
+            if observed or self.memory_limit is not None:
+                at = self._at_use(device_of(t), observer if observed else None)
+                if at is not None:
+                    observer.resume(at)
+            if t._version != version:
+                raise modified_error(f"[{t.dtype} {list(t.shape)}]", version, t._version)
+            return t
+        if not observed and self.memory_limit is None:
+            return self.restorer.unpack(packed, None)
+        at = self._at_use(packed.item.device, observer if observed else None)
         try:
-            if isinstance(packed, Kept):
-                t = packed.tensor
-                if t._version != packed.version:
-                    raise modified_error(f"[{t.dtype} {list(t.shape)}]", packed.version, t._version)
-                return t
             return self.restorer.unpack(packed, at)
         finally:
             if at is not None:
-                self.observer.resume(at)
+                observer.resume(at)
+
+    def _at_use(self, dev: Device | None, observer) -> int | None:
+        """At a use in the timed pass or under a budget: the profiler's pause (its stamp,
+        or None) and tick, and the wait for copies out while over the budget."""
+        if dev is None:
+            return None
+        at = None
+        if observer is not None:
+            at = observer.pause(dev)  # the timed pass: waits for copies are not compute
+            observer.on_tick(self._pass, dev)
+        if self.memory_limit is not None:
+            limit = self.memory_limit()
+            if limit is not None:
+                self._wait_within(limit, dev)
+        return at
 
     def check_version(self, item: Item) -> None:
         now = item.version_alias._version
@@ -469,13 +511,13 @@ class Swapper:
         """A prefetch was issued (under the lock): in flight until served."""
         if not item.prefetch_counted:
             item.prefetch_counted = True
-            self._prefetch_bytes += item.info.nbytes
-            self.stats.peak("peak_prefetch_bytes", self._prefetch_bytes)
+            self.prefetched_bytes += item.info.nbytes
+            self.stats.peak("peak_prefetch_bytes", self.prefetched_bytes)
 
     def uncount_prefetch(self, item: Item) -> None:
         if item.prefetch_counted:
             item.prefetch_counted = False
-            self._prefetch_bytes -= item.info.nbytes
+            self.prefetched_bytes -= item.info.nbytes
 
     def note_stall(self, dev: Device, asked, restored) -> None:
         """An on-demand restore: compute asked at `asked` and waits for `restored`

@@ -1,0 +1,227 @@
+"""Host time per saved tensor: what cswap costs the training thread (issue 26).
+
+A transformer step saves hundreds of tensors, and every microsecond the training
+thread spends in cswap's hooks is one the GPU may wait. This benchmark makes the
+copies free and measures what is left: a chain of Linear + ReLU layers on tiny
+tensors (default 100 layers of 64 x 64, batch 32, one torch thread), so each
+layer's ReLU output is offloaded and its weight is kept, and reports per provider,
+side by side in one run, the median forward and backward time of a step and the
+time added over unpatched (stock autograd outside any device) per offloaded tensor (pack in forward, unpack in
+backward) and per tensor the hooks keep:
+
+    unpatched       stock autograd
+    hooks           saved_tensors_hooks that return what they get: the floor of any hook-based offload
+    save_on_cpu     torch.autograd.graph.save_on_cpu(): PyTorch's own (a copy per tensor, no threads)
+    keep            cswap.patch, nothing a candidate (min_bytes above every tensor): every save kept
+    vdnn, sc, cswap cswap.patch in its modes (every activation a candidate; sc: ZVC on every one)
+    vdnnpp          vDNN++ as the CSWAP paper emulates it, the torchtune-style baseline: raw
+                    copies, then ZVC on host threads
+
+on each device of cswap's seam (--devices):
+
+    cpu             CPU tensors outside any emulator: cswap's default for them, a device whose
+                    operations complete at once (cswap.runtime.immediate): what users' CPU tests pay
+    emulated        cswap.testing.emulated_device(bandwidth_gbps=inf): the same with the emulator's
+                    race detector, vector clocks and memory accounting on (what CI's tests run;
+                    its block counts stock autograd's saves too, so the hooks, keep and save_on_cpu
+                    rows there are not cswap's alone)
+    lagging         the immediate device with events that complete 20 us after they are recorded,
+                    as a tiny copy on a GPU: releases go through the releaser thread, as on CUDA.
+                    This stands for the CUDA path's own host cost.
+
+and, with --busy, once more with a background thread running Python (as the
+offload worker compressing on the CPU, or a data loader): the training thread
+must not wait for the GIL behind it.
+
+    python benchmarks/overhead.py              # the full run (about a minute on 2 cores)
+    python benchmarks/overhead.py --quick      # a smoke run
+
+Every figure is measured on this machine's CPU (named in the results); on a GPU the
+hooks do the same work, and the copies are queued instead of made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import statistics
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import cswap
+from cswap.runtime import emulator
+from cswap.runtime.immediate import ImmediateDevice
+
+PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "keep", "vdnn", "sc", "cswap", "vdnnpp")
+DEVICES = ("cpu", "emulated", "lagging")
+LAG_S = 20e-6
+
+
+def chain(layers: int, width: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
+
+
+def _keep_everything(model):
+    return cswap.patch(model, mode="vdnn", min_bytes=1 << 40, verbose=False)
+
+
+def _patched(model, mode):
+    return cswap.patch(model, mode=mode, candidates="all", min_bytes=0, verbose=False)
+
+
+def _identity_hooks():
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+
+
+def provider(name: str, model: nn.Module):
+    """(the model to train, a context to run each step in)."""
+    if name == "unpatched":
+        return model, contextlib.nullcontext
+    if name == "hooks":
+        return model, _identity_hooks
+    if name == "save_on_cpu":
+        return model, torch.autograd.graph.save_on_cpu
+    if name == "keep":
+        return _keep_everything(model), contextlib.nullcontext
+    return _patched(model, name), contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def on_device(name: str):
+    if name == "cpu":
+        yield
+    elif name == "emulated":
+        with cswap.testing.emulated_device(bandwidth_gbps=math.inf):
+            yield
+    elif name == "lagging":
+        with emulator.activate(ImmediateDevice(latency_s=LAG_S)):
+            yield
+    else:
+        raise ValueError(f"unknown device {name!r}; choose from {DEVICES}")
+
+
+@contextlib.contextmanager
+def busy_thread(on: bool):
+    """A thread running Python the whole time (it holds the GIL whenever it can)."""
+    if not on:
+        yield
+        return
+    stop = threading.Event()
+
+    def spin():
+        n = 0
+        while not stop.is_set():
+            n += 1
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int, warmup: int) -> tuple[float, float]:
+    """Median forward and backward seconds of a step."""
+    forward, backward = [], []
+    for i in range(warmup + steps):
+        model.zero_grad(set_to_none=True)
+        with context():
+            start = time.perf_counter()
+            loss = model(x).sum()
+            mid = time.perf_counter()
+            loss.backward()
+            end = time.perf_counter()
+        del loss
+        if i >= warmup:
+            forward.append(mid - start)
+            backward.append(end - mid)
+    return statistics.median(forward), statistics.median(backward)
+
+
+def measure(args) -> list[dict]:
+    torch.set_num_threads(1)  # the hooks' cost, not the matmuls' threading
+    x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
+    offloaded = args.layers  # one ReLU output per layer (the next Linear's save shares it)
+    saved = 3 * args.layers  # per layer: Linear's input and weight, ReLU's output
+    rows = []
+    for busy in ([False, True] if args.busy else [False]):
+        with busy_thread(busy):  # stock autograd outside any device: every device's baseline
+            base_f, base_b = time_steps(chain(args.layers, args.width), contextlib.nullcontext, x, args.steps,
+                                        args.warmup)
+        rows.append({"device": "-", "busy": busy, "provider": "unpatched", "forward_ms": 1e3 * base_f,
+                     "backward_ms": 1e3 * base_b, "step_ms": 1e3 * (base_f + base_b)})
+        for device in args.devices:
+            for name in args.providers:
+                if name == "unpatched":
+                    continue
+                model = chain(args.layers, args.width)
+                with warnings.catch_warnings(), on_device(device), busy_thread(busy):
+                    warnings.simplefilter("ignore")
+                    trained, context = provider(name, model)
+                    forward, backward = time_steps(trained, context, x, args.steps, args.warmup)
+                    patched = name not in ("hooks", "save_on_cpu")
+                    stats = cswap.stats(trained) if patched else {}
+                    if patched:
+                        cswap.unpatch(trained)
+                per = saved if name in ("hooks", "keep") else offloaded
+                pack, unpack = (forward - base_f) / per, (backward - base_b) / per
+                rows.append({"device": device, "busy": busy, "provider": name, "forward_ms": 1e3 * forward,
+                             "backward_ms": 1e3 * backward, "step_ms": 1e3 * (forward + backward),
+                             "offloaded_per_step": stats.get("offloaded_tensors", 0) / (args.warmup + args.steps),
+                             "pack_us": 1e6 * pack, "unpack_us": 1e6 * unpack, "added_us_per_tensor": 1e6 * (pack + unpack),
+                             "per": "saved tensor" if per == saved else "offloaded tensor",
+                             "x_unpatched": (forward + backward) / (base_f + base_b)})
+    for row in rows:  # against save_on_cpu under the same load
+        ref = next((r for r in rows if r["busy"] == row["busy"] and r["provider"] == "save_on_cpu"), None)
+        if ref is not None:
+            row["x_save_on_cpu"] = row["step_ms"] / ref["step_ms"]
+    return rows
+
+
+def show(rows: list[dict]) -> None:
+    print(f"{'device':9} {'busy':5} {'provider':12} {'fwd ms':>8} {'bwd ms':>8} {'x unp.':>7} {'x s_o_c':>7} "
+          f"{'pack us':>8} {'unpack us':>9} {'added us':>9}  per")
+    for r in rows:
+        def f(key, fmt):
+            return format(r[key], fmt) if key in r else "-"
+        print(f"{r['device']:9} {str(r['busy']):5} {r['provider']:12} {r['forward_ms']:8.2f} {r['backward_ms']:8.2f} "
+              f"{f('x_unpatched', '7.2f')} {f('x_save_on_cpu', '7.2f')} {f('pack_us', '8.1f')} "
+              f"{f('unpack_us', '9.1f')} {f('added_us_per_tensor', '9.1f')}  {r.get('per', '')}")
+
+
+def main(argv=None) -> list[dict]:
+    from common import environment, write_results
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 10 layers, few steps")
+    p.add_argument("--layers", type=int, default=100)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=30, help="timed steps per provider (the median is reported)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
+    p.add_argument("--devices", nargs="+", choices=DEVICES, default=list(DEVICES))
+    p.add_argument("--busy", action="store_true", help="also with a thread running Python beside training")
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.steps, args.warmup = 10, 3, 1
+    rows = measure(args)
+    show(rows)
+    cpu = torch.device("cpu")
+    write_results(rows, environment(cpu, torch_threads=1), args, args.out, cpu,
+                  "overhead-quick" if args.quick else "overhead")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
