@@ -6,7 +6,7 @@ copies free and measures what is left: a chain of Linear + ReLU layers on tiny
 tensors (default 100 layers of 64 x 64, batch 32, one torch thread), so each
 layer's ReLU output is offloaded and its weight is kept, and reports per provider,
 side by side in one run, the median forward and backward time of a step and the
-time added over unpatched (stock autograd outside any device) per offloaded tensor (pack in forward, unpack in
+time added over unpatched (stock autograd, timed in turn with them) per offloaded tensor (pack in forward, unpack in
 backward) and per tensor the hooks keep:
 
     unpatched       stock autograd
@@ -21,17 +21,16 @@ on each device of cswap's seam (--devices):
 
     cpu             CPU tensors outside any emulator: cswap's default for them, a device whose
                     operations complete at once (cswap.runtime.immediate): what users' CPU tests pay
-    emulated        cswap.testing.emulated_device(bandwidth_gbps=inf): the same with the emulator's
-                    race detector, vector clocks and memory accounting on (what CI's tests run;
-                    its block counts stock autograd's saves too, so the hooks, keep and save_on_cpu
-                    rows there are not cswap's alone)
+    emulated        the emulated device with instant copies: the same with the emulator's race
+                    detector, vector clocks and memory accounting on (what CI's tests run)
     lagging         the immediate device with events that complete 20 us after they are recorded,
                     as a tiny copy on a GPU: releases go through the releaser thread, as on CUDA.
                     This stands for the CUDA path's own host cost.
 
-and, with --busy, once more with a background thread running Python (as the
-offload worker compressing on the CPU, or a data loader): the training thread
-must not wait for the GIL behind it.
+and, with --busy, once more with a thread copying 64 MiB buffers beside training
+(a copy in flight, as the worker's or a data loader's): torch releases the GIL
+while it copies, so the training thread must not wait behind it. (In mode sc the
+worker compresses while forward goes on: its Python competes for the GIL.)
 
     python benchmarks/overhead.py              # the full run (about a minute on 2 cores)
     python benchmarks/overhead.py --quick      # a smoke run
@@ -56,6 +55,7 @@ from torch import nn
 
 import cswap
 from cswap.runtime import emulator
+from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
 
 PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "keep", "vdnn", "sc", "cswap", "vdnnpp")
@@ -93,34 +93,33 @@ def provider(name: str, model: nn.Module):
     return _patched(model, name), contextlib.nullcontext
 
 
-@contextlib.contextmanager
-def on_device(name: str):
+def make_device(name: str):
+    """The seam's device for CPU tensors (None: cswap's default for them)."""
     if name == "cpu":
-        yield
-    elif name == "emulated":
-        with cswap.testing.emulated_device(bandwidth_gbps=math.inf):
-            yield
-    elif name == "lagging":
-        with emulator.activate(ImmediateDevice(latency_s=LAG_S)):
-            yield
-    else:
-        raise ValueError(f"unknown device {name!r}; choose from {DEVICES}")
+        return None
+    if name == "emulated":
+        return EmulatedDevice(bandwidth_gbps=math.inf, log=False)
+    if name == "lagging":
+        return ImmediateDevice(latency_s=LAG_S)
+    raise ValueError(f"unknown device {name!r}; choose from {DEVICES}")
 
 
 @contextlib.contextmanager
-def busy_thread(on: bool):
-    """A thread running Python the whole time (it holds the GIL whenever it can)."""
+def copy_in_flight(on: bool):
+    """A thread copying 64 MiB buffers the whole time, as a worker's copy or a data
+    loader's would: torch releases the GIL inside the copy, so the training thread
+    should not wait for it."""
     if not on:
         yield
         return
     stop = threading.Event()
+    src, dst = torch.empty(64 << 20, dtype=torch.uint8), torch.empty(64 << 20, dtype=torch.uint8)
 
-    def spin():
-        n = 0
+    def copy():
         while not stop.is_set():
-            n += 1
+            dst.copy_(src)
 
-    thread = threading.Thread(target=spin, daemon=True)
+    thread = threading.Thread(target=copy, daemon=True)
     thread.start()
     try:
         yield
@@ -129,10 +128,10 @@ def busy_thread(on: bool):
         thread.join()
 
 
-def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int, warmup: int) -> tuple[float, float]:
-    """Median forward and backward seconds of a step."""
+def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int) -> tuple[list[float], list[float]]:
+    """Each step's forward and backward seconds."""
     forward, backward = [], []
-    for i in range(warmup + steps):
+    for _ in range(steps):
         model.zero_grad(set_to_none=True)
         with context():
             start = time.perf_counter()
@@ -141,47 +140,61 @@ def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int, warmup: i
             loss.backward()
             end = time.perf_counter()
         del loss
-        if i >= warmup:
-            forward.append(mid - start)
-            backward.append(end - mid)
-    return statistics.median(forward), statistics.median(backward)
+        forward.append(mid - start)
+        backward.append(end - mid)
+    return forward, backward
 
 
 def measure(args) -> list[dict]:
+    """Per device and load: every provider (and stock autograd) in turn, round after round,
+    so that drift in the machine's speed falls on all of them alike; medians of all steps."""
     torch.set_num_threads(1)  # the hooks' cost, not the matmuls' threading
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
     offloaded = args.layers  # one ReLU output per layer (the next Linear's save shares it)
-    saved = 3 * args.layers  # per layer: Linear's input and weight, ReLU's output
+    saved = 3 * args.layers  # per layer: Linear's input and weight (as weight.t()), ReLU's output
     rows = []
     for busy in ([False, True] if args.busy else [False]):
-        with busy_thread(busy):  # stock autograd outside any device: every device's baseline
-            base_f, base_b = time_steps(chain(args.layers, args.width), contextlib.nullcontext, x, args.steps,
-                                        args.warmup)
-        rows.append({"device": "-", "busy": busy, "provider": "unpatched", "forward_ms": 1e3 * base_f,
-                     "backward_ms": 1e3 * base_b, "step_ms": 1e3 * (base_f + base_b)})
         for device in args.devices:
-            for name in args.providers:
-                if name == "unpatched":
-                    continue
-                model = chain(args.layers, args.width)
-                with warnings.catch_warnings(), on_device(device), busy_thread(busy):
-                    warnings.simplefilter("ignore")
-                    trained, context = provider(name, model)
-                    forward, backward = time_steps(trained, context, x, args.steps, args.warmup)
-                    patched = name not in ("hooks", "save_on_cpu")
-                    stats = cswap.stats(trained) if patched else {}
-                    if patched:
-                        cswap.unpatch(trained)
-                per = saved if name in ("hooks", "keep") else offloaded
-                pack, unpack = (forward - base_f) / per, (backward - base_b) / per
-                rows.append({"device": device, "busy": busy, "provider": name, "forward_ms": 1e3 * forward,
-                             "backward_ms": 1e3 * backward, "step_ms": 1e3 * (forward + backward),
-                             "offloaded_per_step": stats.get("offloaded_tensors", 0) / (args.warmup + args.steps),
-                             "pack_us": 1e6 * pack, "unpack_us": 1e6 * unpack, "added_us_per_tensor": 1e6 * (pack + unpack),
-                             "per": "saved tensor" if per == saved else "offloaded tensor",
-                             "x_unpatched": (forward + backward) / (base_f + base_b)})
-    for row in rows:  # against save_on_cpu under the same load
-        ref = next((r for r in rows if r["busy"] == row["busy"] and r["provider"] == "save_on_cpu"), None)
+            dev = make_device(device)
+            active = (lambda: emulator.activate(dev)) if dev is not None else contextlib.nullcontext
+            names = ["unpatched", *(n for n in args.providers if n != "unpatched")]
+            trained = {}
+            times = {name: ([], []) for name in names}
+            with warnings.catch_warnings(), copy_in_flight(busy):
+                warnings.simplefilter("ignore")
+                with active():
+                    for name in names:
+                        trained[name] = provider(name, chain(args.layers, args.width))
+                        time_steps(*trained[name], x, args.warmup)
+                    for _ in range(args.rounds):
+                        for name in names:
+                            forward, backward = time_steps(*trained[name], x, args.steps)
+                            times[name][0].extend(forward)
+                            times[name][1].extend(backward)
+                    stats = {name: cswap.stats(model) for name, (model, _) in trained.items()
+                             if name not in ("unpatched", "hooks", "save_on_cpu")}
+                    for name in stats:
+                        cswap.unpatch(trained[name][0])
+            if isinstance(dev, EmulatedDevice):
+                dev.close()
+            base_f, base_b = (statistics.median(v) for v in times["unpatched"])
+            for name in names:
+                forward, backward = (statistics.median(v) for v in times[name])
+                row = {"device": device, "busy": busy, "provider": name, "forward_ms": 1e3 * forward,
+                       "backward_ms": 1e3 * backward, "step_ms": 1e3 * (forward + backward),
+                       "x_unpatched": (forward + backward) / (base_f + base_b)}
+                if name != "unpatched":
+                    per = saved if name in ("hooks", "keep") else offloaded
+                    pack, unpack = (forward - base_f) / per, (backward - base_b) / per
+                    row.update(pack_us=1e6 * pack, unpack_us=1e6 * unpack, added_us_per_tensor=1e6 * (pack + unpack),
+                               per="saved tensor" if per == saved else "offloaded tensor")
+                if name in stats:
+                    row["offloaded_per_step"] = stats[name]["offloaded_tensors"] / \
+                        (args.warmup + args.rounds * args.steps)
+                rows.append(row)
+    for row in rows:  # against save_on_cpu on the same device and load
+        ref = next((r for r in rows if r["device"] == row["device"] and r["busy"] == row["busy"]
+                    and r["provider"] == "save_on_cpu"), None)
         if ref is not None:
             row["x_save_on_cpu"] = row["step_ms"] / ref["step_ms"]
     return rows
@@ -206,15 +219,16 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--layers", type=int, default=100)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--steps", type=int, default=30, help="timed steps per provider (the median is reported)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per provider and round")
+    p.add_argument("--rounds", type=int, default=5, help="rounds over the providers (medians of all steps)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     p.add_argument("--devices", nargs="+", choices=DEVICES, default=list(DEVICES))
-    p.add_argument("--busy", action="store_true", help="also with a thread running Python beside training")
+    p.add_argument("--busy", action="store_true", help="also with a copy in flight on another thread")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     args = p.parse_args(argv)
     if args.quick:
-        args.layers, args.steps, args.warmup = 10, 3, 1
+        args.layers, args.steps, args.rounds, args.warmup = 10, 2, 2, 1
     rows = measure(args)
     show(rows)
     cpu = torch.device("cpu")

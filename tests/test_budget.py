@@ -106,3 +106,44 @@ def test_predict_plans_for_the_budget_on_the_full_curve():
     assert 0 < p.modes["budget"].offloaded < everything
     assert p.step_seconds("budget") >= p.step_seconds("none")
     assert any(t.decisions["budget"] != "keep" for t in p.tensors)
+
+
+def test_the_host_time_per_offloaded_tensor_is_counted():
+    """Issue 26 §4: the training thread pays for every tensor it offloads, so a plan of
+    many small tensors is not free. Over a link that hides every copy, offloading n tensors
+    costs n times the host's time per tensor, and the planner frees memory with the one large
+    tensor rather than with twenty small ones of the same bytes."""
+    from cswap.plan.advisor import HOST_S_PER_TENSOR
+
+    profile = AssumedProfile(gpu("h100-sxm-80gb"))
+    profile.codecs = ()
+    profile.bw_d2h = profile.bw_h2d = 1e15  # every copy hidden
+    small, n = 2**16, 20
+    sizes = [n * small] + [small] * n
+    tensors = tuple(TensorProfile(key=f"{i}:l{i}", layer=f"l{i}", layer_type="GELU", op="gelu", shape=(s // 4,),
+                                  itemsize=4, sparsity=0.0, runs=1, save_s=0.001 * i, use_s=0.001 * (n - i),
+                                  hidden_f=0.001, hidden_b=0.001) for i, s in enumerate(sizes))
+    curve = np.full(4, 1e6 + sum(sizes))
+    inst = Instance.build(IterationProfile(0.05, 0.1, tensors), profile, curve, [(0, 4)] * len(tensors))
+    everything = [None] * inst.n
+    assert extra_seconds(inst, everything) == pytest.approx(inst.n * HOST_S_PER_TENSOR)
+    budget = 1e6 + sum(sizes) - n * small  # one large tensor's bytes must go, or all the small ones
+    plan = plan_budget(inst, budget)
+    assert plan.fits and plan.choices == [None] + [KEEP] * n
+    assert plan.extra_seconds == pytest.approx(HOST_S_PER_TENSOR)
+    assert optimum(inst, budget).extra_seconds == pytest.approx(HOST_S_PER_TENSOR)
+
+
+def test_a_profile_carries_its_machines_host_time(tmp_path):
+    import json
+
+    from cswap.plan.advisor import host_seconds
+    from cswap.tune.profile import DEFAULT_PROFILE, read_profile, save_profile
+
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    assert read_profile(DEFAULT_PROFILE).host_s_per_tensor is None
+    doc["runtime"] = {"host_us_per_tensor": 12.5}
+    assert host_seconds(read_profile(save_profile(doc, tmp_path / "p.json"))) == pytest.approx(12.5e-6)
+    doc["runtime"] = {"host_us_per_tensor": -1}
+    with pytest.raises(ValueError, match="runtime.host_us_per_tensor"):
+        read_profile(save_profile(doc, tmp_path / "bad.json"))

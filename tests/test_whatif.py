@@ -15,6 +15,7 @@ import cswap
 from cswap.cli import plan as cli
 from cswap.models import build
 from cswap.plan import fake_gpu, roofline, sparsity, whatif
+from cswap.plan.advisor import HOST_S_PER_TENSOR
 from cswap.plan.gpus import PUBLISHED_RESNET50, gpu
 
 CIFAR = (3, 32, 32)
@@ -51,7 +52,9 @@ def test_modes_step_times_and_peaks_are_consistent(small, prediction):
     for mode in ("vdnn", "sc", "cswap"):
         m = p.modes[mode]
         assert m.offloaded > 0 and m.pcie_bytes > 0
-        assert m.step_seconds == pytest.approx(m.compute_seconds + m.exposed_seconds + m.codec_seconds)
+        assert m.step_seconds == pytest.approx(m.compute_seconds + m.exposed_seconds + m.codec_seconds +
+                                               m.host_seconds)
+        assert m.host_seconds == pytest.approx(m.offloaded * HOST_S_PER_TENSOR)  # the host's time per tensor
         assert m.step_seconds >= p.step_seconds("none")
     assert p.modes["vdnn"].compressed == 0 and p.modes["sc"].compressed == p.modes["sc"].offloaded
     # ZVC on tensors half zeros moves fewer bytes than raw copies

@@ -419,17 +419,33 @@ def _seconds(profile, codec: str, direction: str, size: int, sparsity: float) ->
     return max(v, 0.0)
 
 
+# The training thread's time per offloaded tensor, pack and unpack together, beyond what the hooks
+# spend on a tensor they keep: 90 us, measured by benchmarks/overhead.py on this project's 2-core
+# CPU (cswap's vdnn against "keep", the immediate device: the CUDA path's own Python; results in
+# benchmarks/results/overhead/). A profile may carry its machine's figure (runtime.host_us_per_tensor).
+# The timeline counts it in full: the host issues the compute, so a host that falls behind delays it.
+HOST_S_PER_TENSOR = 90e-6
+
+
+def host_seconds(profile) -> float:
+    """The profile's host seconds per offloaded tensor, else HOST_S_PER_TENSOR."""
+    value = getattr(profile, "host_s_per_tensor", None)
+    return HOST_S_PER_TENSOR if value is None else float(value)
+
+
 @dataclass
 class _Costs:
-    """Everything about one tensor the two modes need: sizes and kernel times per option."""
+    """Everything about one tensor the two modes need: sizes and kernel times per option, and
+    the training thread's time when it is offloaded at all (any option but keep)."""
 
     size: dict[str | None, int]
     t_c: dict[str | None, float]
     t_dc: dict[str | None, float]
+    host: float = 0.0
 
 
 def _costs(t: TensorProfile, profile, codecs: Iterable[str], sizes: Mapping[str, int] | None = None) -> _Costs:
-    c = _Costs({None: t.nbytes}, {None: 0.0}, {None: 0.0})
+    c = _Costs({None: t.nbytes}, {None: 0.0}, {None: 0.0}, host_seconds(profile))
     for codec in codecs:
         if sizes is not None and codec in sizes:
             c.size[codec] = _count(sizes[codec], f"tensor {t.key!r}: size for {codec}")

@@ -70,7 +70,7 @@ class Instance:
         windows = [(int(a), int(b)) for a, b in windows]
         if len(windows) != len(iteration.tensors):
             raise ValueError(f"cswap.plan.budget: {len(windows)} windows for {len(iteration.tensors)} tensors")
-        standalone = [{o: c.t_c[o] + c.t_dc[o] + _exposed(c.size[o], t, bw_d2h, bw_h2d) for o in c.size}
+        standalone = [{o: c.host + c.t_c[o] + c.t_dc[o] + _exposed(c.size[o], t, bw_d2h, bw_h2d) for o in c.size}
                       for t, c in zip(iteration.tensors, costs)]
         return cls(iteration, costs, codecs, bw_d2h, bw_h2d, curve, windows, standalone)
 
@@ -120,7 +120,8 @@ def peak(inst: Instance, choices) -> float:
 
 
 def extra_seconds(inst: Instance, choices) -> float:
-    """Exposed transfer time plus kernel time of `choices` on the timeline."""
+    """Exposed transfer time plus kernel time of `choices` on the timeline, plus the
+    training thread's time per offloaded tensor."""
     moved = [i for i, c in enumerate(choices) if c != KEEP]
     if not moved:
         return 0.0
@@ -129,7 +130,7 @@ def extra_seconds(inst: Instance, choices) -> float:
     options = [choices[i] for i in moved]
     costs = [inst.costs[i] for i in moved]
     sim = _timeline(sub, options, costs, inst.bw_d2h, inst.bw_h2d)
-    return sim.exposed_s + sum(c.t_c[k] + c.t_dc[k] for c, k in zip(costs, options))
+    return sim.exposed_s + sum(c.host + c.t_c[k] + c.t_dc[k] for c, k in zip(costs, options))
 
 
 def evaluate(inst: Instance, choices, budget: float, started: float | None = None) -> Plan:
@@ -213,8 +214,8 @@ def _greedy_pick(inst: Instance, useful_only: bool):
     options = [None, *inst.codecs]
     size = np.array([[c.size[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, -1)
     t_dc = np.array([[c.t_dc[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, -1)
-    kernels = t_dc + np.array([[c.t_c[o] for o in options] for c in inst.costs],
-                              dtype=np.float64).reshape(inst.n, -1)
+    kernels = t_dc + np.array([[c.host + c.t_c[o] for o in options] for c in inst.costs],
+                              dtype=np.float64).reshape(inst.n, -1)  # (and the host's time per tensor)
     exposed = np.array([[inst.standalone[i][o] for o in options] for i in range(inst.n)],
                        dtype=np.float64).reshape(inst.n, -1) - kernels
     d2h, h2d = size / inst.bw_d2h, size / inst.bw_h2d + t_dc
@@ -461,7 +462,7 @@ def optimum(inst: Instance, budget: float, time_limit: float = 60.0) -> Plan:
     c = np.zeros(m)
     for i in range(n):
         for o in range(k):
-            c[x[i][o]] = t_c[i][o] + t_dc[i][o]
+            c[x[i][o]] = t_c[i][o] + t_dc[i][o] + (inst.costs[i].host if opts[o] != KEEP else 0.0)
     c[v(("F",))] += 1.0
     c[v(("S", 0))] += 1.0
     integrality = np.zeros(m)

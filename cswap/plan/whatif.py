@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .advisor import Advisor, IterationProfile, TensorProfile, simulate
+from .advisor import Advisor, IterationProfile, TensorProfile, host_seconds, simulate
 from .budget import KEEP, Instance, parse_bytes, plan_budget
 from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
 from .gpus import GPU, gpu as lookup
@@ -138,6 +138,7 @@ class ModePrediction:
     compressed: int
     curve_seconds: list[float] = field(default_factory=list)  # memory over one step
     curve_bytes: list[int] = field(default_factory=list)
+    host_seconds: float = 0.0  # the training thread's time for the offloaded tensors (in step_seconds)
 
 
 @dataclass
@@ -328,9 +329,11 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
         if codec:  # the compressed buffer, while made and copied out, and while copied in and decoded
             curve[g.saved_at:gone] += size
             curve[back:g.used_at] += size
-    step = compute + sim.exposed_s + codec_s
+    host_s = host_seconds(profile) * len(moved)
+    step = compute + sim.exposed_s + codec_s + host_s
     return ModePrediction(name, int(curve.max()), step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),
-                          sum(1 for c in keyed.values() if c), starts.tolist(), curve.astype(np.int64).tolist())
+                          sum(1 for c in keyed.values() if c), starts.tolist(), curve.astype(np.int64).tolist(),
+                          host_s)
 
 
 def _budget_instance(trace, groups: list[_Group], starts, phase_s, link, sizes) -> tuple[Instance, list]:
@@ -540,6 +543,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
             modes["recompute"], plans["recompute"] = _recompute_mode(trace, groups, starts, phase_s, link, sizes,
                                                                      capacity, blocks)
     tensors = _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans)
+    host_source = "the profile's" if getattr(link, "host_s_per_tensor", None) is not None else \
+        "measured on a 2-core CPU by benchmarks/overhead.py"
     sources = {
         "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
                   f"torch {torch.__version__}); reserve {reserve_bytes / 2**30:.2f} GiB assumed for the CUDA "
@@ -547,7 +552,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         "compute": compute_source,
         "transfers": link_source,
         "sparsity": sparsity.source,
-        "timeline": "predicted: cswap's advisor timeline (shared D2H/H2D links, prefetch one ahead)",
+        "timeline": f"predicted: cswap's advisor timeline (shared D2H/H2D links, prefetch one ahead), plus "
+                    f"{1e6 * host_seconds(link):.0f} us of the training thread per offloaded tensor ({host_source})",
     }
     if trace.attention:
         calls = ", ".join(f"{n} {b}" for b, n in sorted(trace.attention.items()))

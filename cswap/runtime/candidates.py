@@ -159,7 +159,7 @@ class SwapInfo:
     index: int               # position among this forward pass's offloaded tensors
     saved_in: str = ""       # module path of the module running when autograd saved it, e.g. "features.3"
 
-    @functools.cached_property
+    @property
     def key(self) -> str:
         """'3:features.3': the same tensor's id in every iteration of a static network."""
         return f"{self.index}:{self.layer}"

@@ -21,12 +21,16 @@ so forward never waits for a compression, a pinned allocation or a copy
 Compression of item i+1 (compression stream) thus overlaps the copy out of
 item i (D2H stream).
 
-The releaser waits for each item's d2h_done, in issue order, and drops the
-saved tensor and the bytes sent at once: device memory goes when its copy
-completes, with no polling. An item whose copy has already completed when it
-is issued (a device whose work completes at once: the CPU's) is released
-there and then, by whichever thread issued it. pack() with the stash full
-waits for the oldest item and releases it itself.
+The releaser waits for each item the worker issued, in issue order, and drops
+the saved tensor and the bytes sent at once: device memory goes when its copy
+completes. Items pack copied out itself are released by pack too: at each
+offloaded save, those whose copies have completed (one event query each, in
+order); what is left when forward ends goes to the releaser. Waking the
+releaser per tensor would cost the training thread a GIL hand-off each time.
+An item whose copy has already completed when it is issued (a device whose work
+completes at once: the CPU's) is released there and then, by whichever thread
+issued it. pack() with the stash full waits for the oldest item and releases it
+itself.
 
 Failures. What is expected is handled: a compression that runs out of device
 memory sends the tensor uncompressed (compress_oom), and a full host pool
@@ -42,6 +46,7 @@ import os
 import queue
 import threading
 import weakref
+from collections import deque
 
 import torch
 
@@ -140,6 +145,7 @@ class Offloader:
         self._done: queue.SimpleQueue | None = None
         self._threads: list[threading.Thread] = []
         self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
+        self._polled: deque[Item] = deque()  # copied out by pack, released by pack (training thread only)
 
     # -- threads ----------------------------------------------------------------------------
 
@@ -156,10 +162,32 @@ class Offloader:
                 except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
                     sw.fail(exc, item)
                 if not self.released_at_once(item):
-                    self._running().put_done(item)
+                    self._polled.append(item)
                 return
         item.issued = threading.Event()
         self._running().put_job(item)
+
+    def poll(self) -> None:
+        """Release, in order, the items pack copied out whose copies have completed."""
+        polled = self._polled
+        while polled:
+            item = polled[0]
+            if not item.released:
+                try:
+                    if not item.device.event_query(item.d2h_done, at="release.copy_done"):
+                        return
+                except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
+                    self.sw.fail(exc, item)
+                self.release(item)
+            polled.popleft()
+
+    def hand_over(self) -> None:
+        """Forward is over: the releaser takes the items pack copied out that are still in flight."""
+        self.poll()
+        while self._polled:
+            item = self._polled.popleft()
+            if not item.released:
+                self._running().put_done(item)
 
     def released_at_once(self, item: Item) -> bool:
         """Release the item now if its copy out has already completed (never raises)."""
@@ -275,8 +303,10 @@ class Offloader:
                 sw.pool.release(host, done, dev)
             else:
                 item.host = host
-        sw.stats.add_all(("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", sent),
-                         ("compressed_tensors", header is not None))
+        counts = [("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", sent)]
+        if header is not None:
+            counts.append(("compressed_tensors", 1))
+        sw.stats.add_all(*counts)
 
     def _prepare(self, item: Item, src: torch.Tensor, stream):
         """On the compression stream: (bytes to send, header or None)."""

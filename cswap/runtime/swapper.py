@@ -201,6 +201,7 @@ class Swapper:
         """A new forward pass: new pack order, new dedup table."""
         self.surface()
         self._count_stalls()
+        self.offloader.hand_over()  # (a forward that raised never reached end_pass)
         if self._pass is not None and self._pass.nbytes:
             self._previous_pass_bytes = self._pass.nbytes
         self._pass = Pass()
@@ -213,6 +214,7 @@ class Swapper:
             self._settle_candidates()
         self._seen.clear()
         self._graph_inputs, self._input_storages = None, frozenset()  # holds no input batch past the pass
+        self.offloader.hand_over()
         if self.observer is not None:
             self.observer.end_forward()
 
@@ -324,6 +326,7 @@ class Swapper:
         """Count the item in flight; while that would exceed the stash limit, wait for
         the oldest copy out to complete and release it (no polling). A failure found
         while waiting is raised before the item is counted."""
+        self.offloader.poll()  # copies out that have completed since the last save: their memory goes now
         nbytes = item.info.nbytes
         if nbytes > self._largest:
             self._largest = nbytes

@@ -84,6 +84,13 @@ class Profile:
     def bw_h2d(self) -> float:
         return self.doc["bandwidth"]["h2d_gbps"] * 1e9
 
+    @property
+    def host_s_per_tensor(self) -> float | None:
+        """The training thread's seconds per offloaded tensor on this machine (runtime.host_us_per_tensor),
+        or None: the planners then use cswap.plan.advisor.HOST_S_PER_TENSOR."""
+        value = self.doc.get("runtime", {}).get("host_us_per_tensor")
+        return None if value is None else value * 1e-6
+
     def config(self, codec: str) -> LaunchConfig:
         c = self._codec(codec)["config"]
         return LaunchConfig(grid=c["grid"], block=c["block"])
@@ -162,6 +169,8 @@ def validate(doc, where: str = "profile") -> dict[str, dict[str, TimeModel]]:
         c.get(versions, key, f"versions.{key}", str)
     c.get(doc, "created", "created", str)
     c.get(doc, "quick", "quick", bool)
+    if "runtime" in doc:  # optional: the runtime's own cost on this machine (microseconds per offloaded tensor)
+        c.number(c.get(doc, "runtime", "runtime", dict), "host_us_per_tensor", "runtime.host_us_per_tensor")
     bw = c.get(doc, "bandwidth", "bandwidth", dict)
     c.number(bw, "d2h_gbps", "bandwidth.d2h_gbps", positive=True)
     c.number(bw, "h2d_gbps", "bandwidth.h2d_gbps", positive=True)
