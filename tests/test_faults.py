@@ -331,5 +331,5 @@ def test_exception_in_backward_leaves_no_buffers_or_hooks_behind():
     swapper.synchronize()
     assert swapper.pool.reserved_bytes > 0 and swapper.pool.idle_bytes == swapper.pool.reserved_bytes
     assert not saved_tensor_hooks_installed()
-    assert not swapper._inflight and swapper._offload_bytes == 0  # no copy in flight, nothing queued
+    assert not swapper.inflight and swapper._offload_bytes == 0  # no copy in flight, nothing queued
     assert_clean_afterwards(model)

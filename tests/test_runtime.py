@@ -1064,7 +1064,7 @@ def test_everything_freed_after_backward():
     # backward released every node's saved tensors: items freed even while `loss` is alive
     assert all(i.freed and i.host is None and i.restored is None for i in items)
     assert sw.pool.idle_bytes == sw.pool.reserved_bytes
-    assert not sw._inflight and sw._offload_bytes == 0
+    assert not sw.inflight and sw._offload_bytes == 0
 
 
 def test_graph_dropped_without_backward_frees_items():

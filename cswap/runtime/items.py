@@ -125,6 +125,7 @@ class Item:
     issued: threading.Event = ISSUED      # the worker has handled it (copied, kept, or failed)
     stashed = False                       # counted in the in-flight offload bytes
     released = False                      # src dropped after the copy out
+    to_releaser = False                   # handed to the releaser thread (forward was over)
     fallback: torch.Tensor | None = None  # kept on the device (host memory limit)
     failure: BaseException | None = None  # its offload failed: unpack raises this
     restored: torch.Tensor | None = None  # for backward, this round

@@ -21,16 +21,17 @@ so forward never waits for a compression, a pinned allocation or a copy
 Compression of item i+1 (compression stream) thus overlaps the copy out of
 item i (D2H stream).
 
-The releaser waits for each item the worker issued, in issue order, and drops
-the saved tensor and the bytes sent at once: device memory goes when its copy
-completes. Items pack copied out itself are released by pack too: at each
-offloaded save, those whose copies have completed (one event query each, in
-order); what is left when forward ends goes to the releaser. Waking the
-releaser per tensor would cost the training thread a GIL hand-off each time.
-An item whose copy has already completed when it is issued (a device whose work
-completes at once: the CPU's) is released there and then, by whichever thread
-issued it. pack() with the stash full waits for the oldest item and releases it
-itself.
+Release. While forward runs, the training thread releases: at each save, the
+oldest items in flight whose copies out have completed (one event query each;
+the D2H stream completes them in order) drop the saved tensor and the bytes
+sent. Waking a releaser thread per tensor would cost the training thread a GIL
+hand-off each time. When forward ends, the releaser thread takes what is still
+in flight and drops each as its copy completes, with no polling. Under a memory
+budget the releaser takes every item at once: memory then goes the moment its
+copy completes, not at the next save, which the plan's peak counts on. An item whose copy has already completed when it is
+issued (a device whose work completes at once: the CPU's) is released there and
+then. pack() with the stash full, or over a memory budget, waits for the oldest
+item and releases it itself.
 
 Failures. What is expected is handled: a compression that runs out of device
 memory sends the tensor uncompressed (compress_oom), and a full host pool
@@ -46,7 +47,6 @@ import os
 import queue
 import threading
 import weakref
-from collections import deque
 
 import torch
 
@@ -106,8 +106,7 @@ def _work(swapper_ref, jobs: _Jobs, done: queue.SimpleQueue) -> None:
             if swapper is None:
                 return
             swapper.offloader.issue(item)
-            if not swapper.offloader.released_at_once(item):
-                done.put(item)
+            swapper.offloader.settle(item)
             item = swapper = None
     finally:  # stopped, or died: whatever is still queued must not wait on this thread
         stranded = [] if item is None or item is _STOP or item.issued.is_set() else [item]
@@ -145,7 +144,6 @@ class Offloader:
         self._done: queue.SimpleQueue | None = None
         self._threads: list[threading.Thread] = []
         self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
-        self._polled: deque[Item] = deque()  # copied out by pack, released by pack (training thread only)
 
     # -- threads ----------------------------------------------------------------------------
 
@@ -161,33 +159,54 @@ class Offloader:
                     self._send(item, item.flat_src(), None, host)
                 except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
                     sw.fail(exc, item)
-                if not self.released_at_once(item):
-                    self._polled.append(item)
+                self.settle(item)
                 return
         item.issued = threading.Event()
         self._running().put_job(item)
 
+    def settle(self, item: Item) -> None:
+        """An issued item: released now if its copy has completed, else by the training
+        thread's polls while forward runs, else by the releaser."""
+        if self.released_at_once(item):
+            return
+        sw = self.sw
+        with sw.lock:
+            if (sw.in_forward and sw.memory_limit is None) or item.to_releaser:
+                return
+            item.to_releaser = True
+        self._running().put_done(item)
+
     def poll(self) -> None:
-        """Release, in order, the items pack copied out whose copies have completed."""
-        polled = self._polled
-        while polled:
-            item = polled[0]
+        """At a save in forward: release, oldest first, the items whose copies out have
+        completed (the D2H stream completes them in order)."""
+        sw = self.sw
+        inflight = sw.inflight
+        while inflight:
+            item = inflight[0]
+            if not item.issued.is_set() or item.to_releaser:  # the worker has it still, or the releaser
+                return
             if not item.released:
                 try:
-                    if not item.device.event_query(item.d2h_done, at="release.copy_done"):
+                    if item.d2h_done is not None and \
+                            not item.device.event_query(item.d2h_done, at="release.copy_done"):
                         return
                 except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
-                    self.sw.fail(exc, item)
+                    sw.fail(exc, item)
                 self.release(item)
-            polled.popleft()
+            if inflight and inflight[0] is item:  # (released: unstashed already)
+                return
 
     def hand_over(self) -> None:
-        """Forward is over: the releaser takes the items pack copied out that are still in flight."""
+        """Forward is over (or did not end): the releaser takes the issued items still in flight."""
+        sw = self.sw
         self.poll()
-        while self._polled:
-            item = self._polled.popleft()
-            if not item.released:
-                self._running().put_done(item)
+        with sw.lock:
+            sw.in_forward = False
+            pending = [item for item in sw.inflight if item.issued.is_set() and not item.to_releaser]
+            for item in pending:
+                item.to_releaser = True
+        for item in pending:
+            self._running().put_done(item)
 
     def released_at_once(self, item: Item) -> bool:
         """Release the item now if its copy out has already completed (never raises)."""

@@ -181,7 +181,8 @@ class Swapper:
         self.device: Device | None = None  # where the latest offload came from (for memory stats)
         self.tensor_device: torch.device | None = None  # the same, as a torch.device
         self._warmed: set[tuple[str, int]] = set()  # (codec, itemsize) pairs whose kernels are built
-        self._inflight: deque[Item] = deque()  # admitted, not yet released, in pack order
+        self.inflight: deque[Item] = deque()  # admitted, not yet released, in pack order
+        self.in_forward = False                # between begin_pass and end_pass: the training thread releases
         self._offload_bytes = 0                # their bytes (the stash)
         self.prefetched_bytes = 0              # restored ahead of use, not yet served
         self._largest = 0                      # the largest tensor offloaded so far
@@ -202,6 +203,7 @@ class Swapper:
         self.surface()
         self._count_stalls()
         self.offloader.hand_over()  # (a forward that raised never reached end_pass)
+        self.in_forward = True
         if self._pass is not None and self._pass.nbytes:
             self._previous_pass_bytes = self._pass.nbytes
         self._pass = Pass()
@@ -276,6 +278,8 @@ class Swapper:
     def _pack(self, t: torch.Tensor, dev: Device, at: int | None, caller):
         """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t."""
         observer = self.observer
+        if self.inflight and self.in_forward and self.memory_limit is None:  # copies completed since the last save
+            self.offloader.poll()
         held = held_for_backward(t)
         incoming = dev.uncounted_bytes(t) if held and dev.observes else 0  # (the emulator counts a first save)
         if at is not None:
@@ -326,7 +330,6 @@ class Swapper:
         """Count the item in flight; while that would exceed the stash limit, wait for
         the oldest copy out to complete and release it (no polling). A failure found
         while waiting is raised before the item is counted."""
-        self.offloader.poll()  # copies out that have completed since the last save: their memory goes now
         nbytes = item.info.nbytes
         if nbytes > self._largest:
             self._largest = nbytes
@@ -336,14 +339,14 @@ class Swapper:
             if self._notices or self._failure:
                 self.surface()
             with self.lock:
-                if not self._inflight or self._offload_bytes + nbytes <= limit:
+                if not self.inflight or self._offload_bytes + nbytes <= limit:
                     self._offload_bytes += nbytes
                     item.stashed = True
-                    self._inflight.append(item)
+                    self.inflight.append(item)
                     if self._offload_bytes > self.stats.counted("peak_offload_bytes"):
                         self.stats.peak("peak_offload_bytes", self._offload_bytes)
                     break
-                oldest = self._inflight[0]
+                oldest = self.inflight[0]
             waited_since = waited_since or time.perf_counter()
             self._wait_released(oldest, at="pack.stash_full")
         item.pass_.nbytes += nbytes
@@ -357,9 +360,9 @@ class Swapper:
         waited_since = None
         while dev.memory_allocated() > limit:
             with self.lock:
-                if not self._inflight:
+                if not self.inflight:
                     break
-                oldest = self._inflight[0]
+                oldest = self.inflight[0]
             waited_since = waited_since or time.perf_counter()
             self._wait_released(oldest, at="pack.stash_full")
         if waited_since is not None:
@@ -394,7 +397,7 @@ class Swapper:
         if item.stashed:
             item.stashed = False
             self._offload_bytes -= item.info.nbytes
-            self._inflight.remove(item)
+            self.inflight.remove(item)
 
     def _already_offloaded(self, t: torch.Tensor) -> Handle | None:
         """A handle on this pass's item for `t`, or for the tensor `t` is a view of
@@ -614,9 +617,9 @@ class Swapper:
         """Wait until every admitted offload has been copied out and released."""
         while True:
             with self.lock:
-                if not self._inflight:
+                if not self.inflight:
                     return
-                oldest = self._inflight[0]
+                oldest = self.inflight[0]
             self._wait_released(oldest, at="release.copy_done")
 
     def trim_host_pool(self) -> int:
