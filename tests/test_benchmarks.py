@@ -109,3 +109,18 @@ def test_codec_benchmark_static_figures_cover_every_codec_and_word_size():
     assert set(figures) == {f"{c} {i}" for c in ("zvc", "lz4") for i in (1, 2, 4, 8)}
     for entry in figures.values():
         assert 0 < entry["registers"] <= 128 and entry["hot_spills"] == 0 and not entry["build_errors"], entry
+
+
+def test_overhead_benchmark_quick_run(tmp_path):
+    bench = _load(BENCHMARKS / "overhead.py")
+    rows = bench.main(["--quick", "--out", str(tmp_path)])
+    devices = {r["device"] for r in rows}
+    assert devices == {"cpu", "emulated", "lagging"}
+    for device in devices:
+        by = {r["provider"]: r for r in rows if r["device"] == device}
+        assert set(by) == {"unpatched", "hooks", "save_on_cpu", "keep", "vdnn", "sc", "cswap", "vdnnpp"}
+        assert by["unpatched"]["x_unpatched"] == 1.0
+        for name in ("vdnn", "sc", "cswap", "vdnnpp"):
+            assert by[name]["offloaded_per_step"] == 10 and "added_us_per_tensor" in by[name], by[name]
+        assert by["keep"]["offloaded_per_step"] == 0
+    assert json.loads((tmp_path / "overhead-quick.json").read_text())["rows"] == rows

@@ -28,10 +28,10 @@ sent. Waking a releaser thread per tensor would cost the training thread a GIL
 hand-off each time. When forward ends, the releaser thread takes what is still
 in flight and drops each as its copy completes, with no polling. Under a memory
 budget the releaser takes every item at once: memory then goes the moment its
-copy completes, not at the next save, which the plan's peak counts on. An item whose copy has already completed when it is
-issued (a device whose work completes at once: the CPU's) is released there and
-then. pack() with the stash full, or over a memory budget, waits for the oldest
-item and releases it itself.
+copy completes, not at the next save, which the plan's peak counts on. An item
+whose copy has already completed when it is issued (a device whose work
+completes at once: the CPU's) is released there and then. pack() with the stash
+full, or over a memory budget, waits for the oldest item and releases it itself.
 
 Failures. What is expected is handled: a compression that runs out of device
 memory sends the tensor uncompressed (compress_oom), and a full host pool

@@ -4,8 +4,10 @@
 module decides, per saved tensor, whether and how it leaves the device (pack),
 and keeps the books; the work itself is in two halves:
 
-- cswap.runtime.offload: the copy out (worker thread) and the release of the
-  device tensor once its copy has completed (releaser thread);
+- cswap.runtime.offload: the copy out (by pack itself for a raw tensor with a
+  host buffer to reuse, else by the worker thread) and the release of the
+  device tensor once its copy has completed (at the next save while forward
+  runs, by the releaser thread after it and under a memory budget);
 - cswap.runtime.restore: prefetch, copy in, decode and verify for backward.
 
 Every device operation goes through the device seam (cswap.runtime.device):
