@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import statistics
 import threading
 import time
@@ -211,6 +212,14 @@ def show(rows: list[dict]) -> None:
               f"{f('unpack_us', '9.1f')} {f('added_us_per_tensor', '9.1f')}  {r.get('per', '')}")
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
 def main(argv=None) -> list[dict]:
     from common import environment, write_results
 
@@ -232,8 +241,8 @@ def main(argv=None) -> list[dict]:
     rows = measure(args)
     show(rows)
     cpu = torch.device("cpu")
-    write_results(rows, environment(cpu, torch_threads=1), args, args.out, cpu,
-                  "overhead-quick" if args.quick else "overhead")
+    write_results(rows, environment(cpu, torch_threads=1, cpu_model=_cpu_model(), cores=os.cpu_count()), args,
+                  args.out, cpu, "overhead-quick" if args.quick else "overhead")
     return rows
 
 
