@@ -782,7 +782,7 @@ class _HostView:
 
 
 _DEFAULT = ImmediateDevice()
-_ACTIVE: list[EmulatedDevice] = []
+_ACTIVE: list[Device] = []
 _STATE = threading.Lock()
 
 
@@ -800,8 +800,8 @@ def is_default(dev: Device) -> bool:
 
 
 @contextmanager
-def activate(dev: EmulatedDevice):
-    """CPU tensors offloaded inside this block take `dev`."""
+def activate(dev: Device):
+    """CPU tensors offloaded inside this block take `dev` (an emulator, or any device of the seam for CPU tensors)."""
     with _STATE:
         _ACTIVE.append(dev)
     try:
