@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cswap.plan.inputs import Inputs
+from cswap.plan.inputs import Inputs, default_loss
 
 VOCAB = 128
 
@@ -172,3 +172,17 @@ def llama_masked(seq: int = 16):
 
 
 MODELS["llama_masked"] = llama_masked
+
+
+def largest_saved(model, inputs) -> int:
+    """The largest storage autograd saves in one step of the model: how far a budgeted step
+    may exceed its budget (README, budget limits)."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        default_loss(inputs(model)).backward()
+    return max(sizes)

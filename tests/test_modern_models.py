@@ -87,19 +87,6 @@ def _peak_on_emulated(model, inputs, steps=3) -> list[int]:
     return peaks
 
 
-def _largest_saved(model, inputs) -> int:
-    """The largest storage autograd saves in one step of the model."""
-    sizes = []
-
-    def pack(t):
-        sizes.append(t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        default_loss(inputs(model)).backward()
-    return max(sizes)
-
-
 @pytest.mark.parametrize("name", ["prenorm_transformer", "llama", "vit"])
 def test_a_budget_between_offload_all_and_none_is_met(name):
     """Transformers save views of one storage (q, k and v of a projection; a LayerNorm
@@ -114,7 +101,7 @@ def test_a_budget_between_offload_all_and_none_is_met(name):
     finally:
         cswap.unpatch(everything)
     assert floor < stock
-    largest = _largest_saved(copy.deepcopy(model), inputs)
+    largest = modern.largest_saved(copy.deepcopy(model), inputs)
     for fraction in (0.15, 0.3, 0.6):
         budget = int(floor + fraction * (stock - floor))
         patched = cswap.patch(copy.deepcopy(model), budget=budget, min_bytes=0, verbose=False)

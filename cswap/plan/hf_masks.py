@@ -23,6 +23,7 @@ import contextlib
 import sys
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .inputs import Inputs
 
@@ -30,8 +31,6 @@ __all__ = ["as_in_a_real_step"]
 
 
 def _is_fake(t) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(t, FakeTensor)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["ISSUED", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error"]
+__all__ = ["ISSUED", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error"]
 
 
 def dense_permutation(t: torch.Tensor) -> list[int] | None:
@@ -23,11 +23,15 @@ def dense_permutation(t: torch.Tensor) -> list[int] | None:
     return perm if t.permute(perm).is_contiguous() else None
 
 
+def is_identity(perm: list[int]) -> bool:
+    return perm == list(range(len(perm)))
+
+
 def restore_strides(y: torch.Tensor, perm: list[int], stride: tuple[int, ...]) -> torch.Tensor:
     """y, the contiguous bytes of a dense tensor in `perm` order, with the saved
     tensor's exact strides: kernels choose their path from strides, size-1
     dimensions' included (an (N, C, 1, 1) channels_last tensor is contiguous too)."""
-    if perm != list(range(len(perm))):
+    if not is_identity(perm):
         y = y.permute(inverse(perm))
     return y if y.stride() == stride else y.as_strided(y.shape, stride)
 

@@ -171,7 +171,7 @@ class Offloader:
             return
         sw = self.sw
         with sw.lock:
-            if (sw.in_forward and sw.memory_limit is None) or item.to_releaser:
+            if sw.releases_at_saves or item.to_releaser:
                 return
             item.to_releaser = True
         self._running().put_done(item)
@@ -185,14 +185,8 @@ class Offloader:
             item = inflight[0]
             if not item.issued.is_set() or item.to_releaser:  # the worker has it still, or the releaser
                 return
-            if not item.released:
-                try:
-                    if item.d2h_done is not None and \
-                            not item.device.event_query(item.d2h_done, at="release.copy_done"):
-                        return
-                except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
-                    sw.fail(exc, item)
-                self.release(item)
+            if not item.released and not self.released_at_once(item):
+                return
             if inflight and inflight[0] is item:  # (released: unstashed already)
                 return
 

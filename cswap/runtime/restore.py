@@ -40,7 +40,7 @@ from .. import codecs
 from ..codecs.container import Compressed, unpack_header
 from ..errors import CorruptDataError
 from . import integrity
-from .items import Handle, Item, flat_bytes, restore_strides
+from .items import Handle, Item, flat_bytes, is_identity, restore_strides
 
 __all__ = ["Restorer"]
 
@@ -185,7 +185,7 @@ class Restorer:
         sw, dev, info = self.sw, item.device, item.info
         compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
         perm = item.perm
-        shape = info.shape if perm is None or perm == sorted(perm) else [info.shape[p] for p in perm]
+        shape = info.shape if perm is None or is_identity(perm) else [info.shape[p] for p in perm]
         y_bytes = dev.empty(info.nbytes, compute)  # where backward uses and frees it
         dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
         if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer

@@ -237,6 +237,13 @@ class Swapper:
                                 f"offloaded (candidates='all'). Pass budget= to move only what must go, or "
                                 f"candidates='sparse' to keep them")
 
+    @property
+    def releases_at_saves(self) -> bool:
+        """The training thread releases completed copies at its saves: while forward runs,
+        without a memory budget (whose plan needs memory gone the moment a copy completes:
+        the releaser thread's job). cswap.runtime.offload."""
+        return self.in_forward and self.memory_limit is None
+
     def stash_limit(self) -> int:
         if self.stash_bytes is not None:
             return self.stash_bytes
@@ -280,7 +287,7 @@ class Swapper:
     def _pack(self, t: torch.Tensor, dev: Device, at: int | None, caller):
         """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t."""
         observer = self.observer
-        if self.inflight and self.in_forward and self.memory_limit is None:  # copies completed since the last save
+        if self.inflight and self.releases_at_saves:  # copies completed since the last save: their memory goes
             self.offloader.poll()
         held = held_for_backward(t)
         incoming = dev.uncounted_bytes(t) if held and dev.observes else 0  # (the emulator counts a first save)
