@@ -77,6 +77,7 @@ class _Patch:
             ctx, self.hooks_ctx = self.hooks_ctx, None
             ctx.__exit__(None, None, None)
             self.swapper.end_pass()
+            self.tracker.end_pass()
             if not self.checked_compiled:
                 self.checked_compiled = True
                 self._check_compiled_graphs_recognised(output)

@@ -568,6 +568,51 @@ def test_swap_info_names_the_module_that_made_the_tensor():
                    ("adaptive_avg_pool2d", "pool", "AdaptiveAvgPool2d", "fc")]
 
 
+class Branching(nn.Module):
+    """A data-dependent branch: `wide` takes other modules, whose second candidate has another rank."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.left = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.right = nn.Sequential(nn.Linear(8, 8), nn.Unflatten(1, (2, 4)), nn.ReLU(), nn.Flatten(),
+                                   nn.Linear(8, 8), nn.ReLU())
+        self.wide = False
+
+    def forward(self, x):
+        return (self.right if self.wide else self.left)(self.stem(x))
+
+
+def test_layer_names_are_replayed_without_module_hooks_once_steady():
+    """Module hooks cost more than cswap's own work per saved tensor: after two passes
+    that name the same candidates they come off and names are replayed; a pass that
+    departs (another branch) is not misnamed from there on, and the hooks come back."""
+    policy = Recorder()
+    model = cswap.patch(Branching(), policy=policy, min_bytes=0)
+    tracker = _PATCHED[model].tracker
+    x = torch.randn(4, 8)
+    passes = []
+    for wide in (False, False, False, False, True, True, True, True):
+        model.wide = wide
+        policy.infos.clear()
+        hooked = tracker.hooked
+        model(x).sum().backward()
+        passes.append((hooked, [(i.key, i.layer, i.layer_type, i.saved_in) for i in policy.infos]))
+    left = [("0:stem.1", "stem.1", "ReLU", "stem.1"), ("1:left.1", "left.1", "ReLU", "left.1")]
+    right = [("0:stem.1", "stem.1", "ReLU", "stem.1"), ("1:right.2", "right.2", "ReLU", "right.2"),
+             ("2:right.5", "right.5", "ReLU", "right.5")]
+    assert passes[:4] == [(True, left), (True, left), (False, left), (False, left)]  # hooks off after two
+    # The first wide pass replays index 0, then departs: unnamed rather than named after `left`.
+    assert passes[4] == (False, [left[0], ("1:", "", "", ""), ("2:", "", "", "")])
+    assert passes[5:] == [(True, right), (True, right), (False, right)]
+    for module in model.modules():  # off means off: no hook of cswap's left on any module
+        ours = 1 if module is model else 0  # the root's: a pass starts and ends
+        assert len(module._forward_pre_hooks) == len(module._forward_hooks) == ours
+    cswap.unpatch(model)
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
 # -- 5. works with ... ----------------------------------------------------------------------------
 
 class CheckpointNet(nn.Module):

@@ -5,9 +5,22 @@ the MaxPool2d's, though the next convolution is what saves it): each module's
 forward hook tags the autograd node of its outputs, and a saved tensor's node
 (through views to the base) names its module. Tensors no module returned
 (functional ops inside a forward) fall back to the module running at the save.
+
+Module hooks are dear: one takes PyTorch's slow call path, about 5 us per module
+call on a 2-core EPYC (benchmarks/overhead.py), more than cswap spends on a saved
+tensor. So once two passes in a row named the same candidates in the same order
+(a static network, the common case), the hooks come off and later passes replay
+those names by candidate index, each checked against the candidate's op, dtype
+and rank (not its shape: a smaller last batch is the same layer). A pass that
+departs from the record (a data-dependent branch) names its candidates from there
+on ("", "", "") and the hooks are back for the next pass. A branch whose candidates
+repeat the other's ops, dtypes and ranks at the same positions keeps the other's
+names: their keys (index:layer) then stand for positions in the pass.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -15,6 +28,8 @@ from torch import nn
 __all__ = ["LayerTracker", "made_in"]
 
 _TAG = "cswap.made_in"  # key in an autograd node's metadata: (module path, module type)
+STEADY_PASSES = 2  # passes naming the same candidates before the hooks come off
+UNNAMED = ("", "", "")
 
 
 def made_in(t: torch.Tensor) -> tuple[str, str] | None:
@@ -41,39 +56,90 @@ def _tag(output, where: tuple[str, str]) -> None:
 
 
 class LayerTracker:
-    """A stack of running modules, kept by forward pre- and post-hooks.
+    """A stack of running modules, kept by forward pre- and post-hooks, and the
+    names of each pass's candidates (see the module docstring for the replay).
 
     attach(model) hooks every submodule with its path ("features.3");
     attach_global() hooks every module in the process (for `cswap.offload()`
     regions, where no model is given), naming each by its class. The post
     hooks use always_call=True, so an exception in forward still pops.
+    reset() starts a pass, end_pass() ends its forward.
     """
 
     def __init__(self):
         self._stack: list[tuple[str, str]] = []
         self._handles: list = []
+        self._attach = None      # puts the hooks (back) on; None: never attached
+        self._names: list = []   # this pass: (signature, names) per candidate, in order
+        self._previous = None    # the last pass's, while hooked
+        self._steady = 1         # passes in a row that named the same candidates
+        self._replay = None      # the names replayed while the hooks are off
+        self._departed = False   # this pass left the replayed record
 
     @property
     def current(self) -> tuple[str, str]:
         """(layer name, layer type) of the innermost running module; ("", "") outside any."""
         return self._stack[-1] if self._stack else ("", "")
 
-    def where(self, t: torch.Tensor) -> tuple[str, str, str]:
-        """(made in, its type, saved in) for a tensor being saved now."""
-        running = self.current
-        made = made_in(t) or running
-        return made[0], made[1], running[0]
+    @property
+    def hooked(self) -> bool:
+        return bool(self._handles)
+
+    def where(self, t: torch.Tensor, op: str | None = None) -> tuple[str, str, str]:
+        """(made in, its type, saved in) for the next candidate of this pass, saved now."""
+        signature = (op, t.dtype, t.dim())
+        names = self._names
+        replay = self._replay
+        if replay is not None:
+            i = len(names)
+            if not self._departed and i < len(replay) and replay[i][0] == signature:
+                where = replay[i][1]
+            else:
+                self._departed, where = True, UNNAMED
+        else:
+            running = self.current
+            made = made_in(t) or running
+            where = (made[0], made[1], running[0])
+        names.append((signature, where))
+        return where
 
     def reset(self) -> None:
+        """A pass starts."""
         self._stack.clear()
+        self._names, self._departed = [], False
+
+    def end_pass(self) -> None:
+        """A pass's forward is over: take the hooks off after STEADY_PASSES passes named
+        alike, put them back after a pass that departed from the replayed names. (Here,
+        not at the next pass's start: a module's hooks are collected before they run.)"""
+        names = self._names
+        if self._attach is None:
+            return
+        if self._replay is not None:
+            if self._departed:
+                self._replay, self._previous, self._steady = None, None, 1
+                self._attach()
+            return
+        self._steady = self._steady + 1 if names == self._previous else 1
+        self._previous = names
+        if self._steady >= STEADY_PASSES:
+            self._replay = names
+            self._remove_hooks()
 
     def attach(self, model: nn.Module) -> None:
-        for name, module in model.named_modules():
-            kind = type(module).__name__
-            self._handles.append(module.register_forward_pre_hook(self._pusher(name, kind)))
-            self._handles.append(module.register_forward_hook(self._popper((name, kind)), always_call=True))
+        root = weakref.ref(model)  # the patch lives as long as the model, not longer
+
+        def attach():
+            for name, module in root().named_modules():
+                kind = type(module).__name__
+                self._handles.append(module.register_forward_pre_hook(self._pusher(name, kind)))
+                self._handles.append(module.register_forward_hook(self._popper((name, kind)), always_call=True))
+
+        self._attach = attach
+        attach()
 
     def attach_global(self) -> None:
+        """For one region (no passes: the hooks stay on)."""
         from torch.nn.modules import module as module_mod
 
         def push(module, args):
@@ -89,6 +155,12 @@ class LayerTracker:
         self._handles.append(module_mod.register_module_forward_hook(pop, always_call=True))
 
     def detach(self) -> None:
+        self._remove_hooks()
+        self._attach = self._replay = self._previous = None
+        self._names = []
+        self._stack.clear()
+
+    def _remove_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

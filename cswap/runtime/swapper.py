@@ -165,7 +165,7 @@ class Swapper:
         self.prefetch_bytes = prefetch_bytes
         self.codec_configs = dict(codec_configs or {})
         self.checksum = checksum
-        self.layer = layer or (lambda t: ("", "", ""))  # (made in, its type, saved in)
+        self.layer = layer or (lambda t, op: ("", "", ""))  # (made in, its type, saved in) of a candidate
         # A TensorProfiler (begin_pass, pause/resume, on_tick, on_pack, end_forward, on_unpack), or None;
         # none in the modes that offload nothing
         self.observer = observer if self.offloads else None
@@ -313,7 +313,7 @@ class Swapper:
             self._warn_now("cpu", "cswap: offloading CPU tensors to host memory saves no memory; cswap runs its "
                                   "full pipeline on CPU (against a device whose operations complete at once) only "
                                   "for testing and development")
-        layer, layer_type, saved_in = self.layer(t)
+        layer, layer_type, saved_in = self.layer(t, op)
         pass_ = self._pass
         info = SwapInfo(op, tuple(t.shape), t.dtype, t.numel() * t.element_size(), t.device, layer, layer_type,
                         pass_.candidates, saved_in)
