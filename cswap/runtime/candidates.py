@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -47,7 +47,7 @@ def movable(t) -> bool:
     subclass (DTensor, float8 wrappers, FakeTensor, jagged nested tensors), whose
     data and metadata a copy of its bytes would not bring back."""
     return type(t) in _PLAIN and t.layout == torch.strided and not t.is_nested and not t.is_quantized and \
-        t.device.type in ("cuda", "cpu")
+        (t.is_cuda or t.is_cpu)
 
 
 _NODE_NAMES: dict[type, str] = {}  # autograd node class -> its name without the version ("ReluBackward")
@@ -145,9 +145,9 @@ def computed_inside(t: torch.Tensor, storages: frozenset[int]) -> bool:
     return t.untyped_storage().data_ptr() not in storages
 
 
-@dataclass(frozen=True)
-class SwapInfo:
-    """What a policy sees about one candidate tensor."""
+class SwapInfo(NamedTuple):
+    """What a policy sees about one candidate tensor (immutable; a named tuple
+    because pack makes one per offloaded tensor, at a fifth of a frozen dataclass's cost)."""
 
     op: str                  # producing op, e.g. "relu", "max_pool2d" (see op_name)
     shape: tuple[int, ...]

@@ -146,7 +146,6 @@ class Item:
 
     def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, pass_: Pass, device):
         self.info = info
-        self.key = info.key
         self.codec = codec
         self.device = device                       # the cswap.runtime.device.Device it lives on
         self.src: torch.Tensor | None = t.detach()  # on the device until released
@@ -157,6 +156,10 @@ class Item:
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.pass_ = pass_
         self.index = len(pass_.items)
+
+    @property
+    def key(self) -> str:
+        return self.info.key
 
     def flat_src(self) -> torch.Tensor:
         """The dense tensor's bytes in memory order, as a 1-D uint8 view (no copy)."""
