@@ -12,6 +12,9 @@ backward) and per tensor the hooks keep:
     unpatched       stock autograd
     hooks           saved_tensors_hooks that return what they get: the floor of any hook-based offload
     save_on_cpu     torch.autograd.graph.save_on_cpu(): PyTorch's own (a copy per tensor, no threads)
+    minimal         the least a hooks-based offload does in Python: pack copies an activation
+                    (once per tensor) into a pooled host buffer, unpack copies it back into a new
+                    tensor; no threads, events, checks or bookkeeping. The floor for vdnn's figure
     keep            cswap.patch, nothing a candidate (min_bytes above every tensor): every save kept
     vdnn, sc, cswap cswap.patch in its modes (every activation a candidate; sc: ZVC on every one)
     vdnnpp          vDNN++ as the CSWAP paper emulates it, the torchtune-style baseline: raw
@@ -59,7 +62,7 @@ from cswap.runtime import emulator
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
 
-PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "keep", "vdnn", "sc", "cswap", "vdnnpp")
+PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "keep", "vdnn", "sc", "cswap", "vdnnpp")
 DEVICES = ("cpu", "emulated", "lagging")
 LAG_S = 20e-6
 
@@ -81,6 +84,47 @@ def _identity_hooks():
     return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
 
 
+class MinimalOffload:
+    """The `minimal` provider's hooks (see the module docstring): what any Python
+    offload of a raw tensor must do, so its cost per tensor is the floor here."""
+
+    def __init__(self):
+        self.pool: dict[int, list[torch.Tensor]] = {}
+        self.seen: dict[int, tuple] = {}  # id(tensor) -> (tensor, packed): a tensor saved twice goes once
+
+    def pack(self, t: torch.Tensor):
+        base = t._base if t._is_view() else t
+        if base.grad_fn is None:  # weights (linear saves weight.t()) and inputs stay
+            return t
+        hit = self.seen.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        nbytes = t.numel() * t.element_size()
+        free = self.pool.get(nbytes)
+        host = free.pop() if free else torch.empty(nbytes, dtype=torch.uint8)
+        host.copy_(t.reshape(-1).view(torch.uint8))
+        packed = [host, t.dtype, t.shape, None]  # [3]: restored, for the tensor's other saves
+        self.seen[id(t)] = (t, packed)
+        return packed
+
+    def unpack(self, packed):
+        if type(packed) is not list:
+            return packed
+        if packed[3] is None:
+            host, dtype, shape, _ = packed
+            out = torch.empty(host.numel(), dtype=torch.uint8)
+            out.copy_(host)
+            packed[3] = out.view(dtype).view(shape)
+        return packed[3]
+
+    def hooks(self):
+        """The hooks for one step; the previous step's buffers (its backward is over) go back to the pool."""
+        for _, packed in self.seen.values():
+            self.pool.setdefault(packed[0].numel(), []).append(packed[0])
+        self.seen.clear()
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
 def provider(name: str, model: nn.Module):
     """(the model to train, a context to run each step in)."""
     if name == "unpatched":
@@ -89,6 +133,8 @@ def provider(name: str, model: nn.Module):
         return model, _identity_hooks
     if name == "save_on_cpu":
         return model, torch.autograd.graph.save_on_cpu
+    if name == "minimal":
+        return model, MinimalOffload().hooks
     if name == "keep":
         return _keep_everything(model), contextlib.nullcontext
     return _patched(model, name), contextlib.nullcontext
@@ -173,7 +219,7 @@ def measure(args) -> list[dict]:
                             times[name][0].extend(forward)
                             times[name][1].extend(backward)
                     stats = {name: cswap.stats(model) for name, (model, _) in trained.items()
-                             if name not in ("unpatched", "hooks", "save_on_cpu")}
+                             if name not in ("unpatched", "hooks", "save_on_cpu", "minimal")}
                     for name in stats:
                         cswap.unpatch(trained[name][0])
             if isinstance(dev, EmulatedDevice):
