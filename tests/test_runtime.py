@@ -1169,6 +1169,28 @@ def test_host_limit_keeps_tensors_in_place():
         cswap.unpatch(model)
 
 
+@pytest.mark.parametrize("env, ranks", [({}, 1), ({"LOCAL_WORLD_SIZE": "8"}, 8),
+                                         ({"SLURM_NTASKS_PER_NODE": "4(x2)"}, 4),
+                                         ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2), ({"LOCAL_WORLD_SIZE": "zero"}, 1)])
+def test_default_host_limit_is_shared_among_the_ranks_of_a_machine(monkeypatch, env, ranks):
+    """Eight ranks each taking half the free RAM would promise four times what there is."""
+    from cswap.runtime import swapper as swapper_mod
+
+    for name in swapper_mod._LOCAL_WORLD_SIZE:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    pages = 1 << 20
+    monkeypatch.setattr(swapper_mod.os, "sysconf", lambda name: pages if name == "SC_AVPHYS_PAGES" else 4096)
+    assert swapper_mod.local_world_size() == ranks
+    assert swapper_mod.default_max_host_bytes() == (pages * 4096 // 2) // ranks
+    sw = Swapper("vdnn")
+    try:
+        assert sw.pool.max_bytes == (pages * 4096 // 2) // ranks
+    finally:
+        sw.close()
+
+
 def test_host_limit_partly_reached():
     """Room for a few buffers: some tensors offloaded, the rest kept, all exact."""
     model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=20_000)

@@ -61,19 +61,35 @@ from .offload import Offloader
 from .restore import Restorer
 from .stats import SwapStats
 
-__all__ = ["Swapper", "check_policy", "default_max_host_bytes", "held_for_backward"]
+__all__ = ["Swapper", "check_policy", "default_max_host_bytes", "held_for_backward", "local_world_size"]
 
 MiB = 1 << 20
 Parameter = torch.nn.Parameter
 AUTO_FRACTION = 8  # default stash and prefetch limits: this fraction of the previous pass's offloaded bytes
 
 
+# Launchers' names for the number of processes on this machine: torchrun, Slurm, Open MPI, MPICH.
+_LOCAL_WORLD_SIZE = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def local_world_size() -> int:
+    """Processes sharing this machine's memory, as the launcher says (1 when none does)."""
+    for name in _LOCAL_WORLD_SIZE:
+        value = os.environ.get(name, "").split("(")[0]  # Slurm may say "4(x2)"
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
 def default_max_host_bytes(fraction: float = 0.5) -> int:
-    """A fraction of the host memory available now (8 GiB when it cannot be read)."""
+    """This process's share of a fraction of the host memory available now: eight
+    ranks on one machine each take a sixteenth, not half (8 GiB in all when the
+    memory cannot be read)."""
     try:
-        return int(fraction * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        available = fraction * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return 8 << 30
+        available = 8 << 30
+    return int(available // local_world_size())
 
 
 @functools.cache
