@@ -543,6 +543,9 @@ class _Stream:
 
 
 def test_cuda_device_names_its_device_in_every_call(monkeypatch):
+    from cswap.runtime import device as device_mod
+
+    monkeypatch.setattr(device_mod, "_own_stream", lambda device: None)  # PyTorch's pool, whose calls we record
     recorder = _Recorder()
     for name in ("current_stream", "Stream", "synchronize", "memory_allocated", "max_memory_allocated",
                  "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "stream", "device"):
@@ -592,6 +595,9 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     class Buffer:
         copy_ = staticmethod(noting("copy_"))
 
+    from cswap.runtime import device as device_mod
+
+    monkeypatch.setattr(device_mod, "_own_stream", lambda device: None)  # PyTorch's pool, whose calls we record
     monkeypatch.setattr(torch.cuda, "device", Device)
     monkeypatch.setattr(torch.cuda, "stream", noting("stream"))
     monkeypatch.setattr(torch.cuda, "Stream", noting("Stream"))
@@ -617,6 +623,48 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     for expected in ("Stream", "copy_", "empty", "empty_host_cache", "launch", "call", "warm_up"):
         assert expected in names, (expected, names)
     assert all(device == torch.device("cuda", 1) for _, device in calls), calls
+
+
+def test_side_streams_are_cswaps_own_not_pytorchs_pooled_ones(monkeypatch):
+    """Issue 26 §6: torch.cuda.Stream() hands out pooled streams that NCCL draws from too.
+    The seam makes its own, non-blocking, through the CUDA runtime PyTorch loaded, one
+    per role and device, and falls back to the pool only when it cannot."""
+    from cswap.runtime import device as device_mod
+
+    made, pooled = [], []
+
+    class Runtime:
+        def __init__(self, status):
+            self.status = status
+
+        def cudaStreamCreateWithFlags(self, handle, flags):
+            made.append(flags)
+            handle._obj.value = 0x5000 + len(made)
+            return self.status
+
+    monkeypatch.setattr(torch.cuda, "device", lambda device: _Stream())
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device: ("own", handle, device))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: pooled.append(device) or ("pooled", device))
+    monkeypatch.setattr(device_mod, "_cuda_runtime", lambda: Runtime(0))
+    dev = CudaDevice(torch.device("cuda", 1))
+    d2h, h2d = dev.side_stream("d2h"), dev.side_stream("h2d")
+    assert d2h == ("own", 0x5001, torch.device("cuda", 1)) and h2d == ("own", 0x5002, torch.device("cuda", 1))
+    assert dev.side_stream("d2h") is d2h and made == [1, 1] and not pooled  # once per role; cudaStreamNonBlocking
+
+    monkeypatch.setattr(device_mod, "_cuda_runtime", lambda: Runtime(35))  # the runtime refuses (no driver)
+    assert CudaDevice(torch.device("cuda", 0)).side_stream("d2h") == ("pooled", torch.device("cuda", 0))
+    monkeypatch.setattr(device_mod, "_cuda_runtime", lambda: None)  # no runtime found in the process
+    assert CudaDevice(torch.device("cuda", 2)).side_stream("compress") == ("pooled", torch.device("cuda", 2))
+
+
+def test_the_cuda_runtime_is_found_in_this_process_or_not_at_all():
+    from cswap.runtime import device as device_mod
+
+    runtime = device_mod._cuda_runtime()
+    loaded = any("/libcudart.so" in line for line in open("/proc/self/maps"))
+    assert (runtime is not None) == loaded  # PyTorch's CUDA wheels load it with torch
+    if runtime is not None and not torch.cuda.is_available():
+        assert device_mod._own_stream(torch.device("cuda", 0)) is None  # the runtime says no device: the pool
 
 
 def test_cswap_train_sets_the_cuda_device(monkeypatch):

@@ -648,6 +648,29 @@ def test_checkpoint_inside_patched_model(ckpt):
     assert s["restored_tensors"] + s["served_from_device"] == s["offloaded_tensors"]
 
 
+def test_saved_tensors_stay_in_place_while_a_cuda_graph_captures(monkeypatch):
+    """Issue 26 §6: under capture nothing may go to a side stream, be recorded or waited
+    for, so pack keeps every tensor; backward captured after an uncaptured forward
+    that offloaded says what to do instead of failing inside CUDA."""
+    from cswap.runtime.immediate import ImmediateDevice
+
+    expected = train(nets.vgg_like(), nets.IMAGE, steps=2)
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0)
+    try:
+        monkeypatch.setattr(ImmediateDevice, "capturing", lambda self: True)
+        assert_same(train(model, nets.IMAGE, steps=2), expected)
+        assert cswap.stats(model)["offloaded_tensors"] == 0
+        monkeypatch.setattr(ImmediateDevice, "capturing", lambda self: False)
+        x, y = nets.batches(nets.IMAGE, 1)[0]
+        loss = F.cross_entropy(model(x), y)
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+        monkeypatch.setattr(ImmediateDevice, "capturing", lambda self: True)
+        with pytest.raises(RuntimeError, match="captured into a CUDA graph.*Capture forward and backward together"):
+            loss.backward()
+    finally:
+        cswap.unpatch(model)
+
+
 def test_no_grad_offloads_nothing():
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
     x, _ = nets.batches(nets.IMAGE, 1)[0]

@@ -172,3 +172,22 @@ def test_corrupt_host_copy_on_cuda_raises_naming_the_layer(checksum):
         item.host[item.header.header_nbytes: item.moved] = 0xFF  # the decoder's flags see it
     with pytest.raises(cswap.CorruptDataError, match=item.info.where.replace("(", r"\(").replace(")", r"\)")):
         loss.backward()
+
+
+def test_side_streams_are_not_pytorchs_pooled_streams():
+    """NCCL's process groups draw from PyTorch's stream pool: cswap's streams are its own."""
+    from cswap.runtime.device import CudaDevice
+
+    dev = CudaDevice(torch.device("cuda", torch.cuda.current_device()))
+    ours = {dev.side_stream(role).cuda_stream for role in ("compress", "d2h", "h2d")}
+    pooled = {torch.cuda.Stream().cuda_stream for _ in range(64)} | {torch.cuda.Stream(priority=-1).cuda_stream
+                                                                       for _ in range(64)}
+    assert len(ours) == 3 and not ours & pooled
+    x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    host = torch.empty(x.numel() * 4, dtype=torch.uint8, pin_memory=True)
+    d2h = dev.side_stream("d2h")
+    d2h.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(d2h):
+        host.copy_(x.view(torch.uint8), non_blocking=True)
+    d2h.synchronize()
+    assert torch.equal(host.view(torch.float32), x.cpu())

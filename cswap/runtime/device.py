@@ -26,6 +26,8 @@ telling; the emulator accounts memory and checks races with them).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import threading
 from typing import Callable
 
@@ -86,6 +88,11 @@ class Device:
     def synchronize(self) -> None:
         """The host waits for every stream of this device."""
         raise NotImplementedError
+
+    def capturing(self) -> bool:
+        """The compute stream is being captured into a CUDA graph: nothing may be queued
+        on other streams, recorded or waited for, so saved tensors stay in place."""
+        return False
 
     def guard(self):
         """A context in which this device is the thread's current one (CUDA: work the
@@ -187,8 +194,12 @@ class CudaDevice(Device):
                 if role not in SIDE_STREAMS:
                     raise ValueError(f"cswap.runtime: unknown stream role {role!r}")
                 with torch.cuda.device(self.device):
-                    stream = self._streams[role] = torch.cuda.Stream(self.device)
+                    stream = _own_stream(self.device) or torch.cuda.Stream(self.device)
+                self._streams[role] = stream
             return stream
+
+    def capturing(self) -> bool:
+        return torch.cuda.is_current_stream_capturing()
 
     def record_event(self, stream, timing: bool = False):
         # blocking=True: a host thread waiting on it sleeps instead of spinning a core.
@@ -270,6 +281,47 @@ class CudaDevice(Device):
     def usable_memory(self) -> int:
         free, _ = torch.cuda.mem_get_info(self.device)
         return free + torch.cuda.memory_reserved(self.device)
+
+
+_CUDA_STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with the legacy default stream
+
+
+def _own_stream(device: torch.device):
+    """A stream of cswap's own on `device` (current), or None. torch.cuda.Stream()
+    hands out PyTorch's pooled streams round robin, which NCCL's process groups and
+    other libraries draw from too: sharing one would serialise a copy behind a
+    collective. Made as PyTorch makes its pool's (non-blocking), through the CUDA
+    runtime PyTorch loaded, and given to torch as an ExternalStream; kept for the
+    process's life (three per device)."""
+    runtime = _cuda_runtime()
+    if runtime is None:
+        return None
+    handle = ctypes.c_void_p()
+    if runtime.cudaStreamCreateWithFlags(ctypes.byref(handle), _CUDA_STREAM_NON_BLOCKING) != 0 or not handle.value:
+        return None
+    return torch.cuda.ExternalStream(handle.value, device=device)
+
+
+@functools.cache
+def _cuda_runtime():
+    """The CUDA runtime library this process loaded with PyTorch (from its memory
+    map: the same copy, so the same current device), or None (not Linux, or a
+    PyTorch linked with the runtime statically)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "/libcudart.so" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            runtime = ctypes.CDLL(path)
+            create = runtime.cudaStreamCreateWithFlags
+        except (OSError, AttributeError):
+            continue
+        create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        create.restype = ctypes.c_int
+        return runtime
+    return None
 
 
 _CUDA: dict[int, CudaDevice] = {}

@@ -62,6 +62,12 @@ class Restorer:
         if item.error is not None:  # a prefetch found its host copy corrupt
             raise item.error
         dev = item.device
+        if dev.capturing():
+            raise RuntimeError(
+                f"cswap: backward is being captured into a CUDA graph, but the {item.info.op} output of "
+                f"{item.info.where} was offloaded by a forward outside the capture: a graph cannot replay a copy "
+                f"it did not capture. Capture forward and backward together (cswap then keeps saved tensors in "
+                f"place), or run backward uncaptured")
         compute = dev.compute_stream()
         if item.restored is None:  # not prefetched: backward waits for this copy
             asked = dev.record_event(compute, timing=True)

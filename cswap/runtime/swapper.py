@@ -290,7 +290,7 @@ class Swapper:
                 self.stats.add("kept_unmovable")
             return t.detach(), t._version
         dev = device_of(t)
-        if dev is None:
+        if dev is None or dev.capturing():  # (a CUDA graph captures no copies on side streams: kept)
             return t.detach(), t._version
         if not observed:
             return self._pack(t, dev, None, sys._getframe(1))
