@@ -48,7 +48,7 @@ import random
 import threading
 import time
 import weakref
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from contextlib import contextmanager
 
 import numpy as np
@@ -233,6 +233,8 @@ class EmulatedDevice(Device):
         self.peak_reserved_bytes = 0
         self.pinned_bytes = 0       # host memory pinned, cached blocks included
         self.hazards: list[str] = []
+        # Times a host thread waited for the device: (thread name, sync point or "call on <stream>") -> count
+        self.host_syncs: Counter = Counter()
         # Logs for tests (off for the process-wide zero-delay device, which runs for ever):
         self.copies: deque = deque(maxlen=100_000 if log else 0)  # (stream, nbytes, start, end) per copy
         # (at, start, end, event time, by) per wait the caller sat through; by: "host" (a host
@@ -330,6 +332,7 @@ class EmulatedDevice(Device):
         with self._lock:
             if merge:
                 self.host_vc.merge(event.vc)
+                self.host_syncs[threading.current_thread().name, at] += 1
             self.waits.append((at, start, end, event.time, "host" if merge else "compute"))
 
     def elapsed_s(self, start: EmulatedEvent, end: EmulatedEvent) -> float | None:
@@ -364,6 +367,8 @@ class EmulatedDevice(Device):
         self._work(stream, fn, reads, writes, blocking=False)
 
     def call(self, stream: EmulatedStream, fn, reads=(), writes=()):
+        with self._lock:  # the host waits for the stream (a codec reading sizes back)
+            self.host_syncs[threading.current_thread().name, f"call on {stream.name}"] += 1
         op = self._work(stream, fn, reads, writes, blocking=True)
         if not op.finished.wait(_DEADLOCK_S):
             raise RuntimeError(f"cswap emulated device: work on {stream.name} did not finish within "

@@ -21,9 +21,13 @@ release waited for the copy out, so the copy in needs no wait for it.
 
 Integrity. A compressed host copy's header bytes must equal those written,
 and the decoder's consistency flag (and with checksum=True, the checksum of
-the bytes that came back) land in the host buffer with the restore; unpack
-reads them after its item's copy in, and a corrupt copy raises
-CorruptDataError naming the layer, never gradients from wrong values.
+the bytes that came back) land in the host buffer with the restore. The host
+never waits for one per tensor: unpack reads the verdicts whose copies have
+completed (an event query), and those still in flight when backward ends are
+waited for then, once (a final callback of autograd's engine). A corrupt copy
+raises CorruptDataError naming the layer before backward() returns, so no
+optimizer step applies gradients computed from it. A host buffer whose verdict
+is unread stays out of the pool.
 
 Out of memory. A prefetch that runs out stops prefetching (the item is
 fetched on demand later); an on-demand restore that runs out gives back the
@@ -52,6 +56,8 @@ class Restorer:
 
     def __init__(self, swapper):
         self.sw = swapper
+        self.unread: list = []        # (item, its copy in's event): served, verdict not landed yet
+        self.settling = False         # the end-of-backward read is queued
 
     def unpack(self, handle: Handle, at: int | None = None) -> torch.Tensor:
         """The tensor back for backward (`at`: the profiler's stamp of this use, if timed)."""
@@ -79,7 +85,8 @@ class Restorer:
             sw.uncount_prefetch(item)  # served now: no longer ahead of backward
         if first:
             self.prefetch(item, round_)  # issue the next restores before checking this one
-        self.verify(item)
+        if item.verdict_pending or self.unread:
+            self.verify(item)
         out = item.restored
         if item.h2d_done is not None:  # compute waits for its own item only
             dev.wait_event(compute, item.h2d_done, at="unpack.compute_after_copy_in")
@@ -160,7 +167,8 @@ class Restorer:
                 if other is not keep and other.h2d_done is not None and other.unpacked == 0:
                     sw.uncount_prefetch(other)
                     other.restored = other.h2d_done = None
-                    other.verdict_pending = False
+                    if not self.pending(other):  # (an earlier round's verdict, unread, still needs the buffer)
+                        other.verdict_pending = False
 
     def restore(self, item: Item) -> bool:
         """Bring the item back into item.restored (asynchronously); False when no copy
@@ -260,21 +268,75 @@ class Restorer:
             raise self.corrupt(item, problem)
 
     def verify(self, item: Item) -> None:
-        """Read the restore's verdict (after its own copy in) and raise on a corrupt copy."""
-        if not item.verdict_pending:
+        """Read the verdicts that have landed, this item's included if its copy in has
+        completed; leave the others for later unpacks and the end of backward."""
+        unread = self.unread
+        if item.verdict_pending and not any(it is item for it, _ in unread):
+            unread.append((item, item.h2d_done))
+        landed = [entry for entry in unread if entry[0].device.event_query(entry[1], at="unpack.verdict_landed")]
+        for entry in landed:
+            unread.remove(entry)
+        for i, (it, _) in enumerate(landed):
+            try:
+                self.read_verdict(it)
+            except BaseException:
+                self.abandon([other for other, _ in landed[i + 1:]])
+                raise
+        if unread and not self.settling:
+            try:  # (only backward's engine takes one; unpack called outside backward reads now)
+                torch.autograd.Variable._execution_engine.queue_callback(self.settle)
+                self.settling = True
+            except RuntimeError:
+                self.settle()
+
+    def settle(self) -> None:
+        """At the end of backward: wait for the verdicts still in flight (once per
+        device: its copy-in stream runs in order) and read them."""
+        self.settling = False
+        unread, self.unread = self.unread, []
+        items = [item for item, _ in unread]
+        try:
+            for dev in {id(item.device): item.device for item in items}.values():
+                dev.event_synchronize(dev.record_event(dev.side_stream("h2d")), at="unpack.verdict_landed")
+            for i, item in enumerate(items):
+                self.read_verdict(item)
+                items[i] = None
+        except BaseException:
+            self.abandon([item for item in items if item is not None])
+            raise
+
+    def pending(self, item: Item) -> bool:
+        return any(it is item for it, _ in self.unread)
+
+    def abandon(self, items=None) -> None:
+        """Verdicts no one will read (a backward that raised): their host buffers go back."""
+        if items is None:
+            items, self.unread, self.settling = [it for it, _ in self.unread], [], False
+        for item in items:
+            self.done_reading(item)
+
+    def read_verdict(self, item: Item) -> None:
+        """The verdict of the item's last copy in (landed) and raise on a corrupt copy."""
+        if item.host is None:  # (cannot happen while verdict_pending holds the buffer; never read freed memory)
             return
-        dev = item.device
-        try:  # the buffer stays the item's while a verdict is pending (vdnnpp's host compression waits)
-            dev.event_synchronize(item.h2d_done, at="unpack.verdict_landed")
+        try:
             words = item.host[item.tail: item.tail + 24]
-            dev.host_access(words, write=False)
+            item.device.host_access(words, write=False)
             expected, bad, total = words.view(torch.int64).tolist()
+            if bad:
+                raise self.corrupt(item, self.diagnose(item))
+            if self.sw.checksum and total != expected:
+                raise self.corrupt(item, "its checksum differs from the one taken before the offload")
         finally:
+            self.done_reading(item)
+
+    def done_reading(self, item: Item) -> None:
+        sw = self.sw
+        with sw.lock:
             item.verdict_pending = False
-        if bad:
-            raise self.corrupt(item, self.diagnose(item))
-        if self.sw.checksum and total != expected:
-            raise self.corrupt(item, "its checksum differs from the one taken before the offload")
+            if item.freed and item.host is not None:  # its last save died before the verdict was read
+                host, item.host = item.host, None
+                sw.pool.release(host, item.last_read or item.d2h_done, item.device)
 
     def diagnose(self, item: Item) -> str:
         """The decoder's own words on what is wrong, from decoding the host copy on the CPU."""

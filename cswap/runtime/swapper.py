@@ -221,6 +221,8 @@ class Swapper:
         self.surface()
         self._count_stalls()
         self.offloader.hand_over()  # (a forward that raised never reached end_pass)
+        if self.restorer.unread:  # a backward that raised before its end read them
+            self.restorer.abandon()
         self.in_forward = True
         if self._pass is not None and self._pass.nbytes:
             self._previous_pass_bytes = self._pass.nbytes
@@ -535,7 +537,6 @@ class Swapper:
             item.round += 1
             item.unpacked = 0
             item.restored = item.h2d_done = None
-            item.verdict_pending = False
             self.uncount_prefetch(item)
 
     def count_prefetch(self, item: Item) -> None:
@@ -633,19 +634,24 @@ class Swapper:
             item.restored = item.h2d_done = None
             item.fallback = None
             item.host_blob = None
-            # Not yet issued: the worker may be copying into the buffer; it returns it.
-            if item.host is not None and item.issued.is_set():
+            # Not yet issued: the worker may be copying into the buffer; it returns it. An unread
+            # verdict lies in the buffer: the restorer returns it once read.
+            if item.host is not None and item.issued.is_set() and not (item.verdict_pending and
+                                                                       self.restorer.pending(item)):
                 host, item.host = item.host, None
                 self.pool.release(host, item.last_read or item.d2h_done, item.device)
 
     def synchronize(self) -> None:
-        """Wait until every admitted offload has been copied out and released."""
+        """Wait until every admitted offload has been copied out and released, and
+        every verdict of a restore served to backward has been read."""
         while True:
             with self.lock:
                 if not self.inflight:
-                    return
+                    break
                 oldest = self.inflight[0]
             self._wait_released(oldest, at="release.copy_done")
+        if self.restorer.unread:  # (a backward that raised never reached its end)
+            self.restorer.settle()
 
     def trim_host_pool(self) -> int:
         """Give back host buffers unused since the last call (at each epoch end)."""

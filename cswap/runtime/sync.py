@@ -33,7 +33,8 @@ POINTS = {
     "unpack.compute_after_copy_in":
         "compute waits for the item's copy in before backward uses the tensor",
     "unpack.verdict_landed":
-        "the host waits for the item's copy in before reading its decoder and checksum verdict",
+        "the host reads an item's decoder and checksum verdict only once its copy in has completed (queried "
+        "at later unpacks, waited for at the end of backward)",
     "host_pool.buffer_free":
         "a host buffer is reused only once the last copy that read or wrote it has completed",
 }
