@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device", "decoder_output",
+           "to_device",
            "step_elements"]
 
 _MAX_GRID = 1 << 20
@@ -44,6 +45,15 @@ class LaunchConfig:
 def interpreting() -> bool:
     """True when Triton runs kernels on the CPU (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host-made table on `device`, without a host sync: a copy from pageable
+    memory waits for the stream (CUDA stages it), one from pinned memory is queued.
+    PyTorch's host allocator keeps the pinned block until that copy has run."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def check_triton_device(device: torch.device, who: str) -> None:

@@ -143,7 +143,7 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
-from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, launch_grid, step_elements
+from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, launch_grid, step_elements, to_device
 
 __all__ = [
     "TILE", "LANES", "PROB_BITS", "PROB_SCALE", "STATE_LOW", "CODE_BELOW", "MIN_TILE", "MAX_TILE",
@@ -389,8 +389,9 @@ def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tenso
     sh2 = np.maximum(bits - 1, 0)
     packed = f | (c & 4095) << 13 | sh2 << 25 | sh1 << 29
     magic32 = np.where(magic >= 1 << 31, magic - (1 << 32), magic)
-    return (torch.from_numpy(packed.astype(np.int32)).to(device),
-            torch.from_numpy(magic32.astype(np.int32)).to(device))
+    tables = torch.from_numpy(np.stack([packed.astype(np.int32), magic32.astype(np.int32)]))
+    packed_t, magic_t = to_device(tables, device)  # one copy, queued: no host sync
+    return packed_t, magic_t
 
 
 def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int
@@ -753,7 +754,8 @@ def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.nda
 def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE,
                   code_below: float = CODE_BELOW) -> tuple[int, int, int, int, int]:
     """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns the
-    meta (tile, mode, symbols, coded_planes, streams_nbytes)."""
+    meta (tile, mode, symbols, coded_planes, streams_nbytes). Two host syncs: the
+    histograms read back, and the streams' size; the host's tables go up queued."""
     n, itemsize, device = words.numel(), words.element_size(), words.device
     hist, counts = _histogram(words, config)
     p = plan(hist, n, itemsize, tile, code_below)
@@ -771,7 +773,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         masks = torch.empty(0, dtype=torch.int32, device=device)
         values = words
     bases, scratch_halves = _scratch_bases(n, tile, p.mode, p.symbols, p.coded_planes, itemsize)
-    sbase = torch.tensor(bases, dtype=torch.int64).to(device)
+    sbase = to_device(torch.tensor(bases, dtype=torch.int64), device)
     scratch = torch.empty(max(scratch_halves, 1), dtype=torch.int16, device=device)
     lens = torch.zeros(total_tiles, dtype=torch.int64, device=device)
     values8, masks8 = _as_u8(values), _as_u8(masks)
@@ -790,7 +792,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
     out_offsets, out_freqs, streams = sections(payload, n, tile, p.mode, p.symbols, p.coded_planes,
                                                streams_nbytes, itemsize)
     out_offsets.copy_(offsets)
-    out_freqs.copy_(_freqs_int16(p.freqs, p.coded_planes))
+    out_freqs.copy_(to_device(_freqs_int16(p.freqs, p.coded_planes), device))
     if total_tiles:
         grid, warps = launch_grid(config, total_tiles, device)
         _zans_pack_kernel[(grid,)](values8, masks8, scratch.view(torch.uint8), sbase, offsets, streams,
@@ -858,22 +860,30 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
 # -- PyTorch reference ------------------------------------------------------------------------
 
 
+def _count_bytes(b: torch.Tensor) -> torch.Tensor:
+    """torch.bincount(b, minlength=256) of uint8 `b`, without bincount's host sync on
+    CUDA (it reads b.max() back to size its output)."""
+    ones = torch.ones(1, dtype=torch.int64, device=b.device).expand(b.numel())
+    return torch.zeros(256, dtype=torch.int64, device=b.device).index_add_(0, b.long(), ones)
+
+
 def _byte_histograms(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n, itemsize = words.numel(), words.element_size()
     planes = words.view(torch.uint8).view(n, itemsize)
     hist = torch.empty(itemsize + 1, 256, dtype=torch.int64, device=words.device)
     for q in range(itemsize):
-        hist[q] = torch.bincount(planes[:, q].contiguous(), minlength=256)
+        hist[q] = _count_bytes(planes[:, q])
     nz = words != 0
     mask8 = _zvc._mask_words(nz).view(torch.uint8) if n else torch.empty(0, dtype=torch.uint8, device=words.device)
-    hist[itemsize] = torch.bincount(mask8, minlength=256)
+    hist[itemsize] = _count_bytes(mask8)
     return hist, nz, mask8
 
 
 # byte_histograms takes this many elements at a time (a multiple of 32, so every pass
-# covers whole mask words): its temporaries stay a few bytes per element of one pass,
-# whatever the tensor (the profiler samples tensors in forward, where memory is tightest).
-_HIST_CHUNK = 1 << 24
+# covers whole mask words): its temporaries stay about ten bytes per element of one pass
+# (an int64 index per byte), whatever the tensor (the profiler samples tensors in
+# forward, where memory is tightest).
+_HIST_CHUNK = 1 << 22
 
 
 def byte_histograms(words: torch.Tensor) -> torch.Tensor:
@@ -1006,7 +1016,7 @@ def zans_compress_ref(words: torch.Tensor, alloc, tile: int = TILE, code_below: 
     out_offsets, out_freqs, streams = sections(payload, n, tile, p.mode, p.symbols, p.coded_planes,
                                                streams_nbytes, itemsize)
     out_offsets.copy_(offsets)
-    out_freqs.copy_(_freqs_int16(p.freqs, p.coded_planes))
+    out_freqs.copy_(to_device(_freqs_int16(p.freqs, p.coded_planes), device))
     s16 = streams.view(torch.int16) if streams_nbytes else None
     offs = offsets.tolist()
     t0 = 0

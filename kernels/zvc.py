@@ -201,7 +201,8 @@ def _mask_words(nz: torch.Tensor) -> torch.Tensor:
     n = nz.numel()
     padded = torch.zeros(-(-n // 32) * 32, dtype=torch.uint8, device=nz.device)
     padded[:n] = nz
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=nz.device)
+    # 1, 2, 4, ..., 128 made on the device (torch.tensor(..., device=) copies from pageable memory: a host sync)
+    weights = torch.ones(8, dtype=torch.uint8, device=nz.device) << torch.arange(8, dtype=torch.uint8, device=nz.device)
     # Little-endian: byte k of word j holds elements 32j + 8k .. 32j + 8k + 7.
     return (padded.view(-1, 8) * weights).sum(1, dtype=torch.uint8).view(torch.int32)
 
