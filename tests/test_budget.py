@@ -91,6 +91,29 @@ def test_plans_meet_the_budget_and_never_lose_to_offloading_everything():
     assert not plan.fits and plan.moved == inst.n
 
 
+def test_plans_leave_room_for_their_encoders_temporaries():
+    """Issue 26 §5: an encoder allocates beside its payload (ZANS about twice the tensor)
+    while it runs, which the profiled step, offloading raw, never saw. Where the plan
+    without that in mind would overshoot the budget by its scratch, the plan rules the
+    encoder out for that tensor and fits, scratch included."""
+    from cswap.plan.budget import encoder_scratch, with_encoder_scratch
+
+    overshot = 0
+    for seed in range(4):
+        base = instance(6, seed)
+        inst = Instance.build(base.iteration, slow_link(), base.curve, base.windows, codecs=("zans",))
+        for fraction in (0.5, 0.6, 0.7, 0.8, 0.9):
+            budget = peak(inst, [KEEP] * inst.n) * fraction
+            bare = plan_budget(inst, budget)
+            plan = with_encoder_scratch(inst, budget, plan_budget)
+            assert plan.peak_bytes == peak(inst, plan.choices) + encoder_scratch(inst, plan.choices)
+            assert plan.fits and plan.peak_bytes <= budget, (seed, fraction)
+            if bare.peak_bytes + encoder_scratch(inst, bare.choices) > budget:
+                overshot += 1
+                assert plan.choices != bare.choices
+    assert overshot >= 3  # the case this is for happens here
+
+
 def test_predict_plans_for_the_budget_on_the_full_curve():
     model = build("resnet18", dataset="cifar10")
     x = torch.empty(256, 3, 32, 32)

@@ -258,10 +258,10 @@ def test_compression_of_one_tensor_overlaps_the_copy_of_the_previous():
             work = []
             call = dev.call
 
-            def timed_call(stream, fn, reads=(), writes=()):
+            def timed_call(stream, fn, reads=(), writes=(), scratch_bytes=0):
                 start = time.perf_counter()
                 try:
-                    return call(stream, fn, reads, writes)
+                    return call(stream, fn, reads, writes, scratch_bytes)
                 finally:
                     work.append((stream.name, start, time.perf_counter()))
 

@@ -133,6 +133,20 @@ def test_live_and_peak_bytes_and_capacity():
     dev.close()
 
 
+def test_device_work_is_charged_its_declared_scratch_while_it_runs():
+    """Issue 26 §5: a codec's encoder allocates temporaries beside its output; the
+    emulator counts them while the work runs, and fails the work as CUDA would when
+    they do not fit."""
+    dev = EmulatedDevice(capacity_bytes=8192)
+    side = dev.side_stream("compress")
+    seen = dev.call(side, lambda: dev.live_bytes, scratch_bytes=3000)
+    assert seen == 3000 and dev.live_bytes == 0 and dev.peak_bytes == 3000
+    with pytest.raises(torch.OutOfMemoryError, match="11192 bytes of scratch"):
+        dev.call(side, lambda: None, scratch_bytes=3000 + 8192)
+    assert dev.live_bytes == 0
+    dev.close()
+
+
 def test_pinned_memory_is_rounded_and_cached_until_emptied(dev):
     a = dev.host_empty(5000, pinned=True)
     assert a.numel() == 5000 and dev.pinned_bytes == 8192

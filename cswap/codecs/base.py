@@ -93,11 +93,25 @@ class DecodeCheck:
                                    f"altered or corrupted after compression")
 
 
+SMALL_TEMPORARIES = 16 * 512  # see Codec.encode_scratch_bytes
+
+
 class Codec:
     """One compression format with a Triton and a PyTorch backend."""
 
     name: ClassVar[str]
     n_meta: ClassVar[int]
+
+    def encode_scratch_bytes(self, numel: int, itemsize: int) -> int:
+        """At most the device bytes the Triton encoder allocates for a tensor of `numel`
+        elements of `itemsize` bytes, besides its payload, while it runs: the runtime
+        counts them (a budget must, and the emulator charges them; on CUDA they come
+        from the compression stream's pool). SMALL_TEMPORARIES covers the scalars and
+        short tables each encoder makes, at CUDA's 512-byte allocation grain."""
+        return SMALL_TEMPORARIES + self._encode_scratch_bytes(numel, itemsize)
+
+    def _encode_scratch_bytes(self, numel: int, itemsize: int) -> int:
+        raise NotImplementedError
 
     def compress(self, x: torch.Tensor, config: LaunchConfig | None = None, backend: str = "auto") -> Compressed:
         """Compress `x` losslessly (bit for bit) into one contiguous buffer.

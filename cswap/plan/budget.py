@@ -32,15 +32,16 @@ slower than offloading everything that meets the budget.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from math import prod
 
 import numpy as np
 
 from ..runtime.candidates import KEEP  # a choice beside None (offload raw) and a codec name
 from .advisor import IterationProfile, _check_profile, _costs, _Costs, _exposed, _timeline
 
-__all__ = ["KEEP", "Instance", "Plan", "evaluate", "largest_first", "offload_everything", "optimum",
-           "parse_bytes", "plan_budget", "per_tensor_rule"]
+__all__ = ["KEEP", "Instance", "Plan", "encoder_scratch", "evaluate", "largest_first", "offload_everything",
+           "optimum", "parse_bytes", "plan_budget", "per_tensor_rule", "with_encoder_scratch"]
 
 
 
@@ -105,6 +106,60 @@ class Plan:
     @property
     def moved(self) -> int:
         return sum(1 for c in self.choices if c != KEEP)
+
+
+_FORBIDDEN_S = 1e9  # an option's kernel seconds where it may not be chosen: never worth it
+
+
+def _scratch_of(inst: Instance) -> dict[tuple[int, str], int]:
+    """(tensor, codec) -> the bytes that codec's encoder allocates beside its payload
+    (Codec.encode_scratch_bytes)."""
+    from .. import codecs
+
+    names = set(codecs.names())
+    return {(i, c): codecs.get(c).encode_scratch_bytes(prod(t.shape), t.itemsize)
+            for i, t in enumerate(inst.iteration.tensors) for c in inst.codecs if c in names}
+
+
+def encoder_scratch(inst: Instance, choices) -> int:
+    """The most device bytes one of `choices`' encoders allocates beside its payload: one
+    tensor compresses at a time, on the compression stream, so the step's peak may grow
+    by that much wherever a compression runs."""
+    scratch = _scratch_of(inst)
+    return max((scratch.get((i, c), 0) for i, c in enumerate(choices)), default=0)
+
+
+def _forbidding(inst: Instance, forbidden: set) -> Instance:
+    """`inst` where the (tensor, option) pairs in `forbidden` cost _FORBIDDEN_S each."""
+    costs = [replace(c, t_c={o: _FORBIDDEN_S if (i, o) in forbidden else s for o, s in c.t_c.items()})
+             for i, c in enumerate(inst.costs)]
+    standalone = [{o: s + _FORBIDDEN_S if (i, o) in forbidden else s for o, s in options.items()}
+                  for i, options in enumerate(inst.standalone)]
+    return Instance(inst.iteration, costs, inst.codecs, inst.bw_d2h, inst.bw_h2d, inst.curve, inst.windows,
+                    standalone)
+
+
+def with_encoder_scratch(inst: Instance, budget: float, plan_for) -> Plan:
+    """plan_for(instance, budget) with room for its encoders' temporaries, which the
+    profiled step (offloading raw) never saw: while the plan's peak plus the scratch
+    of an encoder it runs exceeds the budget, the encoders whose scratch exceeds what
+    the plan leaves free are ruled out for their tensors and it plans again. The
+    plan's peak_bytes and fits count the scratch."""
+    scratch_of = _scratch_of(inst)
+    forbidden: set = set()
+    current = inst
+    for _ in range(len(scratch_of) + 1):  # each round rules out at least one pair
+        plan = plan_for(current, budget)
+        scratch = max((scratch_of.get((i, c), 0) for i, c in enumerate(plan.choices)), default=0)
+        if plan.peak_bytes + scratch <= budget or not plan.fits:
+            break
+        slack = budget - plan.peak_bytes
+        more = {pair for pair, nbytes in scratch_of.items() if nbytes > slack} - forbidden
+        if not more:
+            break
+        forbidden |= more
+        current = _forbidding(inst, forbidden)
+    return replace(plan, peak_bytes=plan.peak_bytes + scratch, fits=plan.peak_bytes + scratch <= budget)
 
 
 def peak(inst: Instance, choices) -> float:

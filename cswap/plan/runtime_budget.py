@@ -23,7 +23,7 @@ import warnings
 from dataclasses import replace
 
 from .advisor import IterationProfile
-from .budget import KEEP, Instance, Plan, offload_everything, parse_bytes, plan_budget
+from .budget import KEEP, Instance, Plan, offload_everything, parse_bytes, plan_budget, with_encoder_scratch
 from .recompute import RECOMPUTE, Block, inside, plan_with_recompute
 
 __all__ = ["AUTO", "AUTO_HEADROOM", "RuntimeBudget", "check_budget"]
@@ -146,11 +146,12 @@ class RuntimeBudget:
         self.bytes = self.resolve(device)
         units, windows, members = _storages(iteration, memory)
         self.instance = inst = Instance.build(units, profile, memory.curve, windows)
-        if blocks:
-            self.plan = plan_with_recompute(inst, _blocks(blocks, members, infos or {}), self.bytes)
+        if blocks:  # (each with room for its encoders' temporaries, which the memory trace did not see)
+            block_list = _blocks(blocks, members, infos or {})
+            self.plan = with_encoder_scratch(inst, self.bytes, lambda i, b: plan_with_recompute(i, block_list, b))
             self.recomputed = frozenset(self.plan.recomputed)
         else:
-            self.plan = plan_budget(inst, self.bytes)
+            self.plan = with_encoder_scratch(inst, self.bytes, plan_budget)
         self.everything = offload_everything(inst, self.bytes)
         self.compute_s = iteration.forward_s + iteration.backward_s
         # a recomputed tensor is never seen while its block is checkpointed: raw, should it be

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+from math import prod
 from pathlib import Path
 from dataclasses import dataclass, field, replace
 
@@ -55,6 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import codecs
 from .advisor import Advisor, IterationProfile, TensorProfile, host_seconds, simulate
 from .budget import KEEP, Instance, parse_bytes, plan_budget
 from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
@@ -329,6 +331,8 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
         if codec:  # the compressed buffer, while made and copied out, and while copied in and decoded
             curve[g.saved_at:gone] += size
             curve[back:g.used_at] += size
+            first = g.records[0]  # and the encoder's temporaries, while it runs
+            curve[g.saved_at] += codecs.get(codec).encode_scratch_bytes(prod(first.shape), first.dtype.itemsize)
     host_s = host_seconds(profile) * len(moved)
     step = compute + sim.exposed_s + codec_s + host_s
     return ModePrediction(name, int(curve.max()), step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),

@@ -109,8 +109,10 @@ class Device:
         """Run device work `fn` on `stream` asynchronously; `reads`/`writes`: the tensors it touches."""
         raise NotImplementedError
 
-    def call(self, stream, fn: Callable[[], object], reads=(), writes=()):
-        """Run `fn` on `stream` and return its value; fn may wait for its own work on the stream."""
+    def call(self, stream, fn: Callable[[], object], reads=(), writes=(), scratch_bytes: int = 0):
+        """Run `fn` on `stream` and return its value; fn may wait for its own work on the stream.
+        `scratch_bytes`: at most what fn allocates on the device beside its outputs (CUDA's
+        allocator counts it itself; the emulator charges it while fn runs)."""
         raise NotImplementedError
 
     # -- memory ----------------------------------------------------------------------------
@@ -242,7 +244,7 @@ class CudaDevice(Device):
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             fn()
 
-    def call(self, stream, fn, reads=(), writes=()):
+    def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0):
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             return fn()
 

@@ -28,7 +28,9 @@ at least as hostile as a GPU's:
   (from the moment autograd saves them until their storage dies) and by the
   runtime's own buffers; `peak_bytes` their maximum. With `capacity_bytes`, an
   allocation or a first save beyond it raises torch.OutOfMemoryError (a saved
-  tensor stands for the op output a GPU would have failed to allocate).
+  tensor stands for the op output a GPU would have failed to allocate). Device
+  work declares what it allocates beside its outputs (`call(...,
+  scratch_bytes=)`, a codec's encoder temporaries): it counts while it runs.
 - Pinned memory as PyTorch's caching host allocator keeps it: blocks rounded
   up to a power of two, and kept after being freed until empty_host_cache().
 - Errors. An exception in device work on a stream, or an injected failure
@@ -181,7 +183,7 @@ class _Copy(_Op):
 
 
 class _Work(_Op):
-    __slots__ = ("fn", "result", "finished", "blocking")
+    __slots__ = ("fn", "result", "finished", "blocking", "scratch")
 
 
 class _Record(_Op):
@@ -366,10 +368,10 @@ class EmulatedDevice(Device):
     def launch(self, stream: EmulatedStream, fn, reads=(), writes=()) -> None:
         self._work(stream, fn, reads, writes, blocking=False)
 
-    def call(self, stream: EmulatedStream, fn, reads=(), writes=()):
+    def call(self, stream: EmulatedStream, fn, reads=(), writes=(), scratch_bytes: int = 0):
         with self._lock:  # the host waits for the stream (a codec reading sizes back)
             self.host_syncs[threading.current_thread().name, f"call on {stream.name}"] += 1
-        op = self._work(stream, fn, reads, writes, blocking=True)
+        op = self._work(stream, fn, reads, writes, blocking=True, scratch=scratch_bytes)
         if not op.finished.wait(_DEADLOCK_S):
             raise RuntimeError(f"cswap emulated device: work on {stream.name} did not finish within "
                                f"{_DEADLOCK_S:.0f} s; the streams are deadlocked")
@@ -378,13 +380,13 @@ class EmulatedDevice(Device):
             raise value
         return value
 
-    def _work(self, stream, fn, reads, writes, blocking: bool) -> _Work:
+    def _work(self, stream, fn, reads, writes, blocking: bool, scratch: int = 0) -> _Work:
         with self._lock:
             refs = [self._ref(t, False, stream) for t in reads] + [self._ref(t, True, stream) for t in writes]
             if stream is self._compute:
                 raise ValueError("cswap emulated device: device work runs on a side stream")
             op = _Work(_Clock(self.host_vc), refs)
-            op.fn, op.result, op.blocking = fn, None, blocking
+            op.fn, op.result, op.blocking, op.scratch = fn, None, blocking, scratch
             op.finished = threading.Event()
             self._enqueue(stream, op)
         return op
@@ -491,11 +493,18 @@ class EmulatedDevice(Device):
             raise failure
 
     def _execute_work(self, stream: EmulatedStream, op: _Work, tick: int) -> None:
+        scratch = op.scratch
         with self._lock:
             ok = all([self._access(ref, stream, tick, "device work") for ref in op.refs])
             failure = None
             if not op.blocking and self._failures["launch"]:
                 failure = self._failures["launch"].pop(0)
+            elif scratch and self.capacity_bytes is not None and self.live_bytes + scratch > self.capacity_bytes:
+                failure = torch.OutOfMemoryError(
+                    f"cswap emulated device: out of memory allocating {scratch} bytes of scratch on {stream.name} "
+                    f"({self.live_bytes} of {self.capacity_bytes} bytes in use)")
+            elif scratch:
+                self._grow(scratch)
         try:
             if failure is not None:
                 raise failure
@@ -511,6 +520,9 @@ class EmulatedDevice(Device):
             if not op.blocking:
                 raise
         finally:
+            if scratch and failure is None:
+                with self._lock:
+                    self.live_bytes -= scratch
             self._done_with(stream, op)
             op.fn = None
             op.finished.set()

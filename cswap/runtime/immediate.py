@@ -102,7 +102,7 @@ class ImmediateDevice(Device):
     def launch(self, stream, fn, reads=(), writes=()) -> None:
         fn()
 
-    def call(self, stream, fn, reads=(), writes=()):
+    def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0):
         return fn()
 
     # -- memory: plain CPU tensors, nothing counted --------------------------------------------------

@@ -268,7 +268,10 @@ class Offloader:
         if item.codec is not None or item.perm is None:  # prepared on the compression stream
             compress = dev.side_stream("compress")
             dev.wait_event(compress, item.ready, at="offload.compress_after_ready")
-            data, header = dev.call(compress, lambda: self._prepare(item, src, compress), reads=[src])
+            scratch = codecs.get(item.codec).encode_scratch_bytes(src.numel(), src.element_size()) \
+                if item.codec is not None else 0
+            data, header = dev.call(compress, lambda: self._prepare(item, src, compress), reads=[src],
+                                    scratch_bytes=scratch)
             data_ready = dev.record_event(compress)
         else:
             data, header = item.flat_src(), None
