@@ -164,12 +164,28 @@ def test_pinned_memory_is_rounded_and_cached_until_emptied(dev):
 def test_an_injected_failure_surfaces_at_the_next_synchronization(dev):
     d2h = dev.side_stream("d2h")
     dev.inject_failure("copy", RuntimeError("link down"))
-    dev.copy(dev.host_empty(8, False), torch.zeros(8, dtype=torch.uint8), d2h)
+    dev.copy(dev.host_empty(8, True), torch.zeros(8, dtype=torch.uint8), d2h)
     failed = dev.record_event(d2h)
     with pytest.raises(RuntimeError, match="link down"):
         dev.event_synchronize(failed, at="release.copy_done")
     later = dev.record_event(d2h)  # reported once: the stream goes on
     dev.event_synchronize(later, at="release.copy_done")
+
+
+def test_a_copy_with_pageable_memory_blocks_the_host_and_reports_its_own_failure(dev):
+    """As cudaMemcpyAsync from or to pageable memory: the host waits for the stream, the
+    copy is done when the call returns, and its failure is raised by the call."""
+    d2h = dev.side_stream("d2h")
+    slow = EmulatedDevice(bandwidth_gbps=1e-3)  # 8 bytes take 8 us: long enough to be pending if queued
+    host = slow.host_empty(8, False)
+    slow.copy(host, torch.full((8,), 7, dtype=torch.uint8), slow.side_stream("d2h"))
+    assert slow.host_syncs[threading.current_thread().name, "pageable copy"] == 1
+    assert host.tolist() == [7] * 8  # (no host_access needed: the host waited for it)
+    slow.close()
+    dev.inject_failure("copy", RuntimeError("link down"))
+    with pytest.raises(RuntimeError, match="link down"):
+        dev.copy(dev.host_empty(8, False), torch.zeros(8, dtype=torch.uint8), d2h)
+    dev.event_synchronize(dev.record_event(d2h), at="release.copy_done")  # reported once
 
 
 def test_a_closed_device_refuses_work_with_a_clear_error(dev):

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 import cswap
 import nets
+from cswap.runtime import emulator
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.candidates import SPARSE_PRODUCERS, op_name
 from cswap.runtime.host_pool import HostPool, size_class
@@ -1511,6 +1512,15 @@ def test_epoch_end_gives_back_host_buffers_of_sizes_no_longer_used():
     assert pools[0] > pools[1] == pools[2] > 0
 
 
+class _PageableOnly(EmulatedDevice):
+    """An emulated device on which pinning always fails."""
+
+    def host_empty(self, nbytes, pinned):
+        if pinned:
+            raise RuntimeError("cudaHostAlloc failed")
+        return super().host_empty(nbytes, pinned)
+
+
 class _FailingHost(EmulatedDevice):
     """An emulated device whose pinned (and maybe pageable) host allocations fail."""
 
@@ -1531,6 +1541,29 @@ def test_host_pool_falls_back_to_pageable_memory_with_one_warning():
     a, b = pool.acquire(1000, dev), pool.acquire(5000, dev)
     assert warned == ["pageable"] and not pool.pinned
     assert a is not None and b is not None and a.numel() >= 1000 and b.numel() >= 5000
+
+
+def test_without_pinned_memory_the_training_thread_never_copies_out_itself():
+    """Issue 26 §7: a copy from pageable memory blocks its caller until it is done (the
+    emulator now does so too), so without pinned memory every copy out stays with the
+    worker: forward waits for no copy, and the step stays exact."""
+    expected = train(nets.vgg_like(), nets.IMAGE, steps=3)
+    model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, stash_bytes=1 << 30)
+    dev = _PageableOnly(bandwidth_gbps=0.5)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the fallback's one warning)
+            with emulator.activate(dev):
+                got = train(model, nets.IMAGE, steps=3)
+            dev.close()
+        assert_same(got, expected)
+        assert not swapper_of(model).pool.pinned and dev.hazards == []
+        training = {at: n for (thread, at), n in dev.host_syncs.items() if thread == threading.current_thread().name}
+        # backward's restores copy in on this thread (autograd runs CPU backward here); forward copies nothing
+        assert training.get("pageable copy", 0) == cswap.stats(model)["restored_tensors"] > 0, training
+        assert dev.host_syncs["cswap-offload", "pageable copy"] >= cswap.stats(model)["offloaded_tensors"]
+    finally:
+        cswap.unpatch(model)
 
 
 def test_host_pool_returns_none_when_host_memory_runs_out():

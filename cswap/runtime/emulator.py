@@ -33,6 +33,8 @@ at least as hostile as a GPU's:
   scratch_bytes=)`, a codec's encoder temporaries): it counts while it runs.
 - Pinned memory as PyTorch's caching host allocator keeps it: blocks rounded
   up to a power of two, and kept after being freed until empty_host_cache().
+  A copy to or from pageable host memory blocks the host until it is done, as
+  CUDA's does (counted in `host_syncs` as "pageable copy").
 - Errors. An exception in device work on a stream, or an injected failure
   (`inject_failure`), is carried by the next event recorded on that stream and
   raised by whoever synchronizes with it, as CUDA reports asynchronous errors.
@@ -364,6 +366,12 @@ class EmulatedDevice(Device):
             op = _Copy(_Clock(self.host_vc), [self._ref(src, False, stream), self._ref(dst, True, stream)])
             op.nbytes = nbytes
             self._enqueue(stream, op)
+            pageable = any(ref.buf.kind == "host" and not ref.buf.pinned for ref in op.refs)
+        if pageable:  # as cudaMemcpyAsync with pageable memory: the host waits for the stream and the copy
+            done = self.record_event(stream)
+            self._await(done, "pageable copy", merge=True)
+            if done.error is not None:  # (a synchronous copy reports its failure itself)
+                raise done.error
 
     def launch(self, stream: EmulatedStream, fn, reads=(), writes=()) -> None:
         self._work(stream, fn, reads, writes, blocking=False)

@@ -1,7 +1,7 @@
 """Copy out and release: the offload worker and the releaser.
 
-A dense tensor sent raw, when the host pool has an idle buffer for it (every
-step after the first), is copied out by pack itself: the training thread
+A dense tensor sent raw, when the host pool has an idle pinned buffer for it
+(every step after the first), is copied out by pack itself: the training thread
 queues the copy on the D2H stream (three calls to the device) and hands the
 item to nobody, since a hand-off costs the training thread more than the
 calls. Its release follows below. Everything else goes to the worker thread,
@@ -151,7 +151,8 @@ class Offloader:
         """Start the item's copy out (see the module docstring): here, for a dense
         tensor sent raw with an idle host buffer for it, else on the worker."""
         sw = self.sw
-        if item.codec is None and item.perm is not None and not sw.checksum:
+        if item.codec is None and item.perm is not None and not sw.checksum and sw.pool.pinned:
+            # (from pageable memory a copy blocks its caller until done: the worker's job)
             host = sw.pool.acquire(item.info.nbytes, item.device, allocate=False)
             if host is not None:
                 item.issued = ISSUED
