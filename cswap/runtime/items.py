@@ -135,6 +135,7 @@ class Item:
     restored: torch.Tensor | None = None  # for backward, this round
     h2d_done = None                       # event: the copy in (and decode) has completed
     verdict_pending = False               # a decoder/checksum verdict waits in `host`
+    verdict_unread = False                # served before its verdict landed: the restorer reads it later
     prefetch_counted = False              # counted in the in-flight restore bytes
     error: BaseException | None = None    # a prefetch found the host copy corrupt
     expected_sum: int | None = None       # vdnnpp: the checksum of the bytes sent, once host compressed

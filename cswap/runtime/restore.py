@@ -167,7 +167,7 @@ class Restorer:
                 if other is not keep and other.h2d_done is not None and other.unpacked == 0:
                     sw.uncount_prefetch(other)
                     other.restored = other.h2d_done = None
-                    if not self.pending(other):  # (an earlier round's verdict, unread, still needs the buffer)
+                    if not other.verdict_unread:  # (an earlier round's verdict, unread, still needs the buffer)
                         other.verdict_pending = False
 
     def restore(self, item: Item) -> bool:
@@ -271,7 +271,9 @@ class Restorer:
         """Read the verdicts that have landed, this item's included if its copy in has
         completed; leave the others for later unpacks and the end of backward."""
         unread = self.unread
-        if item.verdict_pending and not any(it is item for it, _ in unread):
+        if item.verdict_pending and not item.verdict_unread:
+            with self.sw.lock:  # (drop_handle reads the flag: the buffer stays until the verdict is read)
+                item.verdict_unread = True
             unread.append((item, item.h2d_done))
         landed = [entry for entry in unread if entry[0].device.event_query(entry[1], at="unpack.verdict_landed")]
         for entry in landed:
@@ -305,9 +307,6 @@ class Restorer:
             self.abandon([item for item in items if item is not None])
             raise
 
-    def pending(self, item: Item) -> bool:
-        return any(it is item for it, _ in self.unread)
-
     def abandon(self, items=None) -> None:
         """Verdicts no one will read (a backward that raised): their host buffers go back."""
         if items is None:
@@ -333,7 +332,7 @@ class Restorer:
     def done_reading(self, item: Item) -> None:
         sw = self.sw
         with sw.lock:
-            item.verdict_pending = False
+            item.verdict_pending = item.verdict_unread = False
             if item.freed and item.host is not None:  # its last save died before the verdict was read
                 host, item.host = item.host, None
                 sw.pool.release(host, item.last_read or item.d2h_done, item.device)

@@ -287,6 +287,12 @@ class Swapper:
             base = t._base if t._is_view() else t
             if type(base) is Parameter and base.requires_grad:
                 return t, t._version
+            if self.memory_limit is None and not self.inflight and type(t) is torch.Tensor:
+                floor = self.min_bytes if self.min_bytes is not None else (MiB if t.is_cuda else 0)
+                if t.numel() * t.element_size() < floor:  # never a candidate, nothing to release or wait for
+                    dev = device_of(t)
+                    if dev is not None and not dev.observes:  # (the emulator counts every save)
+                        return t.detach(), t._version
         if not movable(t):  # stays where it is, before anything reads its storage
             if not (t.is_leaf and t.requires_grad):
                 self.stats.add("kept_unmovable")
@@ -636,8 +642,7 @@ class Swapper:
             item.host_blob = None
             # Not yet issued: the worker may be copying into the buffer; it returns it. An unread
             # verdict lies in the buffer: the restorer returns it once read.
-            if item.host is not None and item.issued.is_set() and not (item.verdict_pending and
-                                                                       self.restorer.pending(item)):
+            if item.host is not None and item.issued.is_set() and not item.verdict_unread:
                 host, item.host = item.host, None
                 self.pool.release(host, item.last_read or item.d2h_done, item.device)
 
