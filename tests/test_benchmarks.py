@@ -1,5 +1,6 @@
 """Smoke tests: the benchmarks run end to end in quick mode on CPU."""
 
+import contextlib
 import importlib.util
 import json
 import sys
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import cswap
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow  # the benchmarks' quick runs: CI runs them (pytest -m slow)
 
@@ -118,9 +120,29 @@ def test_overhead_benchmark_quick_run(tmp_path):
     assert devices == {"cpu", "emulated", "lagging"}
     for device in devices:
         by = {r["provider"]: r for r in rows if r["device"] == device}
-        assert set(by) == {"unpatched", "hooks", "save_on_cpu", "keep", "vdnn", "sc", "cswap", "vdnnpp"}
+        assert set(by) == {"unpatched", "hooks", "save_on_cpu", "minimal", "keep", "vdnn", "sc", "cswap", "vdnnpp"}
         assert by["unpatched"]["x_unpatched"] == 1.0
         for name in ("vdnn", "sc", "cswap", "vdnnpp"):
             assert by[name]["offloaded_per_step"] == 10 and "added_us_per_tensor" in by[name], by[name]
         assert by["keep"]["offloaded_per_step"] == 0
     assert json.loads((tmp_path / "overhead-quick.json").read_text())["rows"] == rows
+
+
+def test_the_minimal_offload_floor_really_offloads():
+    """The benchmark's floor copies each activation out once and back once (a provider that
+    copied nothing would make the floor, and cswap's distance to it, meaningless)."""
+    bench = _load(BENCHMARKS / "overhead.py")
+    x = torch.randn(8, 16)
+    grads = []
+    for hooks in (None, bench.MinimalOffload()):
+        model = bench.chain(4, 16)
+        for _ in range(2):  # the second step reuses the first's host buffers
+            model.zero_grad()
+            with hooks.hooks() if hooks else contextlib.nullcontext():
+                loss = model(x).sum()
+            loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    packed = [p for _, p in hooks.seen.values()]
+    assert len(packed) == 4 and all(p[3] is not None for p in packed)  # 4 ReLU outputs, each restored once
+    assert sum(len(v) for v in hooks.pool.values()) == 0  # the first step's buffers were taken again
