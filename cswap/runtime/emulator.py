@@ -40,7 +40,8 @@ at least as hostile as a GPU's:
   raised by whoever synchronizes with it, as CUDA reports asynchronous errors.
 
 What it does not model: kernel durations (device work takes the CPU time it
-takes), the compute stream running behind the host (it is the host), PCIe
+takes), the compute stream running behind the host (it is the host), a
+thread's own current stream (compute is one stream for every thread), PCIe
 sharing between several devices, and memory the runtime does not see
 (autograd's temporaries, parameters, gradients).
 """
