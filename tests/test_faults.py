@@ -333,3 +333,32 @@ def test_exception_in_backward_leaves_no_buffers_or_hooks_behind():
     assert not saved_tensor_hooks_installed()
     assert not swapper.inflight and swapper._offload_bytes == 0  # no copy in flight, nothing queued
     assert_clean_afterwards(model)
+
+
+def test_a_verdict_read_after_backward_used_the_copy_still_fails_the_step(monkeypatch):
+    """Issue 26 §4: the host no longer waits for a verdict before serving the restore. A
+    tensor saved once, restored on demand over a slow link, is served before its verdict
+    lands; the end-of-backward callback reads it and raises naming the op before
+    backward() returns. The next step is clean."""
+    from cswap.runtime.restore import Restorer
+
+    settled = []
+    settle = Restorer.settle
+    monkeypatch.setattr(Restorer, "settle", lambda self: (settled.append(len(self.unread)), settle(self))[1])
+    x = torch.randn(64, 64, requires_grad=True)
+    expected = torch.autograd.grad(F.relu(x * 1).sum(), x)[0]
+    with cswap.testing.emulated_device(bandwidth_gbps=0.05) as dev:
+        for corrupt in (True, False):
+            with cswap.offload(mode="sc", min_bytes=0, prefetch_bytes=0) as sw:
+                loss = F.relu(x * 1).sum()  # relu saves its output, once
+            (item,) = sw._pass.items
+            sw.synchronize()
+            assert item.header is not None  # compressed: a verdict comes back with it
+            if corrupt:
+                item.host[item.header.header_nbytes: item.moved] = 0xFF
+                with pytest.raises(cswap.CorruptDataError, match=r"relu output"):
+                    torch.autograd.grad(loss, x)
+                assert settled == [1]  # read by the end-of-backward callback, not at its unpack
+            else:
+                assert torch.equal(torch.autograd.grad(loss, x)[0], expected)
+        assert dev.hazards == []
