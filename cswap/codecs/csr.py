@@ -21,10 +21,10 @@ _STATUS_BITS = tuple(kernels.STATUS)
 class CSR(Codec):
     name = "csr"
     n_meta = 4
+
     def _encode_scratch_bytes(self, numel, itemsize):
         tiles = -(-numel // kernels.TILE)
         return 16 * (tiles + 1)  # ZVC's count pass
-
 
     def _encode(self, words, shape, config, backend, alloc):
         rows, cols = kernels.view_2d(shape)

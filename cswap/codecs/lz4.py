@@ -69,11 +69,11 @@ def _raise_status(status: torch.Tensor, offsets: torch.Tensor, nbytes: int, chun
 class LZ4(Codec):
     name = "lz4"
     n_meta = 3
+
     def _encode_scratch_bytes(self, numel, itemsize):
         chunks = -(-numel * itemsize // kernels.CHUNK)
         programs = min(chunks, kernels.MAX_ENCODE_PROGRAMS)  # each with its hash table and match buffers
         return 4 * programs * kernels.scratch_words(kernels.CHUNK) + 16 * (chunks + 1)
-
 
     def _encode(self, words, shape, config, backend, alloc):
         data = words.view(torch.uint8)

@@ -16,10 +16,10 @@ __all__ = ["RLE", "CODEC"]
 class RLE(Codec):
     name = "rle"
     n_meta = 3
+
     def _encode_scratch_bytes(self, numel, itemsize):
         tiles = -(-numel // kernels.TILE)
         return 32 * (tiles + 2)  # runs and non-zeros per tile (int64), and their prefix sums
-
 
     def _encode(self, words, shape, config, backend, alloc):
         if backend == "triton":

@@ -39,15 +39,15 @@ def _plane_name(q: int, itemsize: int) -> str:
 class ZANS(Codec):
     name = "zans"
     n_meta = 5
+
     def _encode_scratch_bytes(self, numel, itemsize):
         n, w = numel, itemsize
-        tiles = (w + 1) * (-(-n // kernels.TILE) + 1)  # every plane's tiles, the mask's included
+        tiles = (w + 1) * (-(-n // kernels.TILE) + 1)   # every plane's tiles, the mask's included
         counts = 16 * (-(-n // kernels._zvc.TILE) + 2)  # non-zeros per ZVC tile, and their prefix sums
-        values = n * w + 4 * -(-n // 32)                 # the compacted non-zeros and their mask words
-        scratch = n * w + -(-n // 8) + 2 * tiles         # coded planes' streams before packing (int16)
-        tables = 8 * (w + 1) * 256 + 8 * (w + 1) * 256   # histograms; coding tables and frequencies
+        values = n * w + 4 * -(-n // 32)                # the compacted non-zeros and their mask words
+        scratch = n * w + -(-n // 8) + 2 * tiles        # coded planes' streams before packing (int16)
+        tables = 8 * (w + 1) * 256 + 8 * (w + 1) * 256  # histograms; coding tables and frequencies
         return counts + values + scratch + tables + 24 * (tiles + 1)  # tile lengths, offsets, bases
-
 
     def _encode(self, words, shape, config, backend, alloc):
         if backend == "triton":

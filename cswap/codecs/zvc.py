@@ -15,10 +15,10 @@ __all__ = ["ZVC", "CODEC"]
 class ZVC(Codec):
     name = "zvc"
     n_meta = 2
+
     def _encode_scratch_bytes(self, numel, itemsize):
         tiles = -(-numel // kernels.TILE)
         return 16 * (tiles + 1)  # the count pass's per-tile counts and their prefix sums (int64)
-
 
     def _encode(self, words, shape, config, backend, alloc):
         if backend == "triton":

@@ -112,9 +112,9 @@ class LayerTracker:
         """A pass's forward is over: take the hooks off after STEADY_PASSES passes named
         alike, put them back after a pass that departed from the replayed names. (Here,
         not at the next pass's start: a module's hooks are collected before they run.)"""
-        names = self._names
         if self._attach is None:
             return
+        names = self._names
         if self._replay is not None:
             if self._departed:
                 self._replay, self._previous, self._steady = None, None, 1
