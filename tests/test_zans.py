@@ -570,27 +570,33 @@ def test_container_id_is_stable():
     assert math.isclose(kz.PROB_SCALE, 4096) and kz.LANES == 32 and kz.STATE_LOW == 1 << 16
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or interpreting(), reason="counts CUDA host syncs")
-def test_triton_encode_waits_for_the_device_twice():
-    """Issue 26 §4: the histograms read back and the streams' size; the host's tables
-    (tile bases, coding tables, frequencies) go up from pinned memory, queued."""
+def cuda_syncs(fn) -> tuple[object, list[str]]:
+    """fn()'s result and the host syncs it made, as torch.cuda's sync debug mode reports them."""
     import warnings
 
-    words = torch.randint(-3, 4, (1 << 16,), dtype=torch.int32, device="cuda")
-    words[::3] = 0
-    kz.zans_compress(words, lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))  # warm: compiles
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            kz.zans_compress(words, lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))
+            result = fn()
     finally:
         torch.cuda.set_sync_debug_mode(previous)
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) == 2, [str(w.message) for w in syncs]
+    return result, [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or interpreting(), reason="counts CUDA host syncs")
+def test_triton_encode_waits_for_the_device_twice():
+    """Issue 26 §4: the histograms read back and the streams' size; the host's tables
+    (tile bases, coding tables, frequencies) go up from pinned memory, queued."""
+    words = torch.randint(-3, 4, (1 << 16,), dtype=torch.int32, device="cuda")
+    words[::3] = 0
+    alloc = lambda n: torch.empty(n, dtype=torch.uint8, device="cuda")  # noqa: E731
+    kz.zans_compress(words, alloc)  # warm: compiles
+    _, syncs = cuda_syncs(lambda: kz.zans_compress(words, alloc))
+    assert len(syncs) == 2, syncs
 
 
 @pytest.mark.gpu
@@ -598,18 +604,7 @@ def test_triton_encode_waits_for_the_device_twice():
 def test_the_profilers_histograms_never_wait_for_the_device():
     """Issue 26 §4: the profiler samples in forward, on the training thread: bincount (which
     reads the input's max back) and a table copied from pageable memory would each sync."""
-    import warnings
-
     words = torch.randint(-3, 4, (1 << 16,), dtype=torch.int32, device="cuda")
-    expected = kz.byte_histograms(words.cpu())
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            hist = kz.byte_histograms(words)
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-    assert not [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    assert torch.equal(hist.cpu(), expected)
+    hist, syncs = cuda_syncs(lambda: kz.byte_histograms(words))
+    assert not syncs
+    assert torch.equal(hist.cpu(), kz.byte_histograms(words.cpu()))
