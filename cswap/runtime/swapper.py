@@ -287,11 +287,13 @@ class Swapper:
             base = t._base if t._is_view() else t
             if type(base) is Parameter and base.requires_grad:
                 return t, t._version
-            if self.memory_limit is None and not self.inflight and type(t) is torch.Tensor:
+            if self.memory_limit is None and type(t) is torch.Tensor:
                 floor = self.min_bytes if self.min_bytes is not None else (MiB if t.is_cuda else 0)
-                if t.numel() * t.element_size() < floor:  # never a candidate, nothing to release or wait for
+                if t.numel() * t.element_size() < floor:  # never a candidate, and no budget to wait for
                     dev = device_of(t)
                     if dev is not None and not dev.observes:  # (the emulator counts every save)
+                        if self.inflight and self.releases_at_saves:  # copies completed since the last save
+                            self.offloader.poll()
                         return t.detach(), t._version
         if not movable(t):  # stays where it is, before anything reads its storage
             if not (t.is_leaf and t.requires_grad):
