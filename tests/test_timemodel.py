@@ -381,3 +381,16 @@ def test_compare_regressors_input_errors(rng):
         compare_regressors(train, (train[0], train[1][:-1], train[2]))
     with pytest.raises(ValueError, match=r"cswap\.tune\.timemodel: test has 1 samples"):
         compare_regressors(train, tuple(x[:1] for x in train))
+
+
+def test_noise_never_makes_more_bytes_cheaper():
+    """Times that fall with size (a quick run's few samples on a loaded machine) must not
+    give a model that calls a larger tensor cheaper, nor a 1 MiB one free (CI saw 0 s)."""
+    rng = np.random.default_rng(0)
+    sizes = np.repeat([4096.0, 8192.0, 16384.0], 8)
+    sparsities = np.tile(np.linspace(0.2, 0.8, 8), 3)
+    seconds = 50e-6 - 1e-9 * sizes + rng.normal(0, 1e-6, sizes.size)  # falling: noise, not physics
+    model = TimeModel(n_submodels=1).fit(sizes, sparsities, seconds)
+    assert min(model.to_dict()["submodels"][0]["coef"]) >= 0
+    small, large = model.predict(4096.0, 0.5), model.predict(float(1 << 20), 0.5)
+    assert large >= small > 0

@@ -26,7 +26,8 @@ Sub-models
     The sparsity range ``SPARSITY_RANGE`` = [0.2, 0.8] (where the paper finds
     most activation sparsities, its Fig. 1) is cut into ``n_submodels`` equal
     sub-ranges; sub-model i is a scikit-learn ``LinearRegression`` (with
-    intercept) trained on the samples whose sparsity falls in
+    intercept, coefficients constrained >= 0: more bytes never take less
+    time) trained on the samples whose sparsity falls in
     [lo + R*i/n, lo + R*(i+1)/n) (the last one closed on the right). A sample
     below the range belongs to the first sub-model, above it to the last
     (the nearest one), both in training and in prediction. Predictions are
@@ -224,7 +225,9 @@ class TimeModel:
                     f"{_PREFIX}: sub-model {i} (sparsity [{self._edges[i]:g}, {self._edges[i + 1]:g}]) has "
                     f"{count} training samples; it needs at least {_MIN_SAMPLES} (2 coefficients and an "
                     "intercept). Measure more samples in that sparsity range or use fewer sub-models.")
-            reg = LinearRegression(fit_intercept=True).fit(X[mask], t[mask])
+            # positive: a byte more never costs less time (noise on a loaded machine made slopes
+            # negative, and a quick profile then called a 1 MiB compression free)
+            reg = LinearRegression(fit_intercept=True, positive=True).fit(X[mask], t[mask])
             coef[i] = reg.coef_
             intercept[i] = reg.intercept_
         self._coef, self._intercept = coef, intercept
