@@ -305,7 +305,7 @@ class Offloader:
             dev.wait_event(d2h, data_ready, at="offload.copy_after_compress")
         else:
             dev.wait_event(d2h, item.ready, at="offload.copy_after_ready")
-        dev.copy(host[offset: offset + data.numel()] if offset or host.numel() != sent else host, data, d2h)
+        dev.copy(host[offset: offset + data.numel()], data, d2h)
         if sw.checksum:  # of the bytes sent, taken on the device before they leave
             total = dev.empty(8, d2h)
             dev.launch(d2h, lambda: total.view(torch.int64).copy_(integrity.checksum(data).view(1)),

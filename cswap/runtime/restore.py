@@ -278,12 +278,7 @@ class Restorer:
         landed = [entry for entry in unread if entry[0].device.event_query(entry[1], at="unpack.verdict_landed")]
         for entry in landed:
             unread.remove(entry)
-        for i, (it, _) in enumerate(landed):
-            try:
-                self.read_verdict(it)
-            except BaseException:
-                self.abandon([other for other, _ in landed[i + 1:]])
-                raise
+        self._read([it for it, _ in landed])
         if unread and not self.settling:
             try:  # (only backward's engine takes one; unpack called outside backward reads now)
                 torch.autograd.Variable._execution_engine.queue_callback(self.settle)
@@ -300,12 +295,19 @@ class Restorer:
         try:
             for dev in {id(item.device): item.device for item in items}.values():
                 dev.event_synchronize(dev.record_event(dev.side_stream("h2d")), at="unpack.verdict_landed")
-            for i, item in enumerate(items):
-                self.read_verdict(item)
-                items[i] = None
         except BaseException:
-            self.abandon([item for item in items if item is not None])
+            self.abandon(items)
             raise
+        self._read(items)
+
+    def _read(self, items: list[Item]) -> None:
+        """Read each landed verdict; when one raises, the rest are abandoned (buffers back)."""
+        for i, item in enumerate(items):
+            try:
+                self.read_verdict(item)
+            except BaseException:
+                self.abandon(items[i + 1:])
+                raise
 
     def abandon(self, items=None) -> None:
         """Verdicts no one will read (a backward that raised): their host buffers go back."""

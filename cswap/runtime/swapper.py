@@ -287,14 +287,12 @@ class Swapper:
             base = t._base if t._is_view() else t
             if type(base) is Parameter and base.requires_grad:
                 return t, t._version
-            if self.memory_limit is None and type(t) is torch.Tensor:
-                floor = self.min_bytes if self.min_bytes is not None else (MiB if t.is_cuda else 0)
-                if t.numel() * t.element_size() < floor:  # never a candidate, and no budget to wait for
-                    dev = device_of(t)
-                    if dev is not None and not dev.observes:  # (the emulator counts every save)
-                        if self.inflight and self.releases_at_saves:  # copies completed since the last save
-                            self.offloader.poll()
-                        return t.detach(), t._version
+            if self.memory_limit is None and type(t) is torch.Tensor and \
+                    t.numel() * t.element_size() < self._floor(t.is_cuda):  # never a candidate, no budget
+                dev = device_of(t)
+                if dev is not None and not dev.observes:  # (the emulator counts every save)
+                    self._release_completed()
+                    return t.detach(), t._version
         if not movable(t):  # stays where it is, before anything reads its storage
             if not (t.is_leaf and t.requires_grad):
                 self.stats.add("kept_unmovable")
@@ -313,8 +311,7 @@ class Swapper:
     def _pack(self, t: torch.Tensor, dev: Device, at: int | None, caller):
         """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t."""
         observer = self.observer
-        if self.inflight and self.releases_at_saves:  # copies completed since the last save: their memory goes
-            self.offloader.poll()
+        self._release_completed()
         held = held_for_backward(t)
         incoming = dev.uncounted_bytes(t) if held and dev.observes else 0  # (the emulator counts a first save)
         if at is not None:
@@ -360,6 +357,15 @@ class Swapper:
         if observer is not None:
             observer.on_pack(item.key, t, info, dev, at=at)
         return Handle(item, self)
+
+    def _floor(self, cuda: bool) -> int:
+        """min_bytes, or its default: 1 MiB for CUDA tensors, none for CPU ones."""
+        return self.min_bytes if self.min_bytes is not None else (MiB if cuda else 0)
+
+    def _release_completed(self) -> None:
+        """At a save: copies completed since the last one release their tensors (while forward runs)."""
+        if self.inflight and self.releases_at_saves:
+            self.offloader.poll()
 
     def _admit(self, item: Item) -> None:
         """Count the item in flight; while that would exceed the stash limit, wait for
@@ -457,7 +463,7 @@ class Swapper:
         `candidates` says: the graph hides which op made them)."""
         if type(t) is Parameter or not _offloadable_dtype(t.dtype) or t.numel() == 0:
             return None
-        floor = self.min_bytes if self.min_bytes is not None else (MiB if dev.kind == "cuda" else 0)
+        floor = self._floor(dev.kind == "cuda")
         if not is_activation(t):
             graph_inputs = compiled_graph_inputs(caller)
             if graph_inputs is None:
