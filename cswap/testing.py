@@ -37,17 +37,19 @@ __all__ = ["emulated_device", "EmulatedDevice"]
 
 @contextmanager
 def emulated_device(bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int = 0,
-                    capacity_bytes: int | None = None, pin_latency_s: float = 0.0):
+                    capacity_bytes: int | None = None, pin_latency_s: float = 0.0, compute_lag_s: float = 0.0):
     """An emulated asynchronous device for the CPU tensors offloaded inside the block.
 
     bandwidth_gbps: copy speed each way (GB/s, 1e9 bytes; math.inf for instant
     copies); jitter: up to this many seconds added to each copy, drawn from a
     generator seeded with `seed`; capacity_bytes: device memory, beyond which
     an allocation raises torch.OutOfMemoryError (None: unlimited);
-    pin_latency_s: the time each new pinned host allocation takes.
+    pin_latency_s: the time each new pinned host allocation takes;
+    compute_lag_s: how far the compute stream runs behind the host (an event
+    recorded on it completes that many seconds later), as a GPU's does.
     """
     dev = EmulatedDevice(bandwidth_gbps=bandwidth_gbps, jitter=jitter, seed=seed, capacity_bytes=capacity_bytes,
-                         pin_latency_s=pin_latency_s)
+                         pin_latency_s=pin_latency_s, compute_lag_s=compute_lag_s)
 
     def pack(t: torch.Tensor) -> Kept:  # saves outside cswap's hooks count too (an unpatched model's)
         if movable(t) and t.device.type == "cpu" and held_for_backward(t):

@@ -4,6 +4,7 @@ about copies, events, the allocator and races, checked directly."""
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import time
 
@@ -113,6 +114,38 @@ def test_freeing_memory_under_a_pending_copy_is_a_hazard_unless_recorded(dev):
     gate.set()
     dev.synchronize()
     assert dev.hazards == []
+
+
+def test_compute_runs_behind_the_host_by_its_lag():
+    """Issue 26 §7: a GPU's compute stream runs behind the host that queues its kernels.
+    An event recorded on compute completes compute_lag_s later; side-stream work after it
+    starts only then, and synchronize() waits for compute too."""
+    lag = 0.2
+    dev = EmulatedDevice(bandwidth_gbps=math.inf, compute_lag_s=lag)
+    try:
+        recorded = time.perf_counter()
+        x, ready = _saved(dev)
+        assert not ready.query()  # compute has not reached it yet
+        d2h = dev.side_stream("d2h")
+        host = dev.host_empty(4000, pinned=True)
+        dev.wait_event(d2h, ready, at="offload.copy_after_ready")
+        dev.copy(host, x.view(torch.uint8), d2h)
+        done = dev.record_event(d2h)
+        dev.event_synchronize(done, at="release.copy_done")
+        assert time.perf_counter() - recorded >= lag and ready.query()
+        (_, _, began, _), = dev.copies
+        assert began - recorded >= lag  # the copy waited for compute, not only for the host
+        assert torch.equal(host.view(torch.float32), x) and dev.hazards == []
+        first = dev.record_event(dev.compute_stream(), timing=True)
+        time.sleep(0.01)
+        second = dev.record_event(dev.compute_stream(), timing=True)
+        assert dev.elapsed_s(first, second) is None and not second.query()  # compute has not reached them
+        dev.synchronize()  # waits for compute too
+        assert second.query() and dev.elapsed_s(first, second) >= 0.01
+    finally:
+        dev.close()
+    with pytest.raises(ValueError, match="compute_lag_s must be >= 0"):
+        EmulatedDevice(compute_lag_s=-1)
 
 
 def test_live_and_peak_bytes_and_capacity():

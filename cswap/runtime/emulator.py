@@ -4,9 +4,16 @@ The runtime's CUDA code path runs against it on any machine, under conditions
 at least as hostile as a GPU's:
 
 - Streams. The compute stream is the caller: autograd runs on CPU tensors as
-  usual, and waiting on it is immediate. Each side stream is a thread that runs
-  its queue in order: copies, device work (`launch`, `call`), event records and
-  waits.
+  usual. Each side stream is a thread that runs its queue in order: copies,
+  device work (`launch`, `call`), event records and waits.
+- Compute behind the host. With `compute_lag_s`, the compute stream runs that
+  far behind the host, as a GPU's does while the host queues kernels ahead of
+  it: an event recorded on compute completes that long after it is recorded,
+  so side-stream work ordered after compute (a copy out after its tensor is
+  computed, a copy in after compute's last use of the block) starts late, and
+  a host that polls compute's events finds them pending. (The data is written
+  at once all the same: ordering is checked by the race detector below, not by
+  timing.)
 - Copies finish late. A copy of N bytes completes N / bandwidth seconds after
   it starts, plus seeded random jitter, and it reads its source and writes its
   destination only then: a reader that does not wait sees the old contents,
@@ -40,8 +47,9 @@ at least as hostile as a GPU's:
   raised by whoever synchronizes with it, as CUDA reports asynchronous errors.
 
 What it does not model: kernel durations (device work takes the CPU time it
-takes), the compute stream running behind the host (it is the host), a
-thread's own current stream (compute is one stream for every thread), PCIe
+takes; compute's lag is one constant), compute waiting for a side stream
+without the host waiting too (compute's waits block the caller), a thread's
+own current stream (compute is one stream for every thread), PCIe
 sharing between several devices, and memory the runtime does not see
 (autograd's temporaries, parameters, gradients).
 """
@@ -209,12 +217,15 @@ class EmulatedDevice(Device):
     observes = True
 
     def __init__(self, bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int = 0,
-                 capacity_bytes: int | None = None, pin_latency_s: float = 0.0, log: bool = True):
+                 capacity_bytes: int | None = None, pin_latency_s: float = 0.0, compute_lag_s: float = 0.0,
+                 log: bool = True):
         if not bandwidth_gbps > 0:
             raise ValueError(f"cswap.testing: bandwidth_gbps must be > 0 (math.inf: instant copies), "
                              f"got {bandwidth_gbps!r}")
         if jitter < 0:
             raise ValueError(f"cswap.testing: jitter must be >= 0 seconds, got {jitter!r}")
+        if not compute_lag_s >= 0:
+            raise ValueError(f"cswap.testing: compute_lag_s must be >= 0 seconds, got {compute_lag_s!r}")
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError(f"cswap.testing: capacity_bytes must be None or >= 0, got {capacity_bytes!r}")
         self.device = torch.device("cpu")
@@ -223,6 +234,7 @@ class EmulatedDevice(Device):
         self.seed = seed
         self.capacity_bytes = capacity_bytes
         self.pin_latency_s = pin_latency_s
+        self.compute_lag_s = float(compute_lag_s)
         self._lock = threading.RLock()
         self.host_vc = _Clock()
         self._compute = EmulatedStream(self, COMPUTE, "compute")
@@ -284,7 +296,11 @@ class EmulatedDevice(Device):
                 self._tick(stream)
                 event.vc.merge(stream.vc)
                 event.time = time.perf_counter()
-                event.done.set()
+                if stream is self._compute and self.compute_lag_s and not self._closed:
+                    event.time += self.compute_lag_s  # when compute, behind the host, reaches it
+                    self._behind(event)
+                else:
+                    event.done.set()
             else:
                 op = _Record(_Clock(self.host_vc))
                 op.event = event
@@ -351,8 +367,32 @@ class EmulatedDevice(Device):
                 self._track(tensor).recorded.add(stream)
 
     def synchronize(self) -> None:
-        for stream in list(self._streams.values()):
+        for stream in [self._compute, *self._streams.values()]:
             self.event_synchronize(self.record_event(stream), None)
+
+    def _behind(self, event: EmulatedEvent) -> None:
+        """A compute event completes at event.time, on the thread that keeps compute's lag
+        (events are recorded in time order: one queue). Under the lock."""
+        compute = self._compute
+        if compute.thread is None:
+            compute.thread = threading.Thread(target=self._run_behind, daemon=True, name="cswap-emulated-compute")
+            compute.thread.start()
+        compute.queue.append(event)
+        compute.cv.notify()
+
+    def _run_behind(self) -> None:
+        compute = self._compute
+        while True:
+            with self._lock:
+                while not compute.queue:
+                    if self._closed:
+                        return
+                    compute.cv.wait()
+                event = compute.queue.popleft()
+            left = event.time - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+            event.done.set()
 
     # -- work ------------------------------------------------------------------------------
 
@@ -791,9 +831,10 @@ class EmulatedDevice(Device):
         self.synchronize()
         with self._lock:
             self._closed = True
-            for stream in self._streams.values():
+            streams = [s for s in (self._compute, *self._streams.values()) if s.thread is not None]
+            for stream in streams:
                 stream.cv.notify_all()
-        for stream in self._streams.values():
+        for stream in streams:
             stream.thread.join(timeout=_DEADLOCK_S)
 
 
