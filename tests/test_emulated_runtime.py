@@ -88,6 +88,31 @@ def test_gradients_exact_with_compute_behind_the_host(net, mode):
         cswap.unpatch(model)
 
 
+@pytest.mark.parametrize("mode", ["vdnn", "cswap"])
+def test_training_on_a_users_stream_orders_every_copy_after_that_stream(mode, monkeypatch):
+    """Issue 26 §7: a user who trains under torch.cuda.stream(s) has autograd write and
+    read saved tensors on s. The runtime orders its copies after the calling thread's
+    current stream, so gradients are exact and no race is found; a runtime that took
+    the device's compute stream instead would copy tensors s had not finished."""
+    make, shape = NETS["small_cnn"]
+    stock, model = make(), cswap.patch(make(), min_bytes=0, **MODES[mode])
+    x, y = nets.batches(shape, 1, seed=0)[0]
+    expected = gradients(stock, x, y)
+    try:
+        for wrong in (False, True):
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                if wrong:
+                    monkeypatch.setattr(dev, "compute_stream", lambda: dev._compute)
+                with dev.stream(dev.user_stream("training")):
+                    got = gradients(model, x, y)
+            if wrong:
+                assert any("training wrote" in h or "training read" in h for h in dev.hazards), dev.hazards[:3]
+            else:
+                assert dev.hazards == [] and exact(got, expected)
+    finally:
+        cswap.unpatch(model)
+
+
 # -- every synchronisation point is needed ----------------------------------------------------------------------
 
 # Listed here by hand: a point added to the runtime fails test_the_points_are_all_listed

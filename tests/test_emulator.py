@@ -148,6 +148,39 @@ def test_compute_runs_behind_the_host_by_its_lag():
         EmulatedDevice(compute_lag_s=-1)
 
 
+def test_each_thread_has_its_own_current_stream_and_work_after_the_wrong_one_is_a_race(dev):
+    """Issue 26 §7: torch.cuda.current_stream() is per thread. Inside dev.stream(s) the
+    calling thread's compute_stream() is s and what autograd saves is s's write; another
+    thread still sees the compute stream. A copy ordered after the compute stream instead
+    of s reads what s wrote with nothing ordering the two."""
+    s = dev.user_stream("mine")
+    seen = {}
+    with dev.stream(s):
+        assert dev.compute_stream() is s
+        worker = threading.Thread(target=lambda: seen.setdefault("other", dev.compute_stream()))
+        worker.start()
+        worker.join()
+        x, ready_on_s = _saved(dev)
+        wrong = dev.record_event(dev._compute)
+    assert seen["other"] is dev._compute and dev.compute_stream() is dev._compute
+    d2h = dev.side_stream("d2h")
+    host = dev.host_empty(4000, pinned=True)
+    dev.wait_event(d2h, wrong, at="offload.copy_after_ready")
+    dev.copy(host, x.view(torch.uint8), d2h)
+    dev.synchronize()
+    assert len(dev.hazards) == 1 and "mine wrote" in dev.hazards[0]
+    dev.hazards.clear()
+    dev.wait_event(d2h, ready_on_s, at="offload.copy_after_ready")
+    dev.copy(host, x.view(torch.uint8), d2h)
+    dev.synchronize()
+    assert dev.hazards == [] and torch.equal(host.view(torch.float32), x)
+    with pytest.raises(ValueError, match="made by user_stream"):
+        with dev.stream(d2h):
+            pass
+    with pytest.raises(ValueError, match="run on a side stream"):
+        dev.copy(host, x.view(torch.uint8), s)
+
+
 def test_live_and_peak_bytes_and_capacity():
     dev = EmulatedDevice(capacity_bytes=4096)
     x = torch.zeros(256)  # 1 KiB saved by autograd

@@ -6,6 +6,12 @@ at least as hostile as a GPU's:
 - Streams. The compute stream is the caller: autograd runs on CPU tensors as
   usual. Each side stream is a thread that runs its queue in order: copies,
   device work (`launch`, `call`), event records and waits.
+- A thread's own current stream. As torch.cuda.current_stream() is per
+  thread, compute_stream() is the calling thread's: the compute stream, or
+  within `with dev.stream(s)` a stream the caller made with `user_stream()`
+  (a user's torch.cuda.Stream: it runs on the caller, as compute does, with a
+  clock of its own). What autograd saves and uses inside the block is that
+  stream's access, so work the runtime orders after the wrong stream is a race.
 - Compute behind the host. With `compute_lag_s`, the compute stream runs that
   far behind the host, as a GPU's does while the host queues kernels ahead of
   it: an event recorded on compute completes that long after it is recorded,
@@ -48,8 +54,7 @@ at least as hostile as a GPU's:
 
 What it does not model: kernel durations (device work takes the CPU time it
 takes; compute's lag is one constant), compute waiting for a side stream
-without the host waiting too (compute's waits block the caller), a thread's
-own current stream (compute is one stream for every thread), PCIe
+without the host waiting too (compute's waits block the caller), PCIe
 sharing between several devices, and memory the runtime does not see
 (autograd's temporaries, parameters, gradients).
 """
@@ -93,10 +98,11 @@ class _Clock(dict):
 
 
 class EmulatedStream:
-    """A stream of the emulated device (compute: the caller; side streams: a thread)."""
+    """A stream of the emulated device (compute and user streams: the caller, `caller`;
+    side streams: a thread)."""
 
-    def __init__(self, dev: "EmulatedDevice", sid: int, name: str):
-        self.dev, self.sid, self.name = dev, sid, name
+    def __init__(self, dev: "EmulatedDevice", sid: int, name: str, caller: bool = False):
+        self.dev, self.sid, self.name, self.caller = dev, sid, name, caller
         self.vc = _Clock()
         self.error: BaseException | None = None  # carried by the next event recorded here
         self.queue: deque = deque()
@@ -237,8 +243,11 @@ class EmulatedDevice(Device):
         self.compute_lag_s = float(compute_lag_s)
         self._lock = threading.RLock()
         self.host_vc = _Clock()
-        self._compute = EmulatedStream(self, COMPUTE, "compute")
-        self._streams: dict[str, EmulatedStream] = {}
+        self._compute = EmulatedStream(self, COMPUTE, "compute", caller=True)
+        self._callers: list[EmulatedStream] = [self._compute]  # compute and the user streams
+        self._current = threading.local()                       # .stream: the thread's, when not compute
+        self._streams: dict[str, EmulatedStream] = {}           # the side streams, by role
+        self._next_sid = COMPUTE + 1
         self._buffers: dict[int, _Buffer] = {}                 # storage data_ptr -> buffer
         self._free_blocks: dict[tuple[int, int], list[_Buffer]] = defaultdict(list)
         self._pinned_cache: dict[int, list[np.ndarray]] = defaultdict(list)
@@ -265,7 +274,38 @@ class EmulatedDevice(Device):
     # -- streams and events ----------------------------------------------------------------
 
     def compute_stream(self) -> EmulatedStream:
-        return self._compute
+        """The calling thread's current stream (see the module docstring)."""
+        return self._current_stream()
+
+    def _current_stream(self) -> EmulatedStream:  # (what autograd's accesses are charged to)
+        return getattr(self._current, "stream", self._compute)
+
+    def user_stream(self, name: str = "user") -> EmulatedStream:
+        """A new stream that runs on the caller, as compute does (a user's torch.cuda.Stream())."""
+        with self._lock:
+            stream = EmulatedStream(self, self._new_sid(), name, caller=True)
+            self._callers.append(stream)
+        return stream
+
+    @contextmanager
+    def stream(self, stream: EmulatedStream):
+        """The calling thread's current stream is `stream` inside the block (torch.cuda.stream(s))."""
+        if not (isinstance(stream, EmulatedStream) and stream.dev is self and stream.caller):
+            raise ValueError(f"cswap emulated device: stream() takes the compute stream or one made by "
+                             f"user_stream() on this device, got {stream!r}")
+        before = getattr(self._current, "stream", None)
+        self._current.stream = stream
+        try:
+            yield stream
+        finally:
+            if before is None:
+                del self._current.stream
+            else:
+                self._current.stream = before
+
+    def _new_sid(self) -> int:
+        sid, self._next_sid = self._next_sid, self._next_sid + 1
+        return sid
 
     def side_stream(self, role: str) -> EmulatedStream:
         with self._lock:
@@ -273,7 +313,7 @@ class EmulatedDevice(Device):
             if stream is None:
                 if role not in SIDE_STREAMS:
                     raise ValueError(f"cswap.runtime: unknown stream role {role!r}")
-                stream = EmulatedStream(self, 2 + len(self._streams), role)
+                stream = EmulatedStream(self, self._new_sid(), role)
                 stream.thread = threading.Thread(target=self._run, args=(stream,), daemon=True,
                                                  name=f"cswap-emulated-{role}")
                 self._streams[role] = stream
@@ -281,22 +321,22 @@ class EmulatedDevice(Device):
             return stream
 
     def _tick(self, stream: EmulatedStream) -> int:
-        """A new operation of the compute stream or the host (they run in the caller)."""
-        if stream is self._compute:
+        """A new operation of a caller stream (compute's, a user's) or the host (they run in the caller)."""
+        if stream is not None and stream.caller:
             stream.vc.merge(self.host_vc)
-            stream.vc[COMPUTE] = stream.vc.get(COMPUTE, 0) + 1
-            return stream.vc[COMPUTE]
+            stream.vc[stream.sid] = stream.vc.get(stream.sid, 0) + 1
+            return stream.vc[stream.sid]
         self.host_vc[HOST] = self.host_vc.get(HOST, 0) + 1
         return self.host_vc[HOST]
 
     def record_event(self, stream: EmulatedStream, timing: bool = False) -> EmulatedEvent:
         event = EmulatedEvent(self, stream)
         with self._lock:
-            if stream is self._compute or self._closed:  # (closed: everything has completed)
+            if stream.caller or self._closed:  # (closed: everything has completed)
                 self._tick(stream)
                 event.vc.merge(stream.vc)
                 event.time = time.perf_counter()
-                if stream is self._compute and self.compute_lag_s and not self._closed:
+                if stream.caller and self.compute_lag_s and not self._closed:
                     event.time += self.compute_lag_s  # when compute, behind the host, reaches it
                     self._behind(event)
                 else:
@@ -310,7 +350,7 @@ class EmulatedDevice(Device):
     def wait_event(self, stream: EmulatedStream, event: EmulatedEvent, at: str) -> None:
         if not sync.active(at):
             return
-        if stream is self._compute:  # the compute stream is the caller: it waits here
+        if stream.caller:  # the compute stream (or a user's) is the caller: it waits here
             self._await(event, at, merge=False)
             with self._lock:
                 stream.vc.merge(event.vc)
@@ -367,12 +407,12 @@ class EmulatedDevice(Device):
                 self._track(tensor).recorded.add(stream)
 
     def synchronize(self) -> None:
-        for stream in [self._compute, *self._streams.values()]:
+        for stream in [*self._callers, *self._streams.values()]:
             self.event_synchronize(self.record_event(stream), None)
 
     def _behind(self, event: EmulatedEvent) -> None:
-        """A compute event completes at event.time, on the thread that keeps compute's lag
-        (events are recorded in time order: one queue). Under the lock."""
+        """A caller stream's event completes at event.time, on the thread that keeps compute's
+        lag (events are recorded in time order: one queue). Under the lock."""
         compute = self._compute
         if compute.thread is None:
             compute.thread = threading.Thread(target=self._run_behind, daemon=True, name="cswap-emulated-compute")
@@ -432,7 +472,7 @@ class EmulatedDevice(Device):
     def _work(self, stream, fn, reads, writes, blocking: bool, scratch: int = 0) -> _Work:
         with self._lock:
             refs = [self._ref(t, False, stream) for t in reads] + [self._ref(t, True, stream) for t in writes]
-            if stream is self._compute:
+            if stream.caller:
                 raise ValueError("cswap emulated device: device work runs on a side stream")
             op = _Work(_Clock(self.host_vc), refs)
             op.fn, op.result, op.blocking, op.scratch = fn, None, blocking, scratch
@@ -450,6 +490,9 @@ class EmulatedDevice(Device):
     # -- the side streams' threads ------------------------------------------------------------
 
     def _enqueue(self, stream: EmulatedStream, op: _Op) -> None:
+        if stream.caller:
+            raise ValueError(f"cswap emulated device: copies and device work run on a side stream, not on "
+                             f"{stream.name}")
         if self._closed and not isinstance(op, (_Free, _Record)):
             raise RuntimeError("cswap emulated device: the device is closed (its emulated_device() block has "
                                "ended); run backward inside the block that ran forward")
@@ -613,9 +656,7 @@ class EmulatedDevice(Device):
     def _stream_name(self, sid: int) -> str:
         if sid == HOST:
             return "the host"
-        if sid == COMPUTE:
-            return "compute"
-        return next((s.name for s in self._streams.values() if s.sid == sid), f"stream {sid}")
+        return next((s.name for s in (*self._callers, *self._streams.values()) if s.sid == sid), f"stream {sid}")
 
     # -- what the host and compute touch -------------------------------------------------------
 
@@ -633,7 +674,7 @@ class EmulatedDevice(Device):
                     f"({self.live_bytes} of {self.capacity_bytes} bytes in use)")
             buf.counted = True
             self._grow(buf.nbytes)
-        self._host_side_access(t, self._compute, True, "autograd's save")
+        self._host_side_access(t, self._current_stream(), True, "autograd's save")
 
     def uncounted_bytes(self, t: torch.Tensor) -> int:
         """A first save is where the emulator counts a saved storage (the op's allocation)."""
@@ -643,7 +684,7 @@ class EmulatedDevice(Device):
         return 0 if counted else t.untyped_storage().nbytes()
 
     def on_use(self, t: torch.Tensor) -> None:
-        if not self._host_side_access(t, self._compute, False, "backward's use"):
+        if not self._host_side_access(t, self._current_stream(), False, "backward's use"):
             lo, hi = _span(t)  # what a GPU would read there: not the data
             torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage(), lo, (hi - lo,)).fill_(POISON)
 
@@ -692,8 +733,8 @@ class EmulatedDevice(Device):
             self.live_bytes -= buf.in_use
             buf.free_vc = _Clock(self.host_vc)
             waits = set(buf.recorded)
-            if buf.stream is self._compute:
-                buf.free_vc.merge(self._compute.vc)
+            if buf.stream.caller:
+                buf.free_vc.merge(buf.stream.vc)
             else:
                 waits.add(buf.stream)
             self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in waits})
@@ -706,6 +747,10 @@ class EmulatedDevice(Device):
                 op.buf = buf
                 self._enqueue(stream, op)
 
+    def _is_caller(self, sid: int) -> bool:
+        """Accesses of a stream that runs on the caller (compute, a user's) precede a free in host order."""
+        return any(s.sid == sid for s in self._callers)
+
     def _check_free(self, buf: _Buffer, exempt: set[int]) -> None:
         """Work of other streams that is pending, or not known to be done, when the memory is freed."""
         vc = buf.free_vc
@@ -715,7 +760,7 @@ class EmulatedDevice(Device):
                              f"{self._stream_name(sid)} still used it (no record_stream, no wait)")
                 return
         for lo, hi, sid, t, write in buf.accesses:
-            if sid not in exempt and sid not in (HOST, COMPUTE) and not vc.covers(sid, t):
+            if sid not in exempt and sid != HOST and not self._is_caller(sid) and not vc.covers(sid, t):
                 self._hazard(f"a {buf.kind} buffer of {buf.nbytes} bytes was freed with no synchronisation "
                              f"after {self._stream_name(sid)}'s use of it")
                 return
@@ -794,7 +839,7 @@ class EmulatedDevice(Device):
         buf = self._buffers.get(ptr)
         if buf is not None and (buf.block is not None or buf.storage() is storage):
             return buf
-        buf = _Buffer("saved", storage.nbytes(), self._compute, storage=weakref.ref(storage))
+        buf = _Buffer("saved", storage.nbytes(), self._current_stream(), storage=weakref.ref(storage))
         self._buffers[ptr] = buf
         weakref.finalize(storage, self._saved_freed, buf, ptr)
         return buf
@@ -806,8 +851,8 @@ class EmulatedDevice(Device):
             if buf.counted:
                 self.live_bytes -= buf.nbytes
             buf.free_vc = _Clock(self.host_vc)
-            buf.free_vc.merge(self._compute.vc)
-            self._check_free(buf, exempt={COMPUTE} | {s.sid for s in buf.recorded})
+            buf.free_vc.merge(buf.stream.vc)
+            self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in buf.recorded})
 
     def _range(self, t: torch.Tensor, buf: _Buffer) -> tuple[int, int]:
         lo, hi = _span(t)
