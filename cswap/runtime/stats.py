@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Mapping
 
 __all__ = ["SwapStats"]
@@ -47,13 +46,9 @@ class SwapStats(Mapping):
     def __init__(self, swapper=None):
         self._swapper = swapper
         self._lock = threading.Lock()  # the worker, the releaser and the user's thread all count
-        # Additions queue here and are summed when read: a deque's append is atomic, so the
-        # training thread counts without taking a lock (it counts several times per tensor).
-        self._pending: deque = deque()
         self.reset()
 
     def reset(self) -> None:
-        self._pending.clear()
         self._counts = {name: 0 for name in _FIELDS}
         self._counts["prefetch_stall_s"] = 0.0
         self._counts["offload_stall_s"] = 0.0
@@ -61,29 +56,23 @@ class SwapStats(Mapping):
             self._swapper.on_stats_reset()
 
     def add(self, name: str, value=1) -> None:
-        self._pending.append((name, value))
+        with self._lock:
+            self._counts[name] += value
 
     def add_all(self, *pairs) -> None:
-        """add(name, value) for each (name, value)."""
-        self._pending.extend(pairs)
-
-    def _sum_pending(self) -> None:
-        pending, counts = self._pending, self._counts
+        """add(name, value) for each (name, value), under one lock."""
         with self._lock:
-            while pending:
-                name, value = pending.popleft()
+            counts = self._counts
+            for name, value in pairs:
                 counts[name] += value
 
     def peak(self, name: str, value: int) -> None:
-        if value > self._counts[name]:  # (read first without the lock: a peak only grows)
-            with self._lock:
-                if value > self._counts[name]:
-                    self._counts[name] = value
+        with self._lock:
+            if value > self._counts[name]:
+                self._counts[name] = value
 
     def counted(self, name: str):
         """The counter itself (what a live field adds to)."""
-        if self._pending:
-            self._sum_pending()
         return self._counts[name]
 
     def __getitem__(self, name: str):
@@ -91,7 +80,7 @@ class SwapStats(Mapping):
             raise KeyError(f"cswap.stats: no field {name!r}; fields are {', '.join(_FIELDS)}")
         if self._swapper is not None and name in _LIVE:
             return self._swapper.live_stat(name)
-        return self.counted(name)
+        return self._counts[name]
 
     def __iter__(self):
         return iter(_FIELDS)
