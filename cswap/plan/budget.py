@@ -125,8 +125,11 @@ def encoder_scratch(inst: Instance, choices) -> int:
     """The most device bytes one of `choices`' encoders allocates beside its payload: one
     tensor compresses at a time, on the compression stream, so the step's peak may grow
     by that much wherever a compression runs."""
-    scratch = _scratch_of(inst)
-    return max((scratch.get((i, c), 0) for i, c in enumerate(choices)), default=0)
+    return _largest_scratch(_scratch_of(inst), choices)
+
+
+def _largest_scratch(scratch_of: dict[tuple[int, str], int], choices) -> int:
+    return max((scratch_of.get((i, c), 0) for i, c in enumerate(choices)), default=0)
 
 
 def _forbidding(inst: Instance, forbidden: set) -> Instance:
@@ -150,7 +153,7 @@ def with_encoder_scratch(inst: Instance, budget: float, plan_for) -> Plan:
     current = inst
     for _ in range(len(scratch_of) + 1):  # each round rules out at least one pair
         plan = plan_for(current, budget)
-        scratch = max((scratch_of.get((i, c), 0) for i, c in enumerate(plan.choices)), default=0)
+        scratch = _largest_scratch(scratch_of, plan.choices)
         if plan.peak_bytes + scratch <= budget or not plan.fits:
             break
         slack = budget - plan.peak_bytes

@@ -293,15 +293,11 @@ class EmulatedDevice(Device):
         if not (isinstance(stream, EmulatedStream) and stream.dev is self and stream.caller):
             raise ValueError(f"cswap emulated device: stream() takes the compute stream or one made by "
                              f"user_stream() on this device, got {stream!r}")
-        before = getattr(self._current, "stream", None)
-        self._current.stream = stream
+        before, self._current.stream = self._current_stream(), stream
         try:
             yield stream
         finally:
-            if before is None:
-                del self._current.stream
-            else:
-                self._current.stream = before
+            self._current.stream = before
 
     def _new_sid(self) -> int:
         sid, self._next_sid = self._next_sid, self._next_sid + 1
@@ -421,14 +417,11 @@ class EmulatedDevice(Device):
         compute.cv.notify()
 
     def _run_behind(self) -> None:
-        compute = self._compute
         while True:
             with self._lock:
-                while not compute.queue:
-                    if self._closed:
-                        return
-                    compute.cv.wait()
-                event = compute.queue.popleft()
+                event = self._next_queued(self._compute)
+            if event is None:
+                return
             left = event.time - time.perf_counter()
             if left > 0:
                 time.sleep(left)
@@ -507,14 +500,21 @@ class EmulatedDevice(Device):
         stream.queue.append(op)
         stream.cv.notify()
 
+    def _next_queued(self, stream: EmulatedStream):
+        """The next entry of the stream's queue, waited for; None once the device is closed
+        and the queue is empty (the thread then stops). Under the lock."""
+        while not stream.queue:
+            if self._closed:
+                return None
+            stream.cv.wait()
+        return stream.queue.popleft()
+
     def _run(self, stream: EmulatedStream) -> None:
         while True:
             with self._lock:
-                while not stream.queue:
-                    if self._closed:
-                        return
-                    stream.cv.wait()
-                op = stream.queue.popleft()
+                op = self._next_queued(stream)
+                if op is None:
+                    return
                 stream.vc.merge(op.issue_vc)
                 stream.vc[stream.sid] = stream.vc.get(stream.sid, 0) + 1
                 tick = stream.vc[stream.sid]
