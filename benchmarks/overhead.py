@@ -29,6 +29,11 @@ on each device of cswap's seam (--devices):
     lagging         the immediate device with events that complete 20 us after they are recorded,
                     as a tiny copy on a GPU: releases go through the releaser thread, as on CUDA.
                     This stands for the CUDA path's own host cost.
+    cuda            the model on the GPU (only where one is): cswap's CUDA path itself, side
+                    streams, events, pinned memory and Python's CUDA context managers included.
+                    Each step ends with a device synchronize inside backward's timing, so
+                    forward's figure is the host's alone and backward's includes the GPU's tail
+                    (tiny here: the host is the bottleneck at these sizes).
 
 and, with --busy, once more with a thread copying 64 MiB buffers beside training
 (a copy in flight, as the worker's or a data loader's): torch releases the GIL
@@ -38,14 +43,15 @@ worker compresses while forward goes on: its Python competes for the GIL.)
     python benchmarks/overhead.py              # the full run (about a minute on 2 cores)
     python benchmarks/overhead.py --quick      # a smoke run
 
-Every figure is measured on this machine's CPU (named in the results); on a GPU the
-hooks do the same work, and the copies are queued instead of made.
+Every figure is measured on this machine's CPU (named in the results), and on
+--devices cuda also on its GPU (named too).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -63,7 +69,7 @@ from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
 
 PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "keep", "vdnn", "sc", "cswap", "vdnnpp")
-DEVICES = ("cpu", "emulated", "lagging")
+DEVICES = ("cpu", "emulated", "lagging", "cuda")
 LAG_S = 20e-6
 
 
@@ -88,7 +94,9 @@ class MinimalOffload:
     """The `minimal` provider's hooks (see the module docstring): what any Python
     offload of a raw tensor must do, so its cost per tensor is the floor here."""
 
-    def __init__(self):
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.pin = device == "cuda"  # non-blocking copies need pinned host memory
         self.pool: dict[int, list[torch.Tensor]] = {}
         self.seen: dict[int, tuple] = {}  # id(tensor) -> (tensor, packed): a tensor saved twice goes once
 
@@ -101,8 +109,8 @@ class MinimalOffload:
             return hit[1]
         nbytes = t.numel() * t.element_size()
         free = self.pool.get(nbytes)
-        host = free.pop() if free else torch.empty(nbytes, dtype=torch.uint8)
-        host.copy_(t.reshape(-1).view(torch.uint8))
+        host = free.pop() if free else torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+        host.copy_(t.reshape(-1).view(torch.uint8), non_blocking=self.pin)
         packed = [host, t.dtype, t.shape, None]  # [3]: restored, for the tensor's other saves
         self.seen[id(t)] = (t, packed)
         return packed
@@ -112,29 +120,30 @@ class MinimalOffload:
             return packed
         if packed[3] is None:
             host, dtype, shape, _ = packed
-            out = torch.empty(host.numel(), dtype=torch.uint8)
-            out.copy_(host)
+            out = torch.empty(host.numel(), dtype=torch.uint8, device=self.device)
+            out.copy_(host, non_blocking=self.pin)
             packed[3] = out.view(dtype).view(shape)
         return packed[3]
 
     def hooks(self):
-        """The hooks for one step; the previous step's buffers (its backward is over) go back to the pool."""
+        """The hooks for one step; the previous step's buffers (its backward is over, and on
+        CUDA the step ended with a synchronize) go back to the pool."""
         for _, packed in self.seen.values():
             self.pool.setdefault(packed[0].numel(), []).append(packed[0])
         self.seen.clear()
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
-def provider(name: str, model: nn.Module):
+def provider(name: str, model: nn.Module, device: str = "cpu"):
     """(the model to train, a context to run each step in)."""
     if name == "unpatched":
         return model, contextlib.nullcontext
     if name == "hooks":
         return model, _identity_hooks
     if name == "save_on_cpu":
-        return model, torch.autograd.graph.save_on_cpu
+        return model, functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=device == "cuda")
     if name == "minimal":
-        return model, MinimalOffload().hooks
+        return model, MinimalOffload(device).hooks
     if name == "keep":
         return _keep_everything(model), contextlib.nullcontext
     return _patched(model, name), contextlib.nullcontext
@@ -142,7 +151,7 @@ def provider(name: str, model: nn.Module):
 
 def make_device(name: str):
     """The seam's device for CPU tensors (None: cswap's default for them)."""
-    if name == "cpu":
+    if name in ("cpu", "cuda"):
         return None
     if name == "emulated":
         return EmulatedDevice(bandwidth_gbps=math.inf, log=False)
@@ -175,16 +184,23 @@ def copy_in_flight(on: bool):
         thread.join()
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int) -> tuple[list[float], list[float]]:
     """Each step's forward and backward seconds."""
     forward, backward = [], []
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
+        synchronize(x.device)
         with context():
             start = time.perf_counter()
             loss = model(x).sum()
             mid = time.perf_counter()
             loss.backward()
+            synchronize(x.device)
             end = time.perf_counter()
         del loss
         forward.append(mid - start)
@@ -196,12 +212,14 @@ def measure(args) -> list[dict]:
     """Per device and load: every provider (and stock autograd) in turn, round after round,
     so that drift in the machine's speed falls on all of them alike; medians of all steps."""
     torch.set_num_threads(1)  # the hooks' cost, not the matmuls' threading
-    x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
+    x_cpu = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
     offloaded = args.layers  # one ReLU output per layer (the next Linear's save shares it)
     saved = 3 * args.layers  # per layer: Linear's input and weight (as weight.t()), ReLU's output
     rows = []
     for busy in ([False, True] if args.busy else [False]):
         for device in args.devices:
+            where = "cuda" if device == "cuda" else "cpu"
+            x = x_cpu.to(where)
             dev = make_device(device)
             active = (lambda: emulator.activate(dev)) if dev is not None else contextlib.nullcontext
             names = ["unpatched", *(n for n in args.providers if n != "unpatched")]
@@ -211,7 +229,7 @@ def measure(args) -> list[dict]:
                 warnings.simplefilter("ignore")
                 with active():
                     for name in names:
-                        trained[name] = provider(name, chain(args.layers, args.width))
+                        trained[name] = provider(name, chain(args.layers, args.width).to(where), where)
                         time_steps(*trained[name], x, args.warmup)
                     for _ in range(args.rounds):
                         for name in names:
@@ -279,17 +297,21 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=5, help="rounds over the providers (medians of all steps)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
-    p.add_argument("--devices", nargs="+", choices=DEVICES, default=list(DEVICES))
+    p.add_argument("--devices", nargs="+", choices=DEVICES, default=[d for d in DEVICES if d != "cuda"],
+                   help="devices of the seam to run on (cuda: only on a GPU machine; not in the default)")
     p.add_argument("--busy", action="store_true", help="also with a copy in flight on another thread")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     args = p.parse_args(argv)
+    if "cuda" in args.devices and not torch.cuda.is_available():
+        p.error("--devices cuda needs a CUDA GPU; this machine has none (leave cuda out)")
     if args.quick:
         args.layers, args.steps, args.rounds, args.warmup = 10, 2, 2, 1
     rows = measure(args)
     show(rows)
-    cpu = torch.device("cpu")
-    write_results(rows, environment(cpu, torch_threads=1, cpu_model=_cpu_model(), cores=os.cpu_count()), args,
-                  args.out, cpu, "overhead-quick" if args.quick else "overhead")
+    # Results go under the GPU's folder when it ran, else the CPU's; both are named in the environment.
+    where = torch.device("cuda" if "cuda" in args.devices else "cpu")
+    env = environment(where, torch_threads=1, cpu_model=_cpu_model(), cores=os.cpu_count())
+    write_results(rows, env, args, args.out, where, "overhead-quick" if args.quick else "overhead")
     return rows
 
 
