@@ -35,7 +35,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || exit 1
 fi
-"$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . || exit 1
+"$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --ignore-requires-python --target /tmp/site . || exit 1
 # The installed cswap, not the source tree: cswap.kernels and cswap.models exist only
 # installed (package-dir); hence also `python -P -m pytest` (no current folder on sys.path).
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
