@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, launch_grid, step_elements
+from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements
 from .zvc import nonzero_offsets
 
 __all__ = ["TILE", "STATUS", "view_2d", "index_bytes_for", "layout", "sections", "search_steps",
@@ -251,7 +251,7 @@ def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: Launc
     if num_tiles:
         _csr_compress_kernel[(grid,)](words, tile_start, crow, col, values, n, cols, num_tiles, TILE=tile,
                                       SUB=step_elements(tile, warps, words.element_size()), WIDE=cols >= tile,
-                                      num_warps=warps, maxnreg=MAX_REGISTERS)
+                                      num_warps=warps, maxnreg=max_registers(warps))
     else:  # no elements: every row is empty (and there may be rows, e.g. shape (3, 0))
         crow.zero_()
     crow[rows] = nnz
@@ -276,7 +276,7 @@ def csr_decompress(payload: torch.Tensor, rows: int, cols: int, nnz: int, index_
     grid, warps = launch_grid(config, num_tiles, payload.device)
     _csr_decompress_kernel[(grid,)](crow, col, values, out, status, rows, cols, nnz, search_steps(rows),
                                     num_tiles, TILE=tile, SUB=step_elements(tile, warps, out.element_size()),
-                                    num_warps=warps, maxnreg=MAX_REGISTERS)
+                                    num_warps=warps, maxnreg=max_registers(warps))
     status[-1] = _ends_flag(crow, rows, nnz)
     return out, status
 

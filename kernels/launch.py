@@ -109,6 +109,16 @@ ELEMENTS_PER_THREAD = 8
 # encoder to 64 and spilled in its match loop; under the cap no kernel spills on
 # Triton 3.8 and 6 of 672 builds do on 3.6 (benchmarks/results/static-triton-*).
 MAX_REGISTERS = 128
+# A block has at most 64K registers on sm_80/sm_90: at 1024 threads a thread gets 64.
+# Above 512 threads the cap falls with the block, or the launch fails for want of
+# registers ("out of resource: threads", seen on an H200 with LZ4's encoder at 1024).
+REGISTERS_PER_BLOCK = 1 << 16
+
+
+def max_registers(num_warps: int) -> int:
+    """ptxas' register cap for a launch of `num_warps` warps: MAX_REGISTERS where the
+    block's registers hold that many per thread, else what they hold."""
+    return min(MAX_REGISTERS, REGISTERS_PER_BLOCK // (32 * num_warps))
 
 
 def step_elements(tile: int, num_warps: int, itemsize: int, elements_per_thread: int = ELEMENTS_PER_THREAD) -> int:

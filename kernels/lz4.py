@@ -84,7 +84,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, default_config, interpreting, launch_grid
+from .launch import LaunchConfig, decoder_output, default_config, interpreting, launch_grid, max_registers
 
 __all__ = [
     "CHUNK", "MAX_BLOCK_INPUT", "check_chunk", "hash_bits", "scratch_words", "OK", "TRUNCATED", "OFFSET_ZERO",
@@ -397,7 +397,7 @@ def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None,
     tile, cols = hash_tile(warps)
     args = dict(CHUNK=chunk, HBITS=hash_bits(chunk), HT=tile, COLS=cols, STEP=32 * warps,
                 SCRATCH=scratch_words(chunk),
-                num_warps=warps, maxnreg=MAX_REGISTERS)
+                num_warps=warps, maxnreg=max_registers(warps))
     _lz4_compress_kernel[(programs,)](data, sizes, sizes, data, scratch, nbytes, num_chunks, WRITE=False, **args)
     ends = torch.cumsum(sizes, 0)
     blocks_nbytes = int(ends[-1])  # the one host sync: sizes the buffer
@@ -573,7 +573,7 @@ def lz4_decompress(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: i
             blocks = torch.zeros(1, dtype=torch.uint8, device=payload.device)
         _lz4_decompress_kernel[(programs,)](blocks, offsets, out, status, nbytes, chunk, blocks_nbytes,
                                             num_chunks, ROWS=warps, STEP=32 * DECODE_BYTES_PER_LANE,
-                                            num_warps=warps, maxnreg=MAX_REGISTERS)
+                                            num_warps=warps, maxnreg=max_registers(warps))
     _offsets_status(offsets, blocks_nbytes, status)
     return out, status
 

@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, launch_grid, step_elements
+from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements
 
 __all__ = ["TILE", "MIN_TILE", "MAX_TILE", "Sections", "check_tile", "layout", "sections", "rle_compress",
            "rle_decompress", "rle_compress_ref", "rle_decompress_ref"]
@@ -280,7 +280,7 @@ def rle_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     if num_tiles:
         sub = step_elements(tile, warps, words.element_size())
         _rle_count_kernel[(grid,)](words, counts[0, 1:], counts[1, 1:], n, num_tiles, TILE=tile, SUB=sub,
-                                   num_warps=warps, maxnreg=MAX_REGISTERS)
+                                   num_warps=warps, maxnreg=max_registers(warps))
     offsets = torch.cumsum(counts[:, : num_tiles + 1], 1)
     num_runs, nnz = offsets[:, -1].tolist()  # the one host sync: sizes the buffer
     payload = alloc(layout(n, tile, num_runs, nnz, words.element_size())[-1])
@@ -292,7 +292,7 @@ def rle_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
         sub = step_elements(tile, warps, words.element_size(), COMPRESS_ELEMENTS_PER_THREAD)
         _rle_compress_kernel[(grid,)](words, sec.run_offsets, sec.value_offsets, sec.starts,
                                       sec.befores, sec.values, n, num_runs, nnz, num_tiles,
-                                      TILE=tile, SUB=sub, num_warps=warps, maxnreg=MAX_REGISTERS)
+                                      TILE=tile, SUB=sub, num_warps=warps, maxnreg=max_registers(warps))
     return num_runs, nnz
 
 
@@ -317,7 +317,7 @@ def rle_decompress(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz:
         _rle_decompress_kernel[(grid,)](sec.run_offsets, sec.value_offsets, sec.starts, sec.befores,
                                         sec.values, out, status, n, num_runs, nnz, num_tiles,
                                         TILE=tile, SUB=step_elements(tile, warps, out.element_size()),
-                                        num_warps=warps, maxnreg=MAX_REGISTERS)
+                                        num_warps=warps, maxnreg=max_registers(warps))
         _check_totals(status, sec, num_runs, nnz)
     return out, status
 

@@ -143,7 +143,7 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
-from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, launch_grid, step_elements, to_device
+from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements, to_device
 
 __all__ = [
     "TILE", "LANES", "PROB_BITS", "PROB_SCALE", "STATE_LOW", "CODE_BELOW", "MIN_TILE", "MAX_TILE",
@@ -747,7 +747,7 @@ def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.nda
         grid, warps = launch_grid(config, num_tiles, words.device)
         sub = step_elements(_zvc.TILE, warps, itemsize)
         _zans_histogram_kernel[(grid,)](words, hist, counts[1:], n, num_tiles, W=itemsize, TILE=_zvc.TILE,
-                                        SUB=sub, ROUND=_HIST_ROUND, num_warps=warps, maxnreg=MAX_REGISTERS)
+                                        SUB=sub, ROUND=_HIST_ROUND, num_warps=warps, maxnreg=max_registers(warps))
     return hist.cpu().numpy(), counts
 
 
@@ -768,7 +768,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         grid, warps = launch_grid(config, zvc_tiles, device)
         _zvc._zvc_compress_kernel[(grid,)](words, torch.cumsum(counts, 0), masks, values, n, zvc_tiles,
                                            TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
-                                           num_warps=warps, maxnreg=MAX_REGISTERS)
+                                           num_warps=warps, maxnreg=max_registers(warps))
     else:
         masks = torch.empty(0, dtype=torch.int32, device=device)
         values = words
@@ -783,7 +783,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
         _zans_encode_kernel[(grid,)](values8, masks8, enc, magic, sbase, scratch, lens, p.symbols, mbytes, tile,
                                      tv, total_tiles, p.coded_planes, W=itemsize, K=LANES, ROWS=warps,
-                                     num_warps=warps, maxnreg=MAX_REGISTERS)
+                                     num_warps=warps, maxnreg=max_registers(warps))
     offsets = torch.zeros(total_tiles + 1, dtype=torch.int64, device=device)
     torch.cumsum(lens, 0, out=offsets[1:])
     streams_nbytes = int(offsets[-1])  # the second host sync: sizes the buffer
@@ -797,7 +797,7 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         grid, warps = launch_grid(config, total_tiles, device)
         _zans_pack_kernel[(grid,)](values8, masks8, scratch.view(torch.uint8), sbase, offsets, streams,
                                    p.symbols, mbytes, tile, tv, total_tiles, W=itemsize,
-                                   BLOCK=32 * warps * 4, num_warps=warps, maxnreg=MAX_REGISTERS)
+                                   BLOCK=32 * warps * 4, num_warps=warps, maxnreg=max_registers(warps))
     return tile, p.mode, p.symbols, p.coded_planes, streams_nbytes
 
 
@@ -840,20 +840,20 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
         _zans_decode_kernel[(grid,)](s16, streams, offsets, dec, table_ok, table_sum, _as_u8(values), _as_u8(masks),
                                      status, symbols, mask_nbytes(n) if mode == MASKED else 0, tile, tv,
                                      total_tiles, coded_planes, streams_nbytes, W=itemsize, K=LANES, ROWS=warps,
-                                     num_warps=warps, maxnreg=MAX_REGISTERS)
+                                     num_warps=warps, maxnreg=max_registers(warps))
     _global_checks(status, offsets, streams_nbytes)
     if mode == MASKED and n:
         zvc_tiles = _cdiv(n, _zvc.TILE)
         grid, warps = launch_grid(config, zvc_tiles, device)
         counts = torch.zeros(zvc_tiles + 1, dtype=torch.int64, device=device)
         _zans_mask_count_kernel[(grid,)](masks, counts[1:], n, zvc_tiles, TILE=_zvc.TILE, SUB=32 * warps,
-                                         num_warps=warps, maxnreg=MAX_REGISTERS)
+                                         num_warps=warps, maxnreg=max_registers(warps))
         tile_offsets = torch.cumsum(counts, 0)
         _mask_count_check(status, tile_offsets[-1], symbols)
         zvc_status = torch.zeros(zvc_tiles, dtype=torch.int8, device=device)
         _zvc._zvc_decompress_kernel[(grid,)](masks, tile_offsets, values, out, zvc_status, n, symbols, zvc_tiles,
                                              TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
-                                             num_warps=warps, maxnreg=MAX_REGISTERS)
+                                             num_warps=warps, maxnreg=max_registers(warps))
     return out, status
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import MAX_REGISTERS, LaunchConfig, decoder_output, launch_grid, step_elements
+from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements
 
 __all__ = ["TILE", "layout", "nonzero_offsets", "zvc_compress", "zvc_decompress", "zvc_compress_ref", "zvc_decompress_ref"]
 
@@ -152,7 +152,7 @@ def nonzero_offsets(words: torch.Tensor, tile: int, config: LaunchConfig | None 
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, words.device)
         _nonzero_count_kernel[(grid,)](words, counts[1:], n, num_tiles, TILE=tile,
-                                       SUB=step_elements(tile, warps, words.element_size()), num_warps=warps, maxnreg=MAX_REGISTERS)
+                                       SUB=step_elements(tile, warps, words.element_size()), num_warps=warps, maxnreg=max_registers(warps))
     return torch.cumsum(counts, 0)
 
 
@@ -170,7 +170,7 @@ def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     if num_tiles:
         sub = step_elements(tile, warps, words.element_size())
         _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile, SUB=sub,
-                                      num_warps=warps, maxnreg=MAX_REGISTERS)
+                                      num_warps=warps, maxnreg=max_registers(warps))
     return nnz
 
 
@@ -186,7 +186,7 @@ def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtyp
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, payload.device)
         _zvc_decompress_kernel[(grid,)](masks, offsets, values, out, status, n, nnz, num_tiles, TILE=tile,
-                                        SUB=step_elements(tile, warps, out.element_size()), num_warps=warps, maxnreg=MAX_REGISTERS)
+                                        SUB=step_elements(tile, warps, out.element_size()), num_warps=warps, maxnreg=max_registers(warps))
         # The tiles must account for exactly nnz values (checked on the device: no sync).
         status[0] |= (offsets[0] != 0).to(torch.int8)
         status[-1] |= (offsets[-1] != nnz).to(torch.int8)
