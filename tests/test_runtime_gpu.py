@@ -59,7 +59,7 @@ def cycle_policy():
     return lambda info: next(names)
 
 
-@pytest.mark.parametrize("mode", ["none", "vdnn", "sc", "policy", "vdnnpp", "save_on_cpu"])
+@pytest.mark.parametrize("mode", ["none", "vdnn", "sc", "policy", "vdnnpp"])
 def test_gradients_equal_unpatched(mode):
     expected = grads_after_steps(deep_cnn())
     kw = {"policy": cycle_policy()} if mode == "policy" else {"mode": mode}
@@ -68,9 +68,24 @@ def test_gradients_equal_unpatched(mode):
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
     s = cswap.stats(model)
-    assert (s["offloaded_tensors"] > 0) == (mode not in ("none", "save_on_cpu"))
+    assert (s["offloaded_tensors"] > 0) == (mode != "none")
     if mode in ("sc", "policy"):
         assert s["compressed_tensors"] > 0
+
+
+def test_the_save_on_cpu_baseline_trains_but_is_not_bit_exact():
+    """mode="save_on_cpu" is PyTorch's save_on_cpu(pin_memory=True), a baseline: its pack copies
+    every saved tensor into a new contiguous pinned buffer, so a transposed view (Linear's saved
+    weight.t()) comes back with other strides, likely why backward's GEMM rounds differently
+    (seen on an H200: gradients differ in the last bits). cswap restores views with their
+    strides (the test above); this one only checks that the baseline trains to the same values
+    within float32 rounding and that cswap offloads nothing itself."""
+    expected = grads_after_steps(deep_cnn())
+    model = cswap.patch(deep_cnn(), min_bytes=0, mode="save_on_cpu")
+    got = grads_after_steps(model)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert cswap.stats(model)["offloaded_tensors"] == 0
 
 
 def test_race_with_a_slow_compute_stream():
