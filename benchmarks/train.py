@@ -433,6 +433,8 @@ def _apply_budget(args, device: torch.device) -> dict:
     if device.type != "cuda":
         print(f"# --budget-gib {args.budget_gib:g}: no-op on {device.type} (recorded only)")
         return {"budget_gib": args.budget_gib, "budget_applied": False}
+    if device.index is None:  # set_per_process_memory_fraction needs an index ("cuda" has none)
+        device = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(args.budget_gib * 2**30 / total, 1.0)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
