@@ -621,54 +621,87 @@ class _Stream:
         return False
 
 
+class _FakeCudaC:
+    """torch._C's CUDA calls that CudaDevice makes a device and stream current with: a
+    thread's current device (GPU 0 until set) and per device its current stream, and
+    every change recorded."""
+
+    def __init__(self):
+        self.device = 0
+        self.streams = {}  # device index -> (stream_id, device_index, device_type)
+        self.log = []
+
+    def _cuda_exchangeDevice(self, index):
+        previous, self.device = self.device, index
+        self.log.append(("device", index))
+        return previous
+
+    _cuda_maybeExchangeDevice = _cuda_exchangeDevice
+
+    def _cuda_getCurrentStream(self, index):
+        self.log.append(("get_stream", index))
+        return self.streams.get(index, (0, index, 1))
+
+    def _cuda_setStream(self, stream_id, device_index, device_type):
+        assert device_index == self.device, "a stream set on a device that is not current"
+        self.log.append(("set_stream", device_index, stream_id))
+        self.streams[device_index] = (stream_id, device_index, device_type)
+
+    def install(self, monkeypatch):
+        for name in ("_cuda_exchangeDevice", "_cuda_maybeExchangeDevice", "_cuda_getCurrentStream",
+                     "_cuda_setStream"):
+            monkeypatch.setattr(torch._C, name, getattr(self, name))
+
+
+class _FakeStream:
+    def __init__(self, stream_id=5, device_index=1, device_type=1):
+        self.stream_id, self.device_index, self.device_type = stream_id, device_index, device_type
+
+
 def test_cuda_device_names_its_device_in_every_call(monkeypatch):
     from cswap.runtime import device as device_mod
 
     monkeypatch.setattr(device_mod, "_own_stream", lambda device: None)  # PyTorch's pool, whose calls we record
     recorder = _Recorder()
-    for name in ("current_stream", "Stream", "synchronize", "memory_allocated", "max_memory_allocated",
-                 "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "stream", "device"):
+    for name in ("Stream", "synchronize", "memory_allocated", "max_memory_allocated",
+                 "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, getattr(recorder, name))
+    fake = _FakeCudaC()
+    fake.install(monkeypatch)
     dev = CudaDevice(torch.device("cuda", 1))
-    dev.compute_stream()
+    compute = dev.compute_stream()
+    assert dev.compute_stream() is compute  # one Stream object per stream, not one per call
     dev.side_stream("d2h")
     dev.synchronize()
     for stat in (dev.memory_allocated, dev.max_memory_allocated, dev.memory_reserved, dev.max_memory_reserved,
                  dev.reset_peak):
         stat()
-    dev.launch(object(), lambda: None)
-    named = {name: args + tuple(kwargs.values()) for name, args, kwargs in recorder.calls if name != "stream"}
-    assert named.keys() == {"current_stream", "Stream", "synchronize", "memory_allocated", "max_memory_allocated",
-                            "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "device"}
+    dev.launch(_FakeStream(), lambda: None)
+    named = {name: args + tuple(kwargs.values()) for name, args, kwargs in recorder.calls}
+    assert named.keys() == {"Stream", "synchronize", "memory_allocated", "max_memory_allocated",
+                            "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats"}
     for name, args in named.items():
-        assert torch.device("cuda", 1) in args, (name, args)
+        assert torch.device("cuda", 1) in args or 1 in args, (name, args)
+    assert ("get_stream", 1) in fake.log and ("set_stream", 1, 5) in fake.log and fake.device == 0
 
 
 def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     """Issue 26 (review §2): on a worker thread the current device is GPU 0 until set;
     entering a stream context, allocating, pinning or building kernels there made a
     context on GPU 0 in every process training on another. Each CUDA call of the seam,
-    and the swapper's kernel warm-up, runs inside torch.cuda.device(its device)."""
+    and the swapper's kernel warm-up, runs with its device current and, where it names
+    one, its stream; both are restored after."""
     import cswap.codecs
     from cswap.runtime.swapper import Swapper
 
-    current = [torch.device("cuda", 0)]  # the thread's current device, as torch.cuda.device sets it
+    fake = _FakeCudaC()
+    fake.install(monkeypatch)
     calls = []
-
-    class Device:
-        def __init__(self, device):
-            self.device = torch.device(device)
-
-        def __enter__(self):
-            current.append(self.device)
-
-        def __exit__(self, *exc):
-            current.pop()
 
     def noting(name, result=None):
         def call(*args, **kwargs):
-            calls.append((name, current[-1]))
-            return _Stream() if result is None else result
+            calls.append((name, fake.device, fake.streams.get(fake.device, (0,))[0]))
+            return _FakeStream() if result is None else result
         return call
 
     class Buffer:
@@ -677,8 +710,6 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     from cswap.runtime import device as device_mod
 
     monkeypatch.setattr(device_mod, "_own_stream", lambda device: None)  # PyTorch's pool, whose calls we record
-    monkeypatch.setattr(torch.cuda, "device", Device)
-    monkeypatch.setattr(torch.cuda, "stream", noting("stream"))
     monkeypatch.setattr(torch.cuda, "Stream", noting("Stream"))
     monkeypatch.setattr(torch.accelerator, "empty_host_cache", noting("empty_host_cache"), raising=False)
     monkeypatch.setattr(cswap.codecs, "warm_up", noting("warm_up"))
@@ -698,10 +729,13 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
         sw.warm_up({("zvc", 4)})
     finally:
         sw.offloader.stop()
-    names = [name for name, _ in calls]
+    names = [name for name, *_ in calls]
     for expected in ("Stream", "copy_", "empty", "empty_host_cache", "launch", "call", "warm_up"):
         assert expected in names, (expected, names)
-    assert all(device == torch.device("cuda", 1) for _, device in calls), calls
+    assert all(device == 1 for _, device, _ in calls), calls
+    on_stream = {name: sid for name, _, sid in calls if name in ("copy_", "launch", "call")}
+    assert on_stream == {"copy_": 5, "launch": 5, "call": 5}, on_stream  # on the side stream, not the default
+    assert fake.device == 0 and fake.streams.get(1, (0,))[0] == 0  # the thread's device and stream restored
 
 
 def test_side_streams_are_cswaps_own_not_pytorchs_pooled_ones(monkeypatch):
@@ -721,7 +755,7 @@ def test_side_streams_are_cswaps_own_not_pytorchs_pooled_ones(monkeypatch):
             handle._obj.value = 0x5000 + len(made)
             return self.status
 
-    monkeypatch.setattr(torch.cuda, "device", lambda device: _Stream())
+    _FakeCudaC().install(monkeypatch)
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device: ("own", handle, device))
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: pooled.append(device) or ("pooled", device))
     monkeypatch.setattr(device_mod, "_cuda_runtime", lambda: Runtime(0))
