@@ -8,7 +8,9 @@
 #   bash scripts/gpu_session.sh wheels                 # here, once: .whl/ for Python 3.12 x86-64
 #   bash scripts/gpu_session.sh tests                  # there: the gpu-marked tests
 #   bash scripts/gpu_session.sh tests:150 overhead:60 codecs:90   # several stages, each with a time limit (s)
-#   stages: smoke tests kernels overhead codecs codecs-quick runtime soak tune tune-quick train sanitize
+#   stages: smoke tests overhead overhead-ab seam pyspy codecs runtime soak tune tune-quick train sanitize
+#   overhead-ab: the overhead benchmark on the GPU, alternating between this tree's cswap and the one in
+#   .base/ (an older checkout, e.g. `git archive REV | tar -x -C .base`, named in the run's carry).
 #
 # Device time is short (minutes a session), so one call runs several stages, each killed
 # at its limit so that the ones after it still run. cswap (no dependencies) is installed
@@ -69,14 +71,29 @@ for spec in "$@"; do
     case "$stage" in
         smoke)    run "$limit" "${PYTEST[@]}" -x tests/test_runtime_gpu.py -k gradients_equal || status=$? ;;
         tests)    run "$limit" "${PYTEST[@]}" -n "${WORKERS:-8}" -m gpu "${GPU_TESTS[@]}" || status=$? ;;
-        # the codec and fault suites with the kernels compiled for this GPU, not interpreted
-        kernels)  run "$limit" "${PYTEST[@]}" -n "${WORKERS:-8}" tests/test_faults.py tests/test_compile.py \
-                      tests/test_zvc.py tests/test_rle.py tests/test_csr.py tests/test_lz4.py tests/test_codecs.py \
-                      || status=$? ;;
         sanitize) run "$limit" compute-sanitizer --tool memcheck --error-exitcode 3 "${PYTEST[@]}" -x \
                       tests/test_fuzz.py -k triton || status=$? ;;
         # the host's cost per saved tensor on this GPU, beside the CPU stand-ins (issue 26)
         overhead) run "$limit" "$PY" benchmarks/overhead.py --devices cuda lagging --busy || status=$? ;;
+        overhead-ab)
+                  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+                      --ignore-requires-python --target /tmp/site-base ./.base || exit 1
+                  ab=benchmarks/results/$("$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); import torch, common
+print(common.device_slug(torch.device("cuda")))')/overhead-ab
+                  for round in 1 2; do
+                      for tree in base new; do
+                          site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base
+                          PYTHONPATH=$site run "$limit" "$PY" benchmarks/overhead.py --devices cuda --rounds 3 \
+                              --steps 5 --providers unpatched minimal keep vdnn cswap --out "$ab/$tree-$round" \
+                              || status=$?
+                      done
+                  done ;;
+        seam)     run "$limit" "$PY" benchmarks/cuda_seam.py || status=$? ;;
+        # where the training thread's time goes on the CUDA path: py-spy's samples of every thread
+        pyspy)    run "$limit" py-spy record --threads --rate 500 --format raw --output "$OUT/pyspy-vdnn.txt" -- \
+                      "$PY" benchmarks/overhead.py --devices cuda --providers unpatched vdnn --rounds 6 \
+                      --out /tmp/pyspy-run || status=$? ;;
+        # shellcheck disable=SC2086  # CODECS_ARGS is a list of options
         codecs)   run "$limit" "$PY" benchmarks/codecs.py ${CODECS_ARGS:-} || status=$? ;;
         # runtime: the benchmark at ImageNet shapes, then the emulator's fidelity: the same run at
         # CIFAR shapes measured on the GPU and predicted by the emulator at the probed PCIe
@@ -90,7 +107,7 @@ for spec in "$@"; do
                       --out benchmarks/results/cswap-home/profile-quick.json || status=$? ;;
         # shellcheck disable=SC2086  # MODELS is a list of names
         train)    run "$limit" "$PY" benchmarks/train.py --budget-gib 32 --datasets cifar10 \
-                      --models ${MODELS:-vgg16 resnet18} || status=$? ;;
+                      --models ${MODELS:-vgg16 resnet18} ${TRAIN_ARGS:-} || status=$? ;;
         *)        echo "unknown stage $stage" | tee -a "$log" >&2; status=2 ;;
     esac
     mkdir -p benchmarks/results
