@@ -56,7 +56,6 @@ import math
 import os
 import statistics
 import threading
-import time
 import warnings
 from pathlib import Path
 
@@ -67,15 +66,11 @@ import cswap
 from cswap.runtime import emulator
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
+from cswap.tune.host_cost import chain, time_steps  # (the chain cswap-tune measures, and its clock)
 
 PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "keep", "vdnn", "sc", "cswap", "vdnnpp")
 DEVICES = ("cpu", "emulated", "lagging", "cuda")
 LAG_S = 20e-6
-
-
-def chain(layers: int, width: int) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
 
 
 def _keep_everything(model):
@@ -182,30 +177,6 @@ def copy_in_flight(on: bool):
     finally:
         stop.set()
         thread.join()
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int) -> tuple[list[float], list[float]]:
-    """Each step's forward and backward seconds."""
-    forward, backward = [], []
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
-        synchronize(x.device)
-        with context():
-            start = time.perf_counter()
-            loss = model(x).sum()
-            mid = time.perf_counter()
-            loss.backward()
-            synchronize(x.device)
-            end = time.perf_counter()
-        del loss
-        forward.append(mid - start)
-        backward.append(end - mid)
-    return forward, backward
 
 
 def measure(args) -> list[dict]:

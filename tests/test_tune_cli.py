@@ -2,8 +2,10 @@
 
 import subprocess
 import sys
+import threading
 
 import pytest
+import torch
 
 from cswap.tune.profile import read_profile
 from cswap.cli.tune import main
@@ -27,6 +29,17 @@ def test_quick_run_writes_a_valid_profile(tmp_path):
     assert profile.seconds("zvc", "compress", 2**20, 0.5) > 0
     assert profile.doc["tuning"]["per_codec"]["zans"]["best_seconds"] > 0  # ZANS is tuned and timed like the others
     assert profile.seconds("zans", "decompress", 2**20, 0.5) > 0
+    # the training thread's time per offloaded tensor, measured for the planners
+    assert 0 < profile.host_s_per_tensor < 0.05 and "training thread per offloaded tensor" in proc.stdout
+
+
+def test_host_cost_is_measured_and_leaves_no_threads_behind():
+    from cswap.tune import host_cost
+
+    threads = threading.active_count()
+    seconds = host_cost.host_seconds_per_tensor(torch.device("cpu"), layers=10, steps=3, rounds=2, warmup=1)
+    assert 1e-7 < seconds < 0.05  # vdnn's hooks, records and copies take real time per tensor
+    assert threading.active_count() == threads  # the patched chain was unpatched: its swapper's threads stopped
 
 
 def test_compare_prints_search_and_regressor_tables(tmp_path, capsys):

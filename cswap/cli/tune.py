@@ -3,7 +3,9 @@
 Steps (paper IV-C, IV-D): probe PCIe bandwidth; for every codec, find the
 launch settings (grid, block) that minimise compress + decompress time of a
 representative tensor with Bayesian optimisation; time the codec over sizes
-and sparsities at those settings and fit the time model; write the profile.
+and sparsities at those settings and fit the time model; measure the training
+thread's time per offloaded tensor (cswap.tune.host_cost, for the planners);
+write the profile.
 
     cswap-tune                       # full run on this GPU (paper sizes: 20 MB .. 2000 MB)
     cswap-tune --quick               # small sizes and budgets: minutes, also on a CPU
@@ -26,6 +28,7 @@ import torch
 from .. import __version__, codecs
 from ..kernels.launch import LaunchConfig
 from ..tune.bandwidth import probe
+from ..tune.host_cost import host_seconds_per_tensor
 from ..tune.profile import SCHEMA_VERSION, profile_path, save_profile
 from ..tune.synthetic import make_tensor
 from ..tune.timemodel import SPARSITY_RANGE, TimeModel, compare_regressors
@@ -174,6 +177,8 @@ def run(args) -> tuple[dict, Path, list[str]]:
             entry[direction] = TimeModel(args.submodels).fit(nbytes, sparsities, ys).to_dict()
         doc_codecs[name] = entry
 
+    host_s = host_seconds_per_tensor(device, **({"steps": 4, "rounds": 2, "warmup": 2} if args.quick else {}))
+
     import triton
 
     doc = {
@@ -183,6 +188,7 @@ def run(args) -> tuple[dict, Path, list[str]]:
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "quick": bool(args.quick),
         "bandwidth": bandwidth,
+        "runtime": {"host_us_per_tensor": 1e6 * host_s},
         "codecs": doc_codecs,
         "tuning": {"wall_s": time.perf_counter() - start, "method": "bayes", "per_codec": per_codec,
                    "comparison": comparison or None},
@@ -214,6 +220,8 @@ def _summary(doc: dict, comparison: dict) -> list[str]:
             cells = [f"{reg} {100 * entry['rae']['compress'][reg]:.1f}% | "
                      f"{100 * entry['rae']['decompress'][reg]:.1f}%" for reg in entry["rae"]["compress"]]
             lines.append(f"  {name:<5} " + "; ".join(cells))
+    lines.append(f"training thread per offloaded tensor: {doc['runtime']['host_us_per_tensor']:.0f} us "
+                 f"(cswap vdnn against unpatched; the planners count it)")
     lines.append(f"tuning wall time: {doc['tuning']['wall_s']:.1f} s")
     return lines
 

@@ -1,0 +1,84 @@
+"""The training thread's time per offloaded tensor on this machine (issue 26).
+
+Every tensor cswap offloads costs the training thread some microseconds in its
+hooks: records, events, a copy queued, a buffer from the pool. With tensors small
+enough, that cost rather than the link bounds a step, so the planners count it
+(cswap.plan.advisor.host_seconds). cswap-tune measures it here and writes it into
+the profile as runtime.host_us_per_tensor: a chain of Linear + ReLU layers on tiny
+tensors (copies cost nothing, so what is left is the host), trained unpatched and
+with cswap in vdnn mode in alternate rounds; the difference of the median steps per
+offloaded tensor (each layer's ReLU output; the next Linear's save shares it).
+
+benchmarks/overhead.py measures the same chain against more providers and devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import warnings
+
+import torch
+from torch import nn
+
+__all__ = ["chain", "time_steps", "host_seconds_per_tensor"]
+
+
+def chain(layers: int, width: int) -> nn.Module:
+    """`layers` Linear + ReLU pairs of width x width (seeded: every provider trains the same)."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())])
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int) -> tuple[list[float], list[float]]:
+    """Each step's forward and backward seconds on the host. On CUDA each step starts
+    and ends with a device synchronize (inside backward's figure), so forward's is the
+    host's time alone."""
+    forward, backward = [], []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        _synchronize(x.device)
+        with context():
+            start = time.perf_counter()
+            loss = model(x).sum()
+            mid = time.perf_counter()
+            loss.backward()
+            _synchronize(x.device)
+            end = time.perf_counter()
+        del loss
+        forward.append(mid - start)
+        backward.append(end - mid)
+    return forward, backward
+
+
+def host_seconds_per_tensor(device: torch.device, layers: int = 50, width: int = 64, batch: int = 32,
+                            steps: int = 10, rounds: int = 3, warmup: int = 3) -> float:
+    """Seconds the training thread adds per offloaded tensor, pack and unpack together
+    (at least 0): cswap's vdnn mode against unpatched, on `device`."""
+    import cswap  # (here: cswap imports this package)
+
+    device = torch.device(device)
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(0)).to(device)
+    plain = chain(layers, width).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. "on CPU this saves no memory"
+        patched = cswap.patch(chain(layers, width).to(device), mode="vdnn", candidates="all", min_bytes=0,
+                              verbose=False)
+        try:
+            steps_s = {"unpatched": [], "vdnn": []}
+            for name, model in (("unpatched", plain), ("vdnn", patched)):
+                time_steps(model, contextlib.nullcontext, x, warmup)
+            for _ in range(rounds):  # alternate, so drift in the machine's speed falls on both alike
+                for name, model in (("unpatched", plain), ("vdnn", patched)):
+                    forward, backward = time_steps(model, contextlib.nullcontext, x, steps)
+                    steps_s[name] += [f + b for f, b in zip(forward, backward)]
+        finally:
+            cswap.unpatch(patched)
+    added = statistics.median(steps_s["vdnn"]) - statistics.median(steps_s["unpatched"])
+    return max(added, 0.0) / layers
