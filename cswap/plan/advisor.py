@@ -419,12 +419,13 @@ def _seconds(profile, codec: str, direction: str, size: int, sparsity: float) ->
     return max(v, 0.0)
 
 
-# The training thread's time per offloaded tensor, pack and unpack together, beyond what the hooks
-# spend on a tensor they keep: 90 us, measured by benchmarks/overhead.py on this project's 2-core
-# CPU (cswap's vdnn against "keep", the immediate device: the CUDA path's own Python; results in
-# benchmarks/results/overhead/). A profile may carry its machine's figure (runtime.host_us_per_tensor).
+# The training thread's time per offloaded tensor, pack and unpack together: 185 us, measured by
+# benchmarks/overhead.py --devices cuda on an H200's host (cswap's vdnn against unpatched; 184 us in
+# the quieter of two runs, benchmarks/results/nvidia-h200/overhead-ab/new-1). The CPU stand-in for
+# that path measured about 100 us on this project's 2-core CPU: the CUDA calls themselves cost more.
+# A profile carries its own machine's figure (runtime.host_us_per_tensor, which cswap-tune measures).
 # The timeline counts it in full: the host issues the compute, so a host that falls behind delays it.
-HOST_S_PER_TENSOR = 90e-6
+HOST_S_PER_TENSOR = 185e-6
 
 
 def host_seconds(profile) -> float:

@@ -548,7 +548,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
                                                                      capacity, blocks)
     tensors = _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans)
     host_source = "the profile's" if getattr(link, "host_s_per_tensor", None) is not None else \
-        "measured on a 2-core CPU by benchmarks/overhead.py"
+        "measured on an H200's host by benchmarks/overhead.py --devices cuda"
     sources = {
         "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
                   f"torch {torch.__version__}); reserve {reserve_bytes / 2**30:.2f} GiB assumed for the CUDA "
