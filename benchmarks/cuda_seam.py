@@ -37,7 +37,8 @@ def per_call_us(fn, calls: int, rounds: int) -> float:
 
 
 def cases(dev: CudaDevice):
-    """(name, how, fn): each call the seam makes, and the one it replaced where it changed."""
+    """(name, how, fn): each call the seam makes, and the one it replaced where it changed.
+    Each names the synchronisation point (cswap.runtime.sync) the runtime calls it at."""
     device = dev.device
     side = dev.side_stream("d2h")
     small = torch.zeros(2048, device=device)  # 8 KiB: the copy is queued, not waited for
@@ -72,11 +73,11 @@ def cases(dev: CudaDevice):
         ("allocate 8 KiB on a side stream", "context managers", empty_contexts),
         ("allocate 8 KiB on a side stream", "CudaDevice.empty (cswap)", lambda: dev.empty(8192, side)),
         ("record an event", "CudaDevice.record_event", lambda: dev.record_event(side)),
-        ("query a done event", "CudaDevice.event_query", lambda: dev.event_query(done, "bench")),
-        ("stream waits on an event", "CudaDevice.wait_event", lambda: dev.wait_event(side, done, "bench")),
+        ("query a done event", "CudaDevice.event_query", lambda: dev.event_query(done, "release.copy_done")),
+        ("stream waits on an event", "CudaDevice.wait_event", lambda: dev.wait_event(side, done, "offload.copy_after_ready")),
         ("stream waits on a stream", "CudaDevice.wait_stream",
-         lambda: dev.wait_stream(side, dev.compute_stream(), "bench")),
-        ("record_stream", "CudaDevice.record_stream", lambda: dev.record_stream(small, side, "bench")),
+         lambda: dev.wait_stream(side, dev.compute_stream(), "restore.copy_in_after_compute")),
+        ("record_stream", "CudaDevice.record_stream", lambda: dev.record_stream(small, side, "restore.record_restored")),
         ("capturing?", "CudaDevice.capturing", dev.capturing),
     ]
 
