@@ -221,3 +221,29 @@ def test_measured_times_replace_the_rooflines_phase_totals(small, prediction, tm
     assert str(tmp_path) in q.sources["compute"]
     with pytest.raises(ValueError, match="forward_s and backward_s"):
         cswap.predict(small, torch.empty(4, *CIFAR), gpu="v100-sxm2-16gb", times={"forward_s": 1})
+
+
+def test_replanning_lowers_the_target_until_the_full_curve_fits():
+    """The planner's choice is discrete: a target lowered by just the overshoot can give the
+    same plan and the same overshoot again (ResNet-50 at batch 1070 on an H100 did, four
+    times, and was called unfit while larger batches fit). Each cut is at least twice the last."""
+    from types import SimpleNamespace
+
+    capacity, gib = 100 << 30, 1 << 30
+    targets = []
+
+    def plan_at(target):  # moves one more tensor of 1 GiB for each full GiB cut off the budget
+        targets.append(target)
+        return SimpleNamespace(fits=True, moved=(capacity - target) // gib)
+
+    def check(plan):  # the full curve overshoots by 20 MiB until two tensors more are moved
+        return (SimpleNamespace(peak_bytes=capacity + (20 << 20) * (plan.moved < 2)),)
+
+    plan, (mode,) = whatif._replan_until_it_fits(capacity, plan_at, check)
+    assert mode.peak_bytes <= capacity and plan.moved >= 2
+    cuts = [a - b for a, b in zip(targets, targets[1:])]
+    assert all(b >= 2 * a for a, b in zip(cuts, cuts[1:])), cuts
+
+    targets.clear()  # a plan the planner itself says does not fit is final: no replanning
+    whatif._replan_until_it_fits(capacity, lambda t: targets.append(t) or SimpleNamespace(fits=False, moved=0), check)
+    assert targets == [capacity]

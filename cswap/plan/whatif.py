@@ -360,15 +360,31 @@ def _budget_mode(trace, groups, starts, phase_s, link, sizes, capacity) -> tuple
     """The planner's choice, checked on the full curve (late copies, compressed buffers)
     and planned again with the overshoot off the budget until it fits (or 4 tries)."""
     inst, movable = _budget_instance(trace, groups, starts, phase_s, link, sizes)
-    target = capacity
-    for _ in range(4):
-        plan = plan_budget(inst, target)
+
+    def check(plan):
         choices = {g.storage: c for g, c in zip(movable, plan.choices) if c != KEEP}
-        mode = _mode("budget", trace, groups, choices, link, starts, phase_s, sizes)
-        if mode.peak_bytes <= capacity or not plan.fits:
-            break
-        target -= mode.peak_bytes - capacity
+        return _mode("budget", trace, groups, choices, link, starts, phase_s, sizes), choices
+
+    _, (mode, choices) = _replan_until_it_fits(capacity, lambda target: plan_budget(inst, target), check)
     return mode, choices, inst
+
+
+def _replan_until_it_fits(capacity: int, plan_at, check, tries: int = 8):
+    """Plan at the budget and check the plan on the full curve (late copies, compressed
+    buffers); while that overshoots, plan again with the target lowered by at least the
+    overshoot, and by twice the last cut each time: a plan is a discrete choice, so the
+    same few MiB can overshoot again at a target lowered by just that much (ResNet-50 at
+    batch 1070 on an H100 did four times and was called unfit, though larger batches fit).
+    Returns (the plan, what check made of it: (ModePrediction, ...))."""
+    target, cut = capacity, 0
+    for _ in range(tries):
+        plan = plan_at(target)
+        checked = check(plan)
+        if checked[0].peak_bytes <= capacity or not plan.fits:
+            break
+        cut = max(checked[0].peak_bytes - capacity, 2 * cut)
+        target -= cut
+    return plan, checked
 
 
 def _candidates(groups: list[_Group]) -> list[_Group]:
@@ -395,9 +411,8 @@ def _recompute_mode(trace, groups, starts, phase_s, link, sizes, capacity, block
     """The budget planner with recompute as a fourth choice (cswap.plan.recompute), checked on
     the full curve and planned again with any overshoot off the budget, as _budget_mode."""
     inst, movable = _budget_instance(trace, groups, starts, phase_s, link, sizes)
-    target = capacity
-    for _ in range(4):
-        plan = plan_with_recompute(inst, blocks, target)
+
+    def check(plan):
         choices = {g.storage: c for g, c in zip(movable, plan.choices) if c not in (KEEP, RECOMPUTE)}
         mode = _mode("recompute", trace, groups, choices, link, starts, phase_s, sizes)
         curve = np.array(mode.curve_bytes, dtype=np.float64)
@@ -408,9 +423,10 @@ def _recompute_mode(trace, groups, starts, phase_s, link, sizes, capacity, block
         again = sum(b.seconds for b in blocks if b.name in plan.recomputed)
         mode = replace(mode, peak_bytes=int(curve.max(initial=0)), step_seconds=mode.step_seconds + again,
                        compute_seconds=mode.compute_seconds + again, curve_bytes=curve.astype(np.int64).tolist())
-        if mode.peak_bytes <= capacity or not plan.fits:
-            break
-        target -= mode.peak_bytes - capacity
+        return mode, choices
+
+    plan, (mode, choices) = _replan_until_it_fits(capacity, lambda target: plan_with_recompute(inst, blocks, target),
+                                                  check)
     choices.update({g.storage: RECOMPUTE for g, c in zip(movable, plan.choices) if c == RECOMPUTE})
     return mode, choices
 
