@@ -78,8 +78,10 @@ for spec in "$@"; do
         overhead-ab)
                   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
                       --ignore-requires-python --target /tmp/site-base ./.base || exit 1
-                  ab=benchmarks/results/$("$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); import torch, common
-print(common.device_slug(torch.device("cuda")))')/overhead-ab
+                  # the device's results folder, named as benchmarks/common.py device_slug names it
+                  slug=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -cs 'A-Za-z0-9' '-' \
+                         | tr 'A-Z' 'a-z' | sed 's/^-//; s/-$//')
+                  ab=benchmarks/results/${slug:-gpu}/overhead-ab
                   for round in 1 2; do
                       for tree in base new; do
                           site=/tmp/site; [ "$tree" = base ] && site=/tmp/site-base
