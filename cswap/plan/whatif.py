@@ -76,15 +76,17 @@ RESERVE_BYTES = 1 << 30
 # Pinned cudaMemcpyAsync reaches about this fraction of the link's theoretical rate. Assumed.
 LINK_EFFICIENCY = 0.8
 # Codec throughput as a fraction of HBM bandwidth (bytes of input per second / HBM bytes per
-# second), per direction. Assumed until cswap-tune has run on the GPU: rough figures for
-# one-pass bitmask / run / index codecs, and far lower for LZ4's match search (its encoder
-# walks each 16 KiB chunk in order, twice: about 250 us a chunk for ~500 programs at once
-# on an H100 by a count of its steps, ~35 GB/s, 1% of HBM); ZANS reads the tensor twice
-# (histogram, then rANS with a reciprocal-table division per symbol and a 16-bit word
-# per renormalisation) and decodes with a table lookup per symbol: about 3% / 4%.
-CODEC_HBM_FRACTION = {"zvc": (0.30, 0.40), "rle": (0.20, 0.25), "csr": (0.25, 0.30), "lz4": (0.01, 0.10),
-                      "zans": (0.03, 0.04)}
-CODEC_LAUNCH_S = 10e-6
+# second), per direction, and a fixed time per call: measured on an H200 (cswap's Triton
+# kernels, torch 2.11, Triton 3.6; benchmarks/results/nvidia-h200/codecs.json): lines
+# through the medians at 16 and 256 MiB over fp32 and bf16 and 20-80% zeros. On other GPUs
+# the throughput is scaled by their HBM bandwidth and the fixed time (host syncs, launches
+# and Python, about 0.1-0.2 ms; over 1 ms for ZANS's several passes) taken as it is:
+# assumed there until cswap-tune has run on them. LZ4's encoder walks each chunk in order,
+# so it stays near 3 GB/s whatever the GPU.
+CODEC_HBM_FRACTION = {"zvc": (0.107, 0.133), "rle": (0.053, 0.097), "csr": (0.089, 0.348), "lz4": (0.0007, 0.031),
+                      "zans": (0.022, 0.046)}
+CODEC_FIXED_S = {"zvc": (141e-6, 114e-6), "rle": (174e-6, 154e-6), "csr": (195e-6, 125e-6), "lz4": (424e-6, 175e-6),
+                 "zans": (1362e-6, 1150e-6)}
 
 
 class AssumedProfile:
@@ -95,13 +97,12 @@ class AssumedProfile:
         self.bw_d2h = self.bw_h2d = gpu.link_bytes_per_s * LINK_EFFICIENCY
         self.codecs = tuple(CODEC_HBM_FRACTION)
         self.source = (f"assumed: {gpu.link} at {LINK_EFFICIENCY:.0%} of {gpu.link_bytes_per_s / 1e9:.1f} GB/s; "
-                       f"codecs at {', '.join(f'{c} {a:.0%}/{b:.0%}' for c, (a, b) in CODEC_HBM_FRACTION.items())}"
-                       f" of HBM bandwidth (compress/decompress)")
+                       f"codecs at {', '.join(f'{c} {a:.1%}/{b:.1%}' for c, (a, b) in CODEC_HBM_FRACTION.items())}"
+                       f" of HBM bandwidth (compress/decompress) plus a fixed time per call, as measured on an H200")
 
     def seconds(self, codec: str, direction: str, size: float, sparsity: float) -> float:
-        compress, decompress = CODEC_HBM_FRACTION[codec]
-        fraction = compress if direction == "compress" else decompress
-        return CODEC_LAUNCH_S + size / (self.gpu.hbm_bytes_per_s * fraction)
+        which = 0 if direction == "compress" else 1
+        return CODEC_FIXED_S[codec][which] + size / (self.gpu.hbm_bytes_per_s * CODEC_HBM_FRACTION[codec][which])
 
 
 @dataclass(frozen=True)
