@@ -1,14 +1,18 @@
 """Write cswap/data/default_profile.json: the generic profile used before any tuning.
 
-It is not a measurement. Its figures are conservative guesses for a current
-data-centre GPU, chosen so that the advisor compresses only clearly sparse
-tensors until cswap-tune has measured the machine:
+It is not a measurement of your machine. Its figures are conservative, chosen so
+that the advisor compresses only clearly sparse tensors until cswap-tune has
+measured the machine, and no faster than cswap's kernels ran on an H200
+(benchmarks/results/nvidia-h200/codecs.json):
 
     PCIe            25 GB/s each way (a PCIe 4.0 x16 link as training jobs see it;
                     H100 on PCIe 5.0 reaches about 55 GB/s)
-    ZVC, RLE, CSR   about 400 / 300 / 250 GB/s of input, plus 20 us per launch
-    LZ4             about 35 GB/s compress (a sequential walk per chunk), 40 GB/s decompress
+    ZVC, RLE, CSR   about 400 / 300 / 250 GB/s of input
+    LZ4             3 GB/s compress (a sequential walk per chunk: the H200 measured 3-4),
+                    40 GB/s decompress
     ZANS            about 100 GB/s compress (histogram, rANS, copy), 120 GB/s decompress
+    per call        the fixed time the H200 measured (host syncs, launches, Python):
+                    0.11-0.2 ms for ZVC, RLE and CSR, 0.4 / 0.18 ms for LZ4, over 1 ms for ZANS
 
     python scripts/make_default_profile.py
 """
@@ -25,19 +29,18 @@ from cswap.tune.profile import DEFAULT_PROFILE, SCHEMA_VERSION, validate
 from cswap.tune.timemodel import SPARSITY_RANGE, TimeModel
 
 GBPS = 1e9
-LAUNCH_S = 20e-6
-# codec: (compress, decompress) as (GB/s over all bytes read, GB/s over non-zero bytes moved)
+# codec: (compress, decompress) as (seconds per call, GB/s over all bytes read, GB/s over non-zero bytes moved)
 THROUGHPUT = {
-    "zvc": ((400, 800), (500, 800)),
-    "rle": ((300, 600), (300, 600)),
-    "csr": ((250, 500), (300, 500)),
-    "lz4": ((35, 200), (40, 200)),
-    "zans": ((100, 300), (120, 300)),
+    "zvc": ((141e-6, 400, 800), (114e-6, 500, 800)),
+    "rle": ((174e-6, 300, 600), (154e-6, 300, 600)),
+    "csr": ((195e-6, 250, 500), (125e-6, 300, 500)),
+    "lz4": ((424e-6, 3, 200), (175e-6, 40, 200)),
+    "zans": ((1362e-6, 100, 300), (1150e-6, 120, 300)),
 }
 
 
-def law(size, sparsity, scan_gbps, nonzero_gbps):
-    return LAUNCH_S + size / (scan_gbps * GBPS) + size * (1 - sparsity) / (nonzero_gbps * GBPS)
+def law(size, sparsity, call_s, scan_gbps, nonzero_gbps):
+    return call_s + size / (scan_gbps * GBPS) + size * (1 - sparsity) / (nonzero_gbps * GBPS)
 
 
 def main() -> None:
@@ -56,7 +59,7 @@ def main() -> None:
         "device": {"name": "generic (not measured)", "type": "cuda", "compute_capability": None,
                    "sm_count": None},
         "versions": {"torch": "", "triton": "", "cswap": cswap.__version__},
-        "created": "2026-11-23T00:00:00+00:00",
+        "created": "2026-11-26T00:00:00+00:00",
         "quick": False,
         "bandwidth": {"d2h_gbps": 25.0, "h2d_gbps": 25.0, "pinned": True, "samples": []},
         "codecs": codecs,
