@@ -13,8 +13,9 @@ and SGD, as Torch 1.5 trained them.
 
 Nothing here ran on a GPU: every figure of ours is predicted by cswap.predict,
 from the roofline compute model (calibrated on published Volta ResNet-50
-throughputs), the paper's link bandwidths, cswap's assumed codec speeds
-(CODEC_HBM_FRACTION of the V100's 900 GB/s HBM) and sparsities measured on real
+throughputs), the paper's link bandwidths, cswap's codec speeds as measured on
+an H200 and scaled to the V100's 900 GB/s HBM (whatif.CODEC_HBM_FRACTION and
+CODEC_FIXED_S) and sparsities measured on real
 CPU training steps (scikit-learn digits with their labels, cross-entropy, SGD;
 --steps per setting). The paper's figures are the ones its text states (its
 bar charts carry no numbers in the text): `PAPER` below quotes each with its
