@@ -81,8 +81,8 @@ LINK_EFFICIENCY = 0.8
 # through the medians at 16 and 256 MiB over fp32 and bf16 and 20-80% zeros. On other GPUs
 # the throughput is scaled by their HBM bandwidth and the fixed time (host syncs, launches
 # and Python, about 0.1-0.2 ms; over 1 ms for ZANS's several passes) taken as it is:
-# assumed there until cswap-tune has run on them. LZ4's encoder walks each chunk in order,
-# so it stays near 3 GB/s whatever the GPU.
+# assumed there until cswap-tune has run on them. (LZ4's encoder, a walk through each chunk
+# in order, ran at about 3 GB/s on the H200.)
 CODEC_HBM_FRACTION = {"zvc": (0.107, 0.133), "rle": (0.053, 0.097), "csr": (0.089, 0.348), "lz4": (0.0007, 0.031),
                       "zans": (0.022, 0.046)}
 CODEC_FIXED_S = {"zvc": (141e-6, 114e-6), "rle": (174e-6, 154e-6), "csr": (195e-6, 125e-6), "lz4": (424e-6, 175e-6),

@@ -174,7 +174,7 @@ class CudaDevice(Device):
     context or pinning memory there would make a context on GPU 0 in a process that
     trains on another.
 
-    A device and stream are made current through torch's C calls (`_current`), not
+    A device and stream are made current through torch's C calls (`_Current`), not
     torch.cuda.device and torch.cuda.stream: those Python context managers build
     Stream objects and look devices up on every entry, microseconds each, and an
     offloaded tensor passes through the seam about 25 times (measured on an H200's
