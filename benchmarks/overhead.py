@@ -30,7 +30,8 @@ on each device of cswap's seam (--devices):
                     as a tiny copy on a GPU: releases go through the releaser thread, as on CUDA.
                     This stands for the CUDA path's own host cost.
     cuda            the model on the GPU (only where one is): cswap's CUDA path itself, side
-                    streams, events, pinned memory and Python's CUDA context managers included.
+                    streams, events, pinned memory and torch's CUDA calls included (on an H200's
+                    host it cost more than the lagging stand-in: benchmarks/results/nvidia-h200).
                     Each step ends with a device synchronize inside backward's timing, so
                     forward's figure is the host's alone and backward's includes the GPU's tail
                     (tiny here: the host is the bottleneck at these sizes).
