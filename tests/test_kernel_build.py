@@ -101,9 +101,11 @@ def test_every_block_a_launch_config_admits_fits_the_blocks_registers(tmp_path):
     """LaunchConfig admits blocks up to 1024 threads, beyond the tuner's 512; a block has
     64K registers, so there a thread gets 64. Under the 128-register cap alone LZ4's
     encoder was built with 114 and failed to launch on an H200 ("out of resource:
-    threads, Required: 1024, Hardware limit: 768"); the cap now falls with the block."""
-    results, run = _build(tmp_path, "block1024", "--blocks", "1024", "--dtypes", "int32")
-    assert run.returncode == 0 and KERNELS <= {b["kernel"] for b in results}
+    threads, Required: 1024, Hardware limit: 768"); the cap now falls with the block.
+    At 64 registers a kernel may spill (RLE's encoder does on Triton 3.6): the gate on
+    spills holds at the blocks the tuner chooses, this one only asks that it launches."""
+    results, _ = _build(tmp_path, "block1024", "--blocks", "1024", "--dtypes", "int32")
+    assert KERNELS <= {b["kernel"] for b in results}
     too_many = [(b["kernel"], b["registers"]) for b in results if b["error"] or not 0 < b["registers"] * 1024 <= 1 << 16]
     assert not too_many, too_many
 
