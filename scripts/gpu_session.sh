@@ -8,7 +8,7 @@
 #   bash scripts/gpu_session.sh wheels                 # here, once: .whl/ for Python 3.12 x86-64
 #   bash scripts/gpu_session.sh tests                  # there: the gpu-marked tests
 #   bash scripts/gpu_session.sh tests:150 overhead:60 codecs:90   # several stages, each with a time limit (s)
-#   stages: smoke tests overhead overhead-ab seam pyspy codecs runtime soak tune tune-quick train sanitize
+#   stages: smoke tests fuzz overhead overhead-ab seam pyspy codecs runtime soak tune tune-quick train sanitize
 #   overhead-ab: the overhead benchmark on the GPU, alternating between this tree's cswap and the one in
 #   .base/ (an older checkout, e.g. `git archive REV | tar -x -C .base`, named in the run's carry).
 #
@@ -71,6 +71,8 @@ for spec in "$@"; do
     case "$stage" in
         smoke)    run "$limit" "${PYTEST[@]}" -x tests/test_runtime_gpu.py -k gradients_equal || status=$? ;;
         tests)    run "$limit" "${PYTEST[@]}" -n "${WORKERS:-8}" -m gpu "${GPU_TESTS[@]}" || status=$? ;;
+        # the decoders' fuzzing against the compiled kernels (test_fuzz runs Triton on the GPU where there is one)
+        fuzz)     run "$limit" "${PYTEST[@]}" -n "${WORKERS:-8}" tests/test_fuzz.py -k triton || status=$? ;;
         sanitize) run "$limit" compute-sanitizer --tool memcheck --error-exitcode 3 "${PYTEST[@]}" -x \
                       tests/test_fuzz.py -k triton || status=$? ;;
         # the host's cost per saved tensor on this GPU, beside the CPU stand-ins (issue 26)
