@@ -106,7 +106,9 @@ for spec in "$@"; do
                   run "$limit" "$PY" benchmarks/runtime.py --dataset cifar10 --batch 32 --iters 5 --emulate measured \
                       --providers unpatched vdnn sc cswap || status=$? ;;
         soak)     run "$limit" "$PY" benchmarks/soak.py || status=$? ;;
-        tune)     run "$limit" cswap-tune --compare --out benchmarks/results/cswap-home/profile-tuned.json || status=$? ;;
+        # shellcheck disable=SC2086  # TUNE_ARGS is a list of options (e.g. --codecs zvc rle csr zans)
+        tune)     run "$limit" cswap-tune --compare --no-progress ${TUNE_ARGS:-} \
+                      --out benchmarks/results/cswap-home/profile-tuned.json || status=$? ;;
         tune-quick) run "$limit" cswap-tune --quick --compare --no-progress \
                       --out benchmarks/results/cswap-home/profile-quick.json || status=$? ;;
         # shellcheck disable=SC2086  # MODELS is a list of names
