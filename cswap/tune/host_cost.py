@@ -72,7 +72,7 @@ def host_seconds_per_tensor(device: torch.device, layers: int = 50, width: int =
                               verbose=False)
         try:
             steps_s = {"unpatched": [], "vdnn": []}
-            for name, model in (("unpatched", plain), ("vdnn", patched)):
+            for model in (plain, patched):
                 time_steps(model, contextlib.nullcontext, x, warmup)
             for _ in range(rounds):  # alternate, so drift in the machine's speed falls on both alike
                 for name, model in (("unpatched", plain), ("vdnn", patched)):
