@@ -324,6 +324,34 @@ def test_stats_reset_zeroes_counters():
             assert again[k] == first[k], k
 
 
+def test_stats_counted_from_many_threads_add_up():
+    """Each thread counts in a tally of its own, without a lock: none is lost, and a
+    peak is the largest any thread saw."""
+    import threading
+
+    s = cswap.SwapStats()
+    start = threading.Barrier(4)
+
+    def count(k):
+        start.wait()
+        for i in range(20000):
+            s.add("offloaded_tensors")
+            s.add_all(("offloaded_bytes", 2), ("transferred_bytes", 1))
+            s.peak("peak_offload_bytes", 1000 * k + i % 7)
+        s.add("offload_stall_s", 0.5)
+
+    threads = [threading.Thread(target=count, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert s["offloaded_tensors"] == 80000 and s["offloaded_bytes"] == 160000 and s["transferred_bytes"] == 80000
+    assert s["peak_offload_bytes"] == 3006
+    assert s["offload_stall_s"] == 2.0 and isinstance(s["offload_stall_s"], float)
+    s.reset()
+    assert s["offloaded_tensors"] == 0 and s["peak_offload_bytes"] == 0 and s["offload_stall_s"] == 0.0
+
+
 def test_stats_of_unpatched_model_raises():
     model = nets.tiny()
     with pytest.raises(ValueError, match="not patched"):

@@ -38,49 +38,69 @@ _FIELDS = {
 _LIVE = ("prefetch_stall_s", "host_pool_bytes", "peak_host_pool_bytes", "peak_gpu_bytes", "peak_gpu_reserved_bytes")
 
 
+_PEAKS = ("peak_offload_bytes", "peak_prefetch_bytes")  # the most at once: a maximum, not a sum
+
+
 class SwapStats(Mapping):
-    """What was offloaded, moved and restored since the last reset()."""
+    """What was offloaded, moved and restored since the last reset().
+
+    Counting costs the hooks next to nothing: each thread (the training thread,
+    autograd's device thread, the worker, the releaser) adds to a tally of its own,
+    which only it writes, so no lock is taken per count; a read sums the tallies
+    (and takes the largest of each peak). A count made while reset() runs may land
+    on either side of it."""
 
     fields = tuple(_FIELDS)
 
     def __init__(self, swapper=None):
         self._swapper = swapper
-        self._lock = threading.Lock()  # the worker, the releaser and the user's thread all count
+        self._lock = threading.Lock()  # new tallies only
         self.reset()
 
     def reset(self) -> None:
-        self._counts = {name: 0 for name in _FIELDS}
-        self._counts["prefetch_stall_s"] = 0.0
-        self._counts["offload_stall_s"] = 0.0
+        with self._lock:
+            self._tallies: dict[int, dict] = {}  # thread ident -> its counts
         if self._swapper is not None:
             self._swapper.on_stats_reset()
 
+    def _tally(self) -> dict:
+        ident = threading.get_ident()
+        counts = self._tallies.get(ident)
+        if counts is None:
+            counts = dict.fromkeys(_FIELDS, 0)
+            counts["prefetch_stall_s"] = counts["offload_stall_s"] = 0.0
+            with self._lock:
+                self._tallies = {**self._tallies, ident: counts}  # (readers iterate the old dict safely)
+        return counts
+
     def add(self, name: str, value=1) -> None:
-        with self._lock:
-            self._counts[name] += value
+        counts = self._tallies.get(threading.get_ident()) or self._tally()
+        counts[name] += value
 
     def add_all(self, *pairs) -> None:
-        """add(name, value) for each (name, value), under one lock."""
-        with self._lock:
-            counts = self._counts
-            for name, value in pairs:
-                counts[name] += value
+        """add(name, value) for each (name, value)."""
+        counts = self._tallies.get(threading.get_ident()) or self._tally()
+        for name, value in pairs:
+            counts[name] += value
 
     def peak(self, name: str, value: int) -> None:
-        with self._lock:
-            if value > self._counts[name]:
-                self._counts[name] = value
+        counts = self._tallies.get(threading.get_ident()) or self._tally()
+        if value > counts[name]:
+            counts[name] = value
 
     def counted(self, name: str):
-        """The counter itself (what a live field adds to)."""
-        return self._counts[name]
+        """The count itself, over every thread (what a live field adds to)."""
+        tallies = self._tallies.values()
+        if name in _PEAKS:
+            return max((counts[name] for counts in tallies), default=0)
+        return sum((counts[name] for counts in tallies), 0.0 if name.endswith("_s") else 0)
 
     def __getitem__(self, name: str):
         if name not in _FIELDS:
             raise KeyError(f"cswap.stats: no field {name!r}; fields are {', '.join(_FIELDS)}")
         if self._swapper is not None and name in _LIVE:
             return self._swapper.live_stat(name)
-        return self._counts[name]
+        return self.counted(name)
 
     def __iter__(self):
         return iter(_FIELDS)

@@ -384,8 +384,7 @@ class Swapper:
                     self._offload_bytes += nbytes
                     item.stashed = True
                     self.inflight.append(item)
-                    if self._offload_bytes > self.stats.counted("peak_offload_bytes"):
-                        self.stats.peak("peak_offload_bytes", self._offload_bytes)
+                    self.stats.peak("peak_offload_bytes", self._offload_bytes)
                     break
                 oldest = self.inflight[0]
             waited_since = waited_since or time.perf_counter()
