@@ -1156,6 +1156,7 @@ def test_everything_freed_after_backward():
     assert items and not any(i.freed for i in items)
     assert sw.pool.idle_bytes < sw.pool.reserved_bytes  # lent to the items
     assert all(i.src is None for i in items)             # copied out: the source tensors are dropped
+    assert all(i.counter.untyped_storage().nbytes() == 0 for i in items)  # (only their version counters stay)
     loss = F.cross_entropy(out, y)
     loss.backward()
     # backward released every node's saved tensors: items freed even while `loss` is alive

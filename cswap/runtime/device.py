@@ -49,6 +49,12 @@ class Device:
     # host_access, uncounted_bytes): the emulator, whose accounting and race checks need it.
     observes: bool = False
 
+    @functools.cached_property
+    def nothing(self) -> torch.Tensor:
+        """An empty tensor on this device: what a released item's source tensor points at
+        (it drops the storage and keeps the version counter, cswap.runtime.items)."""
+        return torch.empty(0, device=self.device)
+
     # -- streams and events ----------------------------------------------------------------
     def compute_stream(self):
         """The caller's current stream, where autograd's work runs."""

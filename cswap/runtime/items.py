@@ -9,7 +9,7 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["ISSUED", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error"]
+__all__ = ["ISSUED", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error", "drop_storage"]
 
 
 def dense_permutation(t: torch.Tensor) -> list[int] | None:
@@ -51,14 +51,12 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def version_alias(t: torch.Tensor) -> torch.Tensor:
-    """A tensor that shares t's version counter but not its memory: in-place
-    changes to t (or any view of it) stay visible after t itself is gone."""
-    alias = t.detach()
-    version = alias._version
-    alias.set_()  # (bumps the shared counter: put back at once, as _unsafe_preserve_version_counter does)
-    torch._C._autograd._unsafe_set_version_counter((alias,), (version,))
-    return alias
+def drop_storage(t: torch.Tensor, nothing: torch.Tensor) -> None:
+    """Let go of t's memory but not its version counter, which t shares with the tensor
+    autograd saved: in-place changes to that tensor (or any view of it) stay visible
+    through t after the memory is gone. (Setting .data keeps the counter and, unlike
+    set_(), does not bump it.)"""
+    t.data = nothing
 
 
 def modified_error(what: str, saved: int, now: int) -> RuntimeError:
@@ -150,9 +148,9 @@ class Item:
         self.codec = codec
         self.device = device                       # the cswap.runtime.device.Device it lives on
         self.src: torch.Tensor | None = t.detach()  # on the device until released
+        self.counter = self.src                    # shares t's version counter, even once released
         self.weak = weakref.ref(t)                 # identity, for dedup
         self.version = t._version
-        self.version_alias = version_alias(t)
         self.perm = perm                           # None: not dense, restored contiguous
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.pass_ = pass_

@@ -52,7 +52,7 @@ import torch
 
 from .. import codecs
 from . import integrity
-from .items import ISSUED, Item, flat_bytes
+from .items import ISSUED, Item, drop_storage, flat_bytes
 
 __all__ = ["Offloader"]
 
@@ -283,7 +283,7 @@ class Offloader:
                 return
         host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
         if host is None:  # host memory limit: the tensor stays where it is
-            item.fallback = src
+            item.fallback = src.detach()  # (src itself lets its memory go at release)
             sw.stats.add("kept_on_gpu")
             return
         self._send(item, data, header, host, data_ready)
@@ -374,7 +374,9 @@ class Offloader:
                 self._host_threads = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2),
                                                         thread_name_prefix="cswap-host-zvc")
             self._host_threads.submit(self._host_compress, item, host)
-        del src, sent  # the device memory goes here (unless the user still holds the tensor)
+        if src is not None:  # the device memory goes here (unless the user still holds the tensor)
+            drop_storage(src, item.device.nothing)
+        del src, sent
         with sw.lock:  # only now: a pack waiting for memory sees it gone once nothing is in flight
             sw.unstash(item)
 

@@ -182,7 +182,7 @@ class Restorer:
             return False
         with sw.lock:
             if item.src is not None:  # not released yet: the tensor itself is still on the device
-                item.restored = item.src
+                item.restored = item.src.detach()  # (src itself lets its memory go at release)
                 sw.stats.add("served_from_device")
                 return False
             blob, host = item.host_blob, item.host

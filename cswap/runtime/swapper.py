@@ -538,7 +538,7 @@ class Swapper:
         return at
 
     def check_version(self, item: Item) -> None:
-        now = item.version_alias._version
+        now = item.counter._version
         if now != item.version:
             raise modified_error(f"[{item.info.dtype} {list(item.info.shape)}], saved by {item.info.where} as "
                                  f"output of {item.info.op},", item.version, now)
