@@ -770,6 +770,29 @@ def test_side_streams_are_cswaps_own_not_pytorchs_pooled_ones(monkeypatch):
     assert CudaDevice(torch.device("cuda", 2)).side_stream("compress") == ("pooled", torch.device("cuda", 2))
 
 
+def test_a_cuda_tensor_finds_its_device_made_once(monkeypatch):
+    """device_of runs at every save: a CUDA tensor's device comes from its index, made once
+    per index (under the lock) and found after without it."""
+    from cswap.runtime import device as device_mod
+
+    class FakeCudaTensor:  # what device_of reads of a CUDA tensor
+        is_cuda = True
+
+        def __init__(self, index):
+            self.index = index
+
+        def get_device(self):
+            return self.index
+
+    monkeypatch.setattr(device_mod, "_CUDA", {})
+    made = []
+    monkeypatch.setattr(device_mod, "CudaDevice", lambda d: made.append(d) or ("device", d))
+    first = device_mod.device_of(FakeCudaTensor(1))
+    assert first == ("device", torch.device("cuda", 1))
+    assert device_mod.device_of(FakeCudaTensor(1)) is first and device_mod.device_of(FakeCudaTensor(0)) != first
+    assert made == [torch.device("cuda", 1), torch.device("cuda", 0)]
+
+
 def test_the_cuda_runtime_is_found_in_this_process_or_not_at_all():
     from cswap.runtime import device as device_mod
 

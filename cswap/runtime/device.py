@@ -209,6 +209,9 @@ class CudaDevice(Device):
         return _Current(self.index, None)
 
     def side_stream(self, role: str):
+        stream = self._streams.get(role)  # (made once per role: the lock is for making it)
+        if stream is not None:
+            return stream
         with self._lock:
             stream = self._streams.get(role)
             if stream is None:
@@ -220,7 +223,7 @@ class CudaDevice(Device):
             return stream
 
     def capturing(self) -> bool:
-        return torch.cuda.is_current_stream_capturing()
+        return torch._C._cuda_isCurrentStreamCapturing()  # (torch.cuda.is_current_stream_capturing, one frame less)
 
     def record_event(self, stream, timing: bool = False):
         # blocking=True: a host thread waiting on it sleeps instead of spinning a core.
@@ -381,11 +384,13 @@ def device_of(t: torch.Tensor) -> Device | None:
     one `cswap.testing.emulated_device()` opened, else a zero-delay one); None for
     devices cswap does not offload from."""
     if t.is_cuda:
-        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        with _CUDA_LOCK:
-            dev = _CUDA.get(index)
-            if dev is None:
-                dev = _CUDA[index] = CudaDevice(torch.device("cuda", index))
+        index = t.get_device()  # (an int: t.device builds a torch.device per call)
+        dev = _CUDA.get(index)  # (made once per device: the lock is for making it)
+        if dev is None:
+            with _CUDA_LOCK:
+                dev = _CUDA.get(index)
+                if dev is None:
+                    dev = _CUDA[index] = CudaDevice(torch.device("cuda", index))
         return dev
     if t.is_cpu:
         return _emulated_current()
