@@ -15,6 +15,14 @@ backward) and per tensor the hooks keep:
     minimal         the least a hooks-based offload does in Python: pack copies an activation
                     (once per tensor) into a pooled host buffer, unpack copies it back into a new
                     tensor; no threads, events, checks or bookkeeping. The floor for vdnn's figure
+    lean            a sketch of the per-tensor mechanics cswap's raw path keeps, written flat
+                    through the same device seam: candidate test (movable, device, producer,
+                    SwapInfo), dedup, version check, a record per tensor, a ready event, a pooled
+                    host buffer, the copy on the D2H stream and its done event, stash bytes under
+                    a lock, release of completed copies at each save (dropping the memory, not
+                    the version counter), handles counted under a lock, lock-free stats, restore
+                    with one prefetch ahead. No stash limit, rounds, failures, observer or layer
+                    names. What a per-tensor Python offload costs at the least (cswap's floor)
     keep            cswap.patch, nothing a candidate (min_bytes above every tensor): every save kept
     vdnn, sc, cswap cswap.patch in its modes (every activation a candidate; sc: ZVC on every one)
     vdnnpp          vDNN++ as the CSWAP paper emulates it, the torchtune-style baseline: raw
@@ -58,6 +66,7 @@ import os
 import statistics
 import threading
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -65,11 +74,13 @@ from torch import nn
 
 import cswap
 from cswap.runtime import emulator
+from cswap.runtime.candidates import SwapInfo, movable, op_name, producer
+from cswap.runtime.device import device_of
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
 from cswap.tune.host_cost import chain, time_steps  # (the chain cswap-tune measures, and its clock)
 
-PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "keep", "vdnn", "sc", "cswap", "vdnnpp")
+PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "keep", "vdnn", "sc", "cswap", "vdnnpp")
 DEVICES = ("cpu", "emulated", "lagging", "cuda")
 LAG_S = 20e-6
 
@@ -130,6 +141,121 @@ class MinimalOffload:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
+class _LeanItem:
+    __slots__ = ("info", "src", "counter", "version", "ready", "host", "done", "restored", "h2d", "index",
+                 "handles")
+
+
+class _LeanHandle:
+    __slots__ = ("item", "owner")
+
+    def __init__(self, item: _LeanItem, owner: "LeanOffload"):
+        self.item, self.owner = item, owner
+        with owner.lock:
+            item.handles += 1
+
+    def __del__(self):
+        item, owner = self.item, self.owner
+        with owner.lock:
+            item.handles -= 1
+            if item.handles == 0:  # the last save is gone: its host buffer goes back
+                owner.pool.setdefault(item.info.nbytes, []).append(item.host)
+
+
+class LeanOffload:
+    """The `lean` provider's hooks (see the module docstring): cswap's per-tensor
+    mechanics for a dense tensor sent raw, flat, so its figure is the least a
+    per-tensor offload in Python pays here for them."""
+
+    def __init__(self):
+        self.lock = threading.RLock()  # stash bytes and handle counts (handles die on any thread)
+        self.pool: dict[int, list[torch.Tensor]] = {}
+        self.seen: dict[int, tuple] = {}
+        self.items: list[_LeanItem] = []
+        self.inflight: list[_LeanItem] = []
+        self.stash = 0
+        self.stats = cswap.SwapStats()
+
+    def pack(self, t: torch.Tensor):
+        base = t._base if t._is_view() else t
+        if type(base) is nn.Parameter and base.requires_grad:
+            return t, t._version
+        hit = self.seen.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            self.stats.add("deduplicated")
+            return _LeanHandle(hit[2], self)
+        dev = device_of(t) if movable(t) else None
+        if dev is None or dev.capturing() or base.grad_fn is None or not t.is_contiguous():
+            return t.detach(), t._version
+        name = producer(t)
+        info = SwapInfo(op_name(name or ""), tuple(t.shape), t.dtype, t.numel() * t.element_size(), dev.device,
+                        "", "", len(self.items))
+        item = _LeanItem()
+        item.info, item.version, item.handles, item.restored, item.index = info, t._version, 0, None, len(self.items)
+        item.src = item.counter = t.detach()
+        compute, d2h = dev.compute_stream(), dev.side_stream("d2h")
+        item.ready = dev.record_event(compute)
+        with self.lock:
+            self.stash += info.nbytes
+            self.stats.peak("peak_offload_bytes", self.stash)
+        free = self.pool.get(info.nbytes)
+        item.host = free.pop() if free else dev.host_empty(info.nbytes, pinned=dev.kind == "cuda")
+        dev.wait_event(d2h, item.ready, at="offload.copy_after_ready")
+        dev.copy(item.host, item.src.view(-1).view(torch.uint8), d2h)
+        item.done = dev.record_event(d2h)
+        self.stats.add_all(("offloaded_tensors", 1), ("offloaded_bytes", info.nbytes))
+        self.items.append(item)
+        inflight = self.inflight
+        inflight.append(item)
+        while inflight and dev.event_query(inflight[0].done, at="release.copy_done"):  # completed copies release
+            with self.lock:
+                done = inflight.pop(0)
+                self.stash -= done.info.nbytes
+            done.src = None
+            done.counter.data = dev.nothing
+        self.seen[id(t)] = (weakref.ref(t), item.version, item)
+        return _LeanHandle(item, self)
+
+    def _restore(self, item: _LeanItem, dev) -> None:
+        compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
+        y = dev.empty(item.info.nbytes, compute)
+        dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
+        dev.copy(y, item.host, h2d)
+        dev.record_stream(y, h2d, at="restore.record_restored")
+        item.h2d = dev.record_event(h2d)
+        item.restored = y.view(item.info.dtype).view(item.info.shape)
+        self.stats.add("restored_tensors")
+
+    def unpack(self, packed):
+        if type(packed) is tuple:
+            t, version = packed
+            if t._version != version:
+                raise RuntimeError("a saved tensor was modified in place")
+            return t
+        item = packed.item
+        if item.counter._version != item.version:
+            raise RuntimeError("a saved tensor was modified in place")
+        dev = device_of(item.counter)
+        if item.restored is None:
+            if item.src is not None:  # (the copy has not completed: served from the device)
+                item.restored, item.h2d = item.src.detach(), None
+            else:
+                self._restore(item, dev)
+            before = self.items[item.index - 1] if item.index else None
+            if before is not None and before.restored is None and before.src is None:  # one ahead
+                self._restore(before, dev)
+        if item.h2d is not None:
+            dev.wait_event(dev.compute_stream(), item.h2d, at="unpack.compute_after_copy_in")
+        return item.restored
+
+    def hooks(self):
+        """The hooks for one step (the previous step's records go: backward used them)."""
+        self.items, self.inflight = [], []
+        self.seen.clear()
+        self.stash = 0
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
 def provider(name: str, model: nn.Module, device: str = "cpu"):
     """(the model to train, a context to run each step in)."""
     if name == "unpatched":
@@ -140,6 +266,8 @@ def provider(name: str, model: nn.Module, device: str = "cpu"):
         return model, functools.partial(torch.autograd.graph.save_on_cpu, pin_memory=device == "cuda")
     if name == "minimal":
         return model, MinimalOffload(device).hooks
+    if name == "lean":
+        return model, LeanOffload().hooks
     if name == "keep":
         return _keep_everything(model), contextlib.nullcontext
     return _patched(model, name), contextlib.nullcontext
@@ -209,7 +337,7 @@ def measure(args) -> list[dict]:
                             times[name][0].extend(forward)
                             times[name][1].extend(backward)
                     stats = {name: cswap.stats(model) for name, (model, _) in trained.items()
-                             if name not in ("unpatched", "hooks", "save_on_cpu", "minimal")}
+                             if name not in ("unpatched", "hooks", "save_on_cpu", "minimal", "lean")}
                     for name in stats:
                         cswap.unpatch(trained[name][0])
             if isinstance(dev, EmulatedDevice):

@@ -120,7 +120,8 @@ def test_overhead_benchmark_quick_run(tmp_path):
     assert devices == {"cpu", "emulated", "lagging"}
     for device in devices:
         by = {r["provider"]: r for r in rows if r["device"] == device}
-        assert set(by) == {"unpatched", "hooks", "save_on_cpu", "minimal", "keep", "vdnn", "sc", "cswap", "vdnnpp"}
+        assert set(by) == {"unpatched", "hooks", "save_on_cpu", "minimal", "lean", "keep", "vdnn", "sc", "cswap",
+                           "vdnnpp"}
         assert by["unpatched"]["x_unpatched"] == 1.0
         for name in ("vdnn", "sc", "cswap", "vdnnpp"):
             assert by[name]["offloaded_per_step"] == 10 and "added_us_per_tensor" in by[name], by[name]
@@ -146,3 +147,30 @@ def test_the_minimal_offload_floor_really_offloads():
     packed = [p for _, p in hooks.seen.values()]
     assert len(packed) == 4 and all(p[3] is not None for p in packed)  # 4 ReLU outputs, each restored once
     assert sum(len(v) for v in hooks.pool.values()) == 0  # the first step's buffers were taken again
+
+
+def test_the_lean_sketch_really_offloads_and_releases():
+    """The `lean` provider prices cswap's per-tensor mechanics: it must copy each activation out,
+    release it once copied (memory gone, version counter kept), bring it back exactly and
+    reuse the host buffers, or its figure would mean nothing."""
+    bench = _load(BENCHMARKS / "overhead.py")
+    x = torch.randn(8, 16)
+    grads = []
+    for hooks in (None, bench.LeanOffload()):
+        model = bench.chain(4, 16)
+        for _ in range(2):  # the second step reuses the first's host buffers
+            model.zero_grad()
+            with hooks.hooks() if hooks else contextlib.nullcontext():
+                loss = model(x).sum()
+                if hooks:
+                    items = list(hooks.items)
+                    assert len(items) == 4 and not hooks.inflight and hooks.stash == 0
+                    assert all(i.src is None and i.counter.untyped_storage().nbytes() == 0 for i in items)
+            loss.backward()
+            if hooks:
+                assert all(i.restored is not None for i in items)  # each came back through the host
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert hooks.stats["offloaded_tensors"] == 8 and hooks.stats["deduplicated"] == 6
+    del loss, items
+    assert sum(len(v) for v in hooks.pool.values()) == 4  # every buffer came back once its saves were gone
