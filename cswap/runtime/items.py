@@ -12,19 +12,30 @@ from .candidates import SwapInfo
 __all__ = ["ISSUED", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error", "drop_storage"]
 
 
+_IDENTITY: dict[int, list[int]] = {}  # dims -> [0, 1, ..., dims - 1], shared (never changed)
+
+
+def _identity(dims: int) -> list[int]:
+    perm = _IDENTITY.get(dims)
+    if perm is None:
+        perm = _IDENTITY[dims] = list(range(dims))
+    return perm
+
+
 def dense_permutation(t: torch.Tensor) -> list[int] | None:
     """A permutation p with t.permute(p) contiguous (same memory, no copy), or
     None when t is not dense (overlapping or with gaps). Restoring through the
     inverse permutation gives back t's strides (channels_last stays so) but
-    those of size-1 dimensions, which any value fits: restore_strides sets them."""
+    those of size-1 dimensions, which any value fits: restore_strides sets them.
+    A contiguous tensor's is the identity, one shared list per rank (not to be changed)."""
     if t.is_contiguous():
-        return list(range(t.dim()))
+        return _identity(t.dim())
     perm = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
     return perm if t.permute(perm).is_contiguous() else None
 
 
 def is_identity(perm: list[int]) -> bool:
-    return perm == list(range(len(perm)))
+    return perm is _IDENTITY.get(len(perm)) or perm == _identity(len(perm))
 
 
 def restore_strides(y: torch.Tensor, perm: list[int], stride: tuple[int, ...]) -> torch.Tensor:

@@ -363,8 +363,11 @@ class Offloader:
             if item.released:
                 return
             item.released = True
-            src, sent = item.src, item.sent
+            src = item.src
             item.src = item.sent = None
+            if src is not None:  # the device memory goes here (unless the user still holds the tensor)
+                drop_storage(src, item.device.nothing)
+            sw.unstash(item)  # with the memory gone: a pack waiting for memory sees it so
             host = item.host if sw.mode == "vdnnpp" and item.header is None and not item.freed \
                 and item.failure is None else None
         if host is not None:
@@ -374,11 +377,6 @@ class Offloader:
                 self._host_threads = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2),
                                                         thread_name_prefix="cswap-host-zvc")
             self._host_threads.submit(self._host_compress, item, host)
-        if src is not None:  # the device memory goes here (unless the user still holds the tensor)
-            drop_storage(src, item.device.nothing)
-        del src, sent
-        with sw.lock:  # only now: a pack waiting for memory sees it gone once nothing is in flight
-            sw.unstash(item)
 
     def _host_compress(self, item: Item, host: torch.Tensor) -> None:
         """vdnnpp: ZVC the host copy on the CPU and give the pinned buffer back."""

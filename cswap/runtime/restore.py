@@ -174,7 +174,8 @@ class Restorer:
         """Bring the item back into item.restored (asynchronously); False when no copy
         was needed (kept on the device, or still there)."""
         sw = self.sw
-        item.issued.wait()  # the worker sets it whatever happens, even when it stops
+        if not item.issued.is_set():  # (pack copied it itself, or the worker did already: no wait)
+            item.issued.wait()  # the worker sets it whatever happens, even when it stops
         if item.failure is not None:
             raise sw.offload_failed(item, item.failure)
         if item.fallback is not None:
