@@ -23,6 +23,12 @@ backward) and per tensor the hooks keep:
                     the version counter), handles counted under a lock, lock-free stats, restore
                     with one prefetch ahead. No stash limit, rounds, failures, observer or layer
                     names. What a per-tensor Python offload costs at the least (cswap's floor)
+    batched         a sketch of another design: saves grouped 16 at a time, each group copied out with
+                    one torch._foreach_copy_ into host tensors kept from the previous step (a steady
+                    network saves the same shapes), released as a group, and restored for backward
+                    with one foreach copy per group; dedup and version checks kept, no events or side
+                    streams (copies on the compute stream). What per-tensor Python costs when the
+                    copies, events and records are made per group instead
     keep            cswap.patch, nothing a candidate (min_bytes above every tensor): every save kept
     vdnn, sc, cswap cswap.patch in its modes (every activation a candidate; sc: ZVC on every one)
     vdnnpp          vDNN++ as the CSWAP paper emulates it, the torchtune-style baseline: raw
@@ -80,7 +86,7 @@ from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
 from cswap.tune.host_cost import chain, time_steps  # (the chain cswap-tune measures, and its clock)
 
-PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "keep", "vdnn", "sc", "cswap", "vdnnpp")
+PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched", "keep", "vdnn", "sc", "cswap", "vdnnpp")
 DEVICES = ("cpu", "emulated", "lagging", "cuda")
 LAG_S = 20e-6
 
@@ -256,6 +262,87 @@ class LeanOffload:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
+class _Group:
+    __slots__ = ("tensors", "shapes", "host", "restored")
+
+    def __init__(self):
+        self.tensors, self.shapes, self.host, self.restored = [], [], None, None
+
+
+class _GroupHandle:
+    __slots__ = ("group", "index", "counter", "version")
+
+
+class BatchedOffload:
+    """The `batched` provider's hooks (see the module docstring)."""
+
+    def __init__(self, device: str = "cpu", group: int = 16):
+        self.device, self.group = device, group
+        self.pin = device == "cuda"
+        self.nothing = torch.empty(0, device=device)
+        self.seen: dict[int, tuple] = {}
+        self.groups: list[_Group] = []
+        self.pending: _Group | None = None
+        self.host: dict[tuple, list[torch.Tensor]] = {}  # (group number, shapes, dtypes) -> host tensors
+
+    def pack(self, t: torch.Tensor):
+        base = t._base if t._is_view() else t
+        if type(base) is nn.Parameter and base.requires_grad:
+            return t, t._version
+        hit = self.seen.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1].version == t._version:
+            return hit[1]
+        if base.grad_fn is None or not t.is_contiguous():
+            return t.detach(), t._version
+        group = self.pending
+        if group is None:
+            group = self.pending = _Group()
+        handle = _GroupHandle()
+        handle.group, handle.index, handle.version = group, len(group.tensors), t._version
+        handle.counter = t.detach()
+        group.tensors.append(handle.counter)
+        group.shapes.append((t.shape, t.dtype))
+        if len(group.tensors) == self.group:
+            self._copy_out(group)
+        self.seen[id(t)] = (weakref.ref(t), handle)
+        return handle
+
+    def _copy_out(self, group: _Group) -> None:
+        key = (len(self.groups), tuple(group.shapes))
+        host = self.host.get(key)
+        if host is None:
+            host = self.host[key] = [torch.empty(shape, dtype=dtype, pin_memory=self.pin) for shape, dtype in group.shapes]
+        torch._foreach_copy_(host, group.tensors, non_blocking=self.pin)
+        group.host = host
+        for tensor in group.tensors:  # released: the memory goes, the version counters stay (stream-ordered)
+            tensor.data = self.nothing
+        self.groups.append(group)
+        self.pending = None
+
+    def unpack(self, packed):
+        if type(packed) is tuple:
+            t, version = packed
+            if t._version != version:
+                raise RuntimeError("a saved tensor was modified in place")
+            return t
+        if packed.counter._version != packed.version:
+            raise RuntimeError("a saved tensor was modified in place")
+        group = packed.group
+        if group.restored is None:
+            if group.host is None:  # the last, partial group of forward: still on the device
+                group.restored = list(group.tensors)
+            else:
+                group.restored = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in group.shapes]
+                torch._foreach_copy_(group.restored, group.host, non_blocking=self.pin)
+        return group.restored[packed.index]
+
+    def hooks(self):
+        """The hooks for one step (the previous step's backward is over)."""
+        self.groups, self.pending = [], None
+        self.seen.clear()
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
 def provider(name: str, model: nn.Module, device: str = "cpu"):
     """(the model to train, a context to run each step in)."""
     if name == "unpatched":
@@ -268,6 +355,8 @@ def provider(name: str, model: nn.Module, device: str = "cpu"):
         return model, MinimalOffload(device).hooks
     if name == "lean":
         return model, LeanOffload().hooks
+    if name == "batched":
+        return model, BatchedOffload(device).hooks
     if name == "keep":
         return _keep_everything(model), contextlib.nullcontext
     return _patched(model, name), contextlib.nullcontext
@@ -337,7 +426,7 @@ def measure(args) -> list[dict]:
                             times[name][0].extend(forward)
                             times[name][1].extend(backward)
                     stats = {name: cswap.stats(model) for name, (model, _) in trained.items()
-                             if name not in ("unpatched", "hooks", "save_on_cpu", "minimal", "lean")}
+                             if name not in ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched")}
                     for name in stats:
                         cswap.unpatch(trained[name][0])
             if isinstance(dev, EmulatedDevice):

@@ -120,8 +120,8 @@ def test_overhead_benchmark_quick_run(tmp_path):
     assert devices == {"cpu", "emulated", "lagging"}
     for device in devices:
         by = {r["provider"]: r for r in rows if r["device"] == device}
-        assert set(by) == {"unpatched", "hooks", "save_on_cpu", "minimal", "lean", "keep", "vdnn", "sc", "cswap",
-                           "vdnnpp"}
+        assert set(by) == {"unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched", "keep", "vdnn", "sc",
+                           "cswap", "vdnnpp"}
         assert by["unpatched"]["x_unpatched"] == 1.0
         for name in ("vdnn", "sc", "cswap", "vdnnpp"):
             assert by[name]["offloaded_per_step"] == 10 and "added_us_per_tensor" in by[name], by[name]
@@ -174,3 +174,28 @@ def test_the_lean_sketch_really_offloads_and_releases():
     assert hooks.stats["offloaded_tensors"] == 8 and hooks.stats["deduplicated"] == 6
     del loss, items
     assert sum(len(v) for v in hooks.pool.values()) == 4  # every buffer came back once its saves were gone
+
+
+def test_the_batched_sketch_really_offloads_in_groups():
+    """The `batched` provider copies whole groups out with one foreach copy, releases them,
+    and brings them back exactly, reusing the previous step's host tensors."""
+    bench = _load(BENCHMARKS / "overhead.py")
+    x = torch.randn(8, 16)
+    grads = []
+    for hooks in (None, bench.BatchedOffload(group=2)):
+        model = bench.chain(5, 16)
+        for _ in range(2):
+            model.zero_grad()
+            with hooks.hooks() if hooks else contextlib.nullcontext():
+                loss = model(x).sum()
+                if hooks:
+                    groups, tail = list(hooks.groups), hooks.pending
+                    assert len(groups) == 2 and len(tail.tensors) == 1  # 5 ReLU outputs: 2 + 2 copied, 1 left
+                    assert all(t.untyped_storage().nbytes() == 0 for g in groups for t in g.tensors)
+                    assert tail.tensors[0].untyped_storage().nbytes() > 0
+            loss.backward()
+            if hooks:
+                assert all(g.restored is not None and g.restored is not g.host for g in groups)
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    assert len(hooks.host) == 2  # the second step reused the first step's host tensors
