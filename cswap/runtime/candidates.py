@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["COMPILED_GRAPH", "KEEP", "SPARSE_PRODUCERS", "SwapInfo", "compiled_graph_inputs", "computed_inside",
+__all__ = ["COMPILED_GRAPH", "KEEP", "SPARSE_PRODUCERS", "SwapInfo", "activation_producer", "compiled_graph_inputs", "computed_inside",
            "input_storages", "is_activation", "is_compiled_function", "movable", "op_name", "producer"]
 
 # grad_fn names (without the trailing version digit) of ops whose outputs are
@@ -80,6 +80,17 @@ def producer(t: torch.Tensor) -> str | None:
         if base is not None:
             return base
     return _grad_fn_name(t)
+
+
+def activation_producer(t: torch.Tensor) -> tuple[bool, str | None]:
+    """(is_activation(t), producer(t)) from one look at t and its base (pack asks both)."""
+    if t._is_view():
+        base = t._base
+        if base is not None:
+            name = _grad_fn_name(base)
+            return (True, name) if name is not None else (False, _grad_fn_name(t))
+    name = _grad_fn_name(t)
+    return name is not None, name
 
 
 def is_activation(t: torch.Tensor) -> bool:

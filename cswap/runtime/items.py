@@ -55,8 +55,8 @@ def inverse(perm: list[int]) -> list[int]:
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of a contiguous tensor as a 1-D uint8 view."""
-    flat = t.reshape(-1)
+    """The bytes of a contiguous tensor as a 1-D uint8 view (view, not reshape: never a copy)."""
+    flat = t.view(-1)
     if flat.stride(0) != 1:  # one element with any stride is contiguous; byte views need stride 1
         flat = flat.as_strided(flat.shape, (1,))
     return flat.view(torch.uint8)

@@ -62,7 +62,8 @@ class Restorer:
     def unpack(self, handle: Handle, at: int | None = None) -> torch.Tensor:
         """The tensor back for backward (`at`: the profiler's stamp of this use, if timed)."""
         sw, item = self.sw, handle.item
-        sw.check_version(item)
+        if item.counter._version != item.version:  # (autograd's in-place check, which hooks turn off)
+            sw.check_version(item)
         if at is not None:
             sw.observer.on_unpack(item.key, at)
         if item.error is not None:  # a prefetch found its host copy corrupt
@@ -82,7 +83,8 @@ class Restorer:
                 sw.note_stall(dev, asked, item.h2d_done)
         with sw.lock:
             first, round_ = item.unpacked == 0, item.round
-            sw.uncount_prefetch(item)  # served now: no longer ahead of backward
+            if item.prefetch_counted:  # served now: no longer ahead of backward
+                sw.uncount_prefetch(item)
         if first:
             self.prefetch(item, round_)  # issue the next restores before checking this one
         if item.verdict_pending or self.unread:
@@ -96,7 +98,8 @@ class Restorer:
             if handle.served_round != item.round:
                 handle.served_round = item.round
                 item.unpacked += 1
-            sw.end_round_if_served(item)
+            if item.unpacked >= item.handles:
+                sw.end_round_if_served(item)
         return out if handle.view is None else out.as_strided(*handle.view)
 
     def prefetch(self, item: Item, round_: int) -> None:

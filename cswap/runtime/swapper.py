@@ -52,8 +52,8 @@ import torch
 from .. import codecs
 from ..codecs.base import WORD_DTYPES
 from . import emulator
-from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, compiled_graph_inputs, computed_inside, \
-    input_storages, is_activation, movable, op_name, producer
+from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, activation_producer, compiled_graph_inputs, \
+    computed_inside, input_storages, movable, op_name
 from .device import Device, device_of
 from .host_pool import HostPool
 from .items import Handle, Item, KeptByPolicy, Pass, dense_permutation, modified_error
@@ -312,15 +312,15 @@ class Swapper:
         """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t."""
         observer = self.observer
         self._release_completed()
-        held = held_for_backward(t)
-        incoming = dev.uncounted_bytes(t) if held and dev.observes else 0  # (the emulator counts a first save)
+        held = dev.observes and held_for_backward(t)  # (the emulator counts a first save)
+        incoming = dev.uncounted_bytes(t) if held else 0
         if at is not None:
             observer.on_tick(self._pass, dev, incoming)  # what the device holds, this tensor included
         if self.memory_limit is not None:
             limit = self.memory_limit()
             if limit is not None:
                 self._wait_within(limit - incoming, dev)
-        if held and dev.observes:
+        if held:
             dev.on_saved(t)
         op = self._candidate_op(t, dev, caller) if self.offloads else None
         if op is None:
@@ -338,7 +338,7 @@ class Swapper:
                                   "for testing and development")
         layer, layer_type, saved_in = self.layer(t, op)
         pass_ = self._pass
-        info = SwapInfo(op, tuple(t.shape), t.dtype, t.numel() * t.element_size(), t.device, layer, layer_type,
+        info = SwapInfo(op, tuple(t.shape), t.dtype, t.numel() * t.element_size(), dev.device, layer, layer_type,
                         pass_.candidates, saved_in)
         pass_.candidates += 1
         codec = self._choose_codec(info)
@@ -349,7 +349,7 @@ class Swapper:
             return t.detach(), t._version
         item = Item(t, info, codec, dense_permutation(t), pass_, dev)
         item.ready = dev.record_event(dev.compute_stream())
-        self.device, self.tensor_device = dev, t.device
+        self.device, self.tensor_device = dev, dev.device
         self._admit(item)
         self.offloader.offload(item)  # at once: an admitted item is always on its way (pack may raise below)
         pass_.items.append(item)
@@ -460,10 +460,12 @@ class Swapper:
         """The op that produced `t` when `t` is to be offloaded, else None. `t` is movable.
         `caller`: the frame that saved it (a compiled graph's saves count whatever
         `candidates` says: the graph hides which op made them)."""
-        if type(t) is Parameter or not _offloadable_dtype(t.dtype) or t.numel() == 0:
+        nbytes = t.numel() * t.element_size()
+        if type(t) is Parameter or nbytes == 0 or not _offloadable_dtype(t.dtype):
             return None
         floor = self._floor(dev.kind == "cuda")
-        if not is_activation(t):
+        activation, name = activation_producer(t)
+        if not activation:
             graph_inputs = compiled_graph_inputs(caller)
             if graph_inputs is None:
                 return None
@@ -472,17 +474,16 @@ class Swapper:
                 self._graph_inputs, self._input_storages = graph_inputs, input_storages(graph_inputs)
             # A compiled backward may assert its saved tensors' strides: only dense
             # ones, which come back with the same strides, leave the device.
-            compiled = t.numel() * t.element_size() >= floor and computed_inside(t, self._input_storages) and \
+            compiled = nbytes >= floor and computed_inside(t, self._input_storages) and \
                 dense_permutation(t) is not None
             return COMPILED_GRAPH if compiled else None
-        if t.numel() * t.element_size() < floor:
+        if nbytes < floor:
             return None
-        name = producer(t)
         if self.candidates == "all" or name in SPARSE_PRODUCERS:
             return op_name(name or "")
         if self.candidates == "auto":
             self._dense_seen[0] += 1
-            self._dense_seen[1] += t.numel() * t.element_size()
+            self._dense_seen[1] += nbytes
         return None
 
     def _choose_codec(self, info: SwapInfo) -> str | None:
