@@ -1374,6 +1374,30 @@ def test_host_pool_acquire_release_reuse(dev):
     assert pool.reserved_bytes == pool.idle_bytes == 0 and pool.peak_reserved_bytes == 3072
 
 
+def test_host_pool_keeps_typed_views_of_its_buffers_and_drops_them_with_them(dev):
+    """Copies in and out of a pooled buffer go through a view of its first bytes as the
+    tensor's dtype and shape, made once per buffer and kind; freeing the buffer frees them."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    pool = HostPool(1 << 20, pin_memory=True)
+    buf = pool.acquire(1000, dev)
+    view = pool.view(buf, torch.float32, torch.Size([10, 20]))
+    assert view.shape == (10, 20) and view.dtype == torch.float32 and view.data_ptr() == buf.data_ptr()
+    view.fill_(1.5)
+    assert torch.equal(buf[:800].view(torch.float32), torch.full((200,), 1.5))  # the buffer's own bytes
+    assert pool.view(buf, torch.float32, (10, 20)) is view  # made once
+    assert pool.view(buf, torch.int16, (8,)).shape == (8,) and pool.view(buf, torch.int16, (8,)) is not view
+    other = pool.acquire(1000, dev)
+    assert pool.view(other, torch.float32, (10, 20)).data_ptr() == other.data_ptr()  # each buffer its own
+    memory = StorageWeakRef(buf.untyped_storage())
+    pool.release(buf)
+    pool.release(other)
+    del buf, other, view
+    pool.clear()
+    gc.collect()
+    assert memory.expired()  # the cached views did not keep the freed buffer's memory
+
+
 def test_host_pool_counts_what_pinning_really_holds_and_gives_it_back(dev):
     """F9: PyTorch's host allocator pins a power of two per request and caches freed
     blocks; the pool counts exactly what is pinned, and trimming really unpins."""

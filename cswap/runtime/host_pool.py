@@ -28,6 +28,7 @@ device, hence once an epoch rather than per iteration.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import defaultdict
 from typing import Callable
@@ -37,6 +38,7 @@ import torch
 __all__ = ["HostPool", "size_class"]
 
 _REUSE_UP_TO = 4  # an idle buffer serves requests down to a quarter of its size
+_VIEWS_PER_BUFFER = 8
 
 
 def size_class(nbytes: int) -> int:
@@ -80,6 +82,9 @@ class HostPool:
         self.peak_reserved_bytes = 0
         self.allocations = 0         # buffers created (pinned allocations made)
         self._used: set[int] = set()  # data_ptr of buffers acquired since the last trim_idle
+        # data_ptr of a buffer -> {(dtype, shape): a view of its first bytes}. (An address, not id(): a
+        # view holds its buffer's memory, so no other buffer can be given that address meanwhile.)
+        self._views: dict[int, dict] = {}
 
     @property
     def idle_bytes(self) -> int:
@@ -130,6 +135,21 @@ class HostPool:
             fit <<= 1
         return None
 
+    def view(self, buf: torch.Tensor, dtype: torch.dtype, shape) -> torch.Tensor:
+        """buf's first bytes as a tensor of `dtype` and `shape`, made once per buffer and
+        kind and kept with it: a copy between a pooled buffer and a tensor needs no new
+        views each step (a network saves the same shapes every pass)."""
+        key = (dtype, tuple(shape))
+        address = buf.data_ptr()
+        views = self._views.get(address)
+        if views is None or len(views) >= _VIEWS_PER_BUFFER:  # (shapes that change every pass start over)
+            views = self._views[address] = {}
+        view = views.get(key)
+        if view is None:
+            nbytes = dtype.itemsize * math.prod(key[1])
+            view = views[key] = buf[:nbytes].view(dtype).view(key[1])
+        return view
+
     def release(self, buf: torch.Tensor, event=None, dev=None) -> None:
         with self._lock:
             self._free[buf.numel()].append((buf, event, dev))
@@ -177,6 +197,7 @@ class HostPool:
             for buf, event, dev in self._free[cls]:
                 if select(buf) and _idle(event, dev):
                     self.reserved_bytes -= cls
+                    self._views.pop(buf.data_ptr(), None)  # (they hold the buffer's memory)
                 else:
                     keep.append((buf, event, dev))
             self._free[cls] = keep

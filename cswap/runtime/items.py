@@ -171,6 +171,11 @@ class Item:
     def key(self) -> str:
         return self.info.key
 
+    def dense_src(self) -> torch.Tensor:
+        """The dense tensor in memory order: itself, or permuted to be contiguous (no copy)."""
+        src = self.src
+        return src if src.is_contiguous() else src.permute(self.perm)
+
     def flat_src(self) -> torch.Tensor:
         """The dense tensor's bytes in memory order, as a 1-D uint8 view (no copy)."""
         src = self.src

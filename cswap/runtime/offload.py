@@ -157,7 +157,7 @@ class Offloader:
             if host is not None:
                 item.issued = ISSUED
                 try:
-                    self._send(item, item.flat_src(), None, host)
+                    self._send(item, item.dense_src(), None, host)
                 except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
                     sw.fail(exc, item)
                 self.settle(item)
@@ -292,20 +292,22 @@ class Offloader:
         """Queue the copy of [header] data into `host` on the D2H stream, after
         `data_ready` (a preparation) or else the item's ready event."""
         sw, dev = self.sw, item.device
-        sent = data.numel() + (header.header_nbytes if header is not None else 0)
+        nbytes = data.numel() * data.element_size()
+        sent = nbytes + (header.header_nbytes if header is not None else 0)
         tail = tail_offset(sent)
-        offset = 0
         if header is not None:  # written here on the host: no copy, no stream sync for it
             raw = header.to_bytes()
             dev.host_access(host[: len(raw)], write=True)
             host[: len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-            offset = len(raw)
+            dst = host[len(raw): sent]
+        else:  # raw: the tensor's own dtype and shape (or its bytes), a view the pool keeps
+            dst = sw.pool.view(host, data.dtype, data.shape)
         d2h = dev.side_stream("d2h")
         if data_ready is not None:
             dev.wait_event(d2h, data_ready, at="offload.copy_after_compress")
         else:
             dev.wait_event(d2h, item.ready, at="offload.copy_after_ready")
-        dev.copy(host[offset: offset + data.numel()], data, d2h)
+        dev.copy(dst, data, d2h)
         if sw.checksum:  # of the bytes sent, taken on the device before they leave
             total = dev.empty(8, d2h)
             dev.launch(d2h, lambda: total.view(torch.int64).copy_(integrity.checksum(data).view(1)),

@@ -205,6 +205,7 @@ class Restorer:
         perm = item.perm
         shape = info.shape if perm is None or is_identity(perm) else [info.shape[p] for p in perm]
         y_bytes = dev.empty(info.nbytes, compute)  # where backward uses and frees it
+        y = None  # y_bytes as the saved tensor's dtype and (permuted) shape
         dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
         if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer
             try:
@@ -240,7 +241,8 @@ class Restorer:
             dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
             item.verdict_pending = True
         else:
-            dev.copy(y_bytes, host[: info.nbytes], h2d)
+            y = y_bytes.view(info.dtype).view(shape)  # (copied typed: the pool keeps its host view)
+            dev.copy(y, sw.pool.view(host, info.dtype, shape), h2d)
             if sw.checksum:
                 verdict = dev.empty(16, h2d)
 
@@ -254,7 +256,8 @@ class Restorer:
                 item.verdict_pending = True
         dev.record_stream(y_bytes, h2d, at="restore.record_restored")
         item.h2d_done = item.last_read = dev.record_event(h2d, timing=True)
-        y = y_bytes.view(info.dtype).view(shape)
+        if y is None:
+            y = y_bytes.view(info.dtype).view(shape)
         return restore_strides(y, item.perm, item.stride) if item.perm is not None else y
 
     # -- integrity ------------------------------------------------------------------------
