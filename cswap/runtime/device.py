@@ -126,6 +126,11 @@ class Device:
         """A 1-D uint8 device buffer, allocated for use on `stream`."""
         raise NotImplementedError
 
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream) -> torch.Tensor:
+        """A contiguous device tensor of `dtype` and `shape` (`nbytes` in all), allocated for
+        use on `stream`: `empty`'s bytes, as that tensor."""
+        return self.empty(nbytes, stream).view(dtype).view(shape)
+
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         """A 1-D uint8 host buffer for copies (pinned, or pageable). PyTorch's caching host
         allocator pins a power of two for any request (ATen/core/CachingHostAllocator.h,
@@ -273,6 +278,10 @@ class CudaDevice(Device):
     def empty(self, nbytes: int, stream) -> torch.Tensor:
         with _Current(self.index, stream):
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream) -> torch.Tensor:
+        with _Current(self.index, stream):  # (one allocation, no views)
+            return torch.empty(shape, dtype=dtype, device=self.device)
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         with _Current(self.index, None):  # pinning registers the memory with the current device's context

@@ -109,6 +109,9 @@ class ImmediateDevice(Device):
     def empty(self, nbytes: int, stream) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype)
+
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 

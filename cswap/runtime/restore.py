@@ -204,8 +204,8 @@ class Restorer:
         compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
         perm = item.perm
         shape = info.shape if perm is None or is_identity(perm) else [info.shape[p] for p in perm]
-        y_bytes = dev.empty(info.nbytes, compute)  # where backward uses and frees it
-        y = None  # y_bytes as the saved tensor's dtype and (permuted) shape
+        y = dev.empty_as(info.nbytes, info.dtype, shape, compute)  # where backward uses and frees it
+        y_bytes = flat_bytes(y) if blob is not None or item.header is not None or sw.checksum else None
         dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
         if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer
             try:
@@ -241,8 +241,7 @@ class Restorer:
             dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
             item.verdict_pending = True
         else:
-            y = y_bytes.view(info.dtype).view(shape)  # (copied typed: the pool keeps its host view)
-            dev.copy(y, sw.pool.view(host, info.dtype, shape), h2d)
+            dev.copy(y, sw.pool.view(host, info.dtype, shape), h2d)  # (typed: the pool keeps its host view)
             if sw.checksum:
                 verdict = dev.empty(16, h2d)
 
@@ -254,10 +253,8 @@ class Restorer:
                 dev.launch(h2d, check, reads=[y_bytes], writes=[verdict])
                 dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
                 item.verdict_pending = True
-        dev.record_stream(y_bytes, h2d, at="restore.record_restored")
+        dev.record_stream(y, h2d, at="restore.record_restored")
         item.h2d_done = item.last_read = dev.record_event(h2d, timing=True)
-        if y is None:
-            y = y_bytes.view(info.dtype).view(shape)
         return restore_strides(y, item.perm, item.stride) if item.perm is not None else y
 
     # -- integrity ------------------------------------------------------------------------
