@@ -192,8 +192,8 @@ def test_restored_tensors_live_on_the_compute_stream():
     restorer = swapper_of(model).restorer
     copy_in, streams = restorer._copy_in, []
 
-    def recording_copy_in(item, blob, host):
-        y = copy_in(item, blob, host)
+    def recording_copy_in(item, blob, host, timing):
+        y = copy_in(item, blob, host, timing)
         streams.append(dev._track(y).stream.name)  # the stream the restored tensor's memory belongs to
         return y
 
@@ -295,6 +295,41 @@ def test_first_unpack_is_served_from_the_device_without_a_host_sync():
         cswap.unpatch(model)
 
 
+def test_on_demand_restores_are_timed_and_prefetches_are_not():
+    """A restore backward waits for is timed (prefetch_stall_s, from events: no sync to time
+    it); a prefetch's copy-in event is recorded without timing (CUDA's timing events cost
+    more, and nothing times it). The emulator, as CUDA, refuses to time untimed events."""
+    make, shape = nets.MODELS["vgg"]
+    for prefetch in (0, 1 << 30):
+        model = cswap.patch(make(), mode="vdnn", min_bytes=0, prefetch_bytes=prefetch)
+        timings = []
+        restorer = swapper_of(model).restorer
+        copy_in = restorer._copy_in
+
+        def recording_copy_in(item, blob, host, timing):
+            timings.append(timing)
+            return copy_in(item, blob, host, timing)
+
+        restorer._copy_in = recording_copy_in
+        try:
+            with cswap.testing.emulated_device(bandwidth_gbps=0.05) as dev:
+                for x, y in nets.batches(shape, 2):
+                    gradients(model, x, y)
+                swapper_of(model).synchronize()
+            s = cswap.stats(model)
+            assert timings.count(True) == s["on_demand"] > 0 and s["prefetch_stall_s"] > 0, (timings, s)
+            assert timings.count(False) == s["prefetched"] and (s["prefetched"] > 0) == (prefetch > 0), (timings, s)
+        finally:
+            cswap.unpatch(model)
+    with cswap.testing.emulated_device() as dev:
+        untimed = dev.record_event(dev.compute_stream())
+        timed = dev.record_event(dev.compute_stream(), timing=True)
+        dev.synchronize()
+        with pytest.raises(RuntimeError, match="timing=True"):
+            dev.elapsed_s(untimed, timed)
+        assert dev.elapsed_s(timed, dev.record_event(dev.compute_stream(), timing=True)) >= 0
+
+
 def test_compression_of_one_tensor_overlaps_the_copy_of_the_previous():
     """F4. Compression runs on its own stream, its output size read back there: it does
     not wait for the copy out of the previous tensor, and no header crosses the link."""
@@ -339,9 +374,9 @@ def test_prefetch_is_issued_before_the_item_is_checked():
     events = []
     restore, verify = restorer.restore, restorer.verify
 
-    def logged_restore(item):
+    def logged_restore(item, timing=False):
         events.append(("restore", item.index))
-        return restore(item)
+        return restore(item, timing)
 
     def logged_verify(item):
         if item.verdict_pending:

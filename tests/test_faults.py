@@ -183,12 +183,12 @@ def inject_oom(monkeypatch, model, fail):
     calls = []
     original = restorer._copy_in
 
-    def copy_in(item, blob, host):
+    def copy_in(item, blob, host, timing):
         failed = fail(len(calls), item)
         calls.append((len(calls), item, failed))
         if failed:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return original(item, blob, host)
+        return original(item, blob, host, timing)
 
     monkeypatch.setattr(restorer, "_copy_in", copy_in)
     return calls

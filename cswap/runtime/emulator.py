@@ -117,10 +117,10 @@ class EmulatedStream:
 class EmulatedEvent:
     """An event: done once its stream reached it; carries the stream's clock and error."""
 
-    __slots__ = ("dev", "stream", "vc", "done", "time", "error")
+    __slots__ = ("dev", "stream", "vc", "done", "time", "error", "timing")
 
-    def __init__(self, dev: "EmulatedDevice", stream: EmulatedStream):
-        self.dev, self.stream = dev, stream
+    def __init__(self, dev: "EmulatedDevice", stream: EmulatedStream, timing: bool = False):
+        self.dev, self.stream, self.timing = dev, stream, timing
         self.vc = _Clock()
         self.done = threading.Event()
         self.time: float | None = None
@@ -326,7 +326,7 @@ class EmulatedDevice(Device):
         return self.host_vc[HOST]
 
     def record_event(self, stream: EmulatedStream, timing: bool = False) -> EmulatedEvent:
-        event = EmulatedEvent(self, stream)
+        event = EmulatedEvent(self, stream, timing)
         with self._lock:
             if stream.caller or self._closed:  # (closed: everything has completed)
                 self._tick(stream)
@@ -393,6 +393,9 @@ class EmulatedDevice(Device):
             self.waits.append((at, start, end, event.time, "host" if merge else "compute"))
 
     def elapsed_s(self, start: EmulatedEvent, end: EmulatedEvent) -> float | None:
+        if not (start.timing and end.timing):  # as CUDA's elapsed_time refuses
+            raise RuntimeError("cswap emulated device: elapsed time between events needs both recorded with "
+                               "timing=True")
         if not (start.done.is_set() and end.done.is_set()):
             return None
         return end.time - start.time

@@ -150,13 +150,13 @@ class Restorer:
         restores backward has not used yet (their host copies stay), wait for the
         copies out still in flight to release their tensors, and retry once."""
         try:
-            return self.restore(item)
+            return self.restore(item, timing=True)
         except torch.OutOfMemoryError:
             self.sw.stats.add("oom_retries")
             self.drop_unused_prefetches(item)
             self.sw.synchronize()  # and tensors still being copied out leave the device first
             try:
-                return self.restore(item)
+                return self.restore(item, timing=True)
             except torch.OutOfMemoryError as exc:
                 raise torch.OutOfMemoryError(
                     f"cswap: restoring the {item.info.nbytes / MiB:.1f} MiB {item.info.op} output of "
@@ -173,9 +173,10 @@ class Restorer:
                     if not other.verdict_unread:  # (an earlier round's verdict, unread, still needs the buffer)
                         other.verdict_pending = False
 
-    def restore(self, item: Item) -> bool:
+    def restore(self, item: Item, timing: bool = False) -> bool:
         """Bring the item back into item.restored (asynchronously); False when no copy
-        was needed (kept on the device, or still there)."""
+        was needed (kept on the device, or still there). `timing`: its copy-in event can be
+        timed (an on-demand restore's stall is measured; CUDA's timing events cost more)."""
         sw = self.sw
         if not item.issued.is_set():  # (pack copied it itself, or the worker did already: no wait)
             item.issued.wait()  # the worker sets it whatever happens, even when it stops
@@ -192,14 +193,14 @@ class Restorer:
             blob, host = item.host_blob, item.host
             item.busy = True  # vdnnpp's host compression leaves this buffer alone for now
         try:
-            y = self._copy_in(item, blob, host)
+            y = self._copy_in(item, blob, host, timing)
         finally:
             item.busy = False
         item.restored = y
         sw.stats.add("restored_tensors")
         return True
 
-    def _copy_in(self, item: Item, blob, host: torch.Tensor) -> torch.Tensor:
+    def _copy_in(self, item: Item, blob, host: torch.Tensor, timing: bool) -> torch.Tensor:
         sw, dev, info = self.sw, item.device, item.info
         compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
         perm = item.perm
@@ -254,7 +255,7 @@ class Restorer:
                 dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
                 item.verdict_pending = True
         dev.record_stream(y, h2d, at="restore.record_restored")
-        item.h2d_done = item.last_read = dev.record_event(h2d, timing=True)
+        item.h2d_done = item.last_read = dev.record_event(h2d, timing=timing)
         return restore_strides(y, item.perm, item.stride) if item.perm is not None else y
 
     # -- integrity ------------------------------------------------------------------------
