@@ -755,6 +755,7 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     dev.copy(Buffer(), None, stream)
     dev.empty(16, stream)
     dev.empty_as(64, torch.float32, (4, 4), stream)
+    assert dev.nothing is dev.nothing  # (made once, on the thread that first releases a tensor)
     dev.host_empty(16, pinned=True)
     dev.empty_host_cache()
     dev.launch(stream, noting("launch"))
@@ -768,7 +769,7 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     names = [name for name, *_ in calls]
     for expected in ("Stream", "copy_", "empty", "empty_host_cache", "launch", "call", "warm_up"):
         assert expected in names, (expected, names)
-    assert names.count("empty") == 3  # empty, empty_as, host_empty
+    assert names.count("empty") == 4  # empty, empty_as, nothing, host_empty
     assert all(device == 1 for _, device, _ in calls), calls
     on_stream = {name: sid for name, _, sid in calls if name in ("copy_", "launch", "call")}
     assert on_stream == {"copy_": 5, "launch": 5, "call": 5}, on_stream  # on the side stream, not the default

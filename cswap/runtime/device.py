@@ -279,6 +279,11 @@ class CudaDevice(Device):
         with _Current(self.index, stream):
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
+    @functools.cached_property
+    def nothing(self) -> torch.Tensor:
+        with _Current(self.index, None):  # (made on whichever thread releases first)
+            return torch.empty(0, device=self.device)
+
     def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream) -> torch.Tensor:
         with _Current(self.index, stream):  # (one allocation, no views)
             return torch.empty(shape, dtype=dtype, device=self.device)
