@@ -311,7 +311,8 @@ class BatchedOffload:
         key = (len(self.groups), tuple(group.shapes))
         host = self.host.get(key)
         if host is None:
-            host = self.host[key] = [torch.empty(shape, dtype=dtype, pin_memory=self.pin) for shape, dtype in group.shapes]
+            host = self.host[key] = [torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+                                     for shape, dtype in group.shapes]
         torch._foreach_copy_(host, group.tensors, non_blocking=self.pin)
         group.host = host
         for tensor in group.tensors:  # released: the memory goes, the version counters stay (stream-ordered)

@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["COMPILED_GRAPH", "KEEP", "SPARSE_PRODUCERS", "SwapInfo", "activation_producer", "compiled_graph_inputs", "computed_inside",
-           "input_storages", "is_activation", "is_compiled_function", "movable", "op_name", "producer"]
+__all__ = ["COMPILED_GRAPH", "KEEP", "SPARSE_PRODUCERS", "SwapInfo", "activation_producer", "compiled_graph_inputs",
+           "computed_inside", "input_storages", "is_activation", "is_compiled_function", "movable", "op_name",
+           "producer"]
 
 # grad_fn names (without the trailing version digit) of ops whose outputs are
 # sparse: the ReLU family (relu6 dispatches to hardtanh) and pooling.

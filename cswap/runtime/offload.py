@@ -299,7 +299,7 @@ class Offloader:
             raw = header.to_bytes()
             dev.host_access(host[: len(raw)], write=True)
             host[: len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-            dst = host[len(raw): sent]
+            dst = host[len(raw): len(raw) + nbytes]
         else:  # raw: the tensor's own dtype and shape (or its bytes), a view the pool keeps
             dst = sw.pool.view(host, data.dtype, data.shape)
         d2h = dev.side_stream("d2h")
