@@ -147,6 +147,17 @@ class MinimalOffload:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
+def _in_place_check(tensor: torch.Tensor, version: int) -> None:
+    if tensor._version != version:
+        raise RuntimeError("a saved tensor was modified in place")
+
+
+def _kept(packed: tuple) -> torch.Tensor:
+    """The sketches' unpack of a tensor their pack kept, as (tensor, version)."""
+    _in_place_check(*packed)
+    return packed[0]
+
+
 class _LeanItem:
     __slots__ = ("info", "src", "counter", "version", "ready", "host", "done", "restored", "h2d", "index",
                  "handles")
@@ -234,13 +245,9 @@ class LeanOffload:
 
     def unpack(self, packed):
         if type(packed) is tuple:
-            t, version = packed
-            if t._version != version:
-                raise RuntimeError("a saved tensor was modified in place")
-            return t
+            return _kept(packed)
         item = packed.item
-        if item.counter._version != item.version:
-            raise RuntimeError("a saved tensor was modified in place")
+        _in_place_check(item.counter, item.version)
         dev = device_of(item.counter)
         if item.restored is None:
             if item.src is not None:  # (the copy has not completed: served from the device)
@@ -322,12 +329,8 @@ class BatchedOffload:
 
     def unpack(self, packed):
         if type(packed) is tuple:
-            t, version = packed
-            if t._version != version:
-                raise RuntimeError("a saved tensor was modified in place")
-            return t
-        if packed.counter._version != packed.version:
-            raise RuntimeError("a saved tensor was modified in place")
+            return _kept(packed)
+        _in_place_check(packed.counter, packed.version)
         group = packed.group
         if group.restored is None:
             if group.host is None:  # the last, partial group of forward: still on the device
