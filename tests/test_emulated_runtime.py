@@ -317,8 +317,11 @@ def test_on_demand_restores_are_timed_and_prefetches_are_not():
                     gradients(model, x, y)
                 swapper_of(model).synchronize()
             s = cswap.stats(model)
-            assert timings.count(True) == s["on_demand"] > 0 and s["prefetch_stall_s"] > 0, (timings, s)
-            assert timings.count(False) == s["prefetched"] and (s["prefetched"] > 0) == (prefetch > 0), (timings, s)
+            assert timings.count(True) == s["on_demand"] and timings.count(False) == s["prefetched"], (timings, s)
+            if prefetch == 0:  # every restore on demand, each stall timed
+                assert s["on_demand"] > 0 and s["prefetch_stall_s"] > 0 and s["prefetched"] == 0, (timings, s)
+            else:  # (whether backward's first use still finds its tensor on the device depends on the threads)
+                assert s["prefetched"] > 0, (timings, s)
         finally:
             cswap.unpatch(model)
     with cswap.testing.emulated_device() as dev:
