@@ -73,16 +73,6 @@ def op_name(grad_fn_name: str) -> str:
     return _CAMEL.sub("_", name).lower()
 
 
-def producer(t: torch.Tensor) -> str | None:
-    """The op that produced `t` ("ReluBackward", ...), looking through views to the
-    base; None for leaves (parameters, buffers, inputs) and tensors outside autograd."""
-    if t._is_view() and t._base is not None:
-        base = _grad_fn_name(t._base)
-        if base is not None:
-            return base
-    return _grad_fn_name(t)
-
-
 def activation_producer(t: torch.Tensor) -> tuple[bool, str | None]:
     """(is_activation(t), producer(t)) from one look at t and its base (pack asks both)."""
     if t._is_view():
@@ -94,12 +84,16 @@ def activation_producer(t: torch.Tensor) -> tuple[bool, str | None]:
     return name is not None, name
 
 
+def producer(t: torch.Tensor) -> str | None:
+    """The op that produced `t` ("ReluBackward", ...), looking through views to the
+    base; None for leaves (parameters, buffers, inputs) and tensors outside autograd."""
+    return activation_producer(t)[1]
+
+
 def is_activation(t: torch.Tensor) -> bool:
     """An output of a differentiable op: never a parameter, buffer or input, nor a
     view of one (linear saves weight.t(), which has a grad_fn of its own)."""
-    if t._is_view() and t._base is not None:
-        return t._base.grad_fn is not None
-    return t.grad_fn is not None
+    return activation_producer(t)[0]
 
 
 # The two frames that call the pack hook for a compiled graph (see compiled_graph_inputs).

@@ -36,7 +36,7 @@ def dense_permutation(t: torch.Tensor) -> list[int] | None:
 
 
 def is_identity(perm: list[int]) -> bool:
-    return perm is _IDENTITY.get(len(perm)) or perm == _identity(len(perm))
+    return perm == _identity(len(perm))  # (a contiguous tensor's is that very list: equal at once)
 
 
 def restore_strides(y: torch.Tensor, perm: list[int], stride: tuple[int, ...]) -> torch.Tensor:
@@ -179,8 +179,7 @@ class Item:
 
     def flat_src(self) -> torch.Tensor:
         """The dense tensor's bytes in memory order, as a 1-D uint8 view (no copy)."""
-        src = self.src
-        return flat_bytes(src if src.is_contiguous() else src.permute(self.perm))
+        return flat_bytes(self.dense_src())
 
 
 class Handle:
