@@ -26,6 +26,7 @@ from cswap.models import build
 from cswap.patch import _PATCHED
 from cswap.runtime import sync
 from cswap.runtime.device import CudaDevice
+from cswap.runtime.items import Handle
 from emulated import MODES, NETS, SLOW, exact, gradients
 
 # cswap's own warnings are errors here: a fallback that only warns would hide a failure.
@@ -609,6 +610,137 @@ def test_warning_raised_in_the_background_reaches_the_training_step():
         assert isinstance(error, RuntimeWarning) and "host memory limit" in str(error)
     finally:
         cswap.unpatch(model)
+
+
+# -- raw copies out in groups (issue 26) --------------------------------------------------------------------------
+
+def _relu_chain(layers: int) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())])
+
+
+def _chain_gradients(model, x) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model(x).square().sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def _spy_groups(dev) -> list[int]:
+    """The sizes of the groups of copies the device is given, as they come."""
+    sizes, copy_all = [], dev.copy_all
+
+    def spy(dsts, srcs, stream):
+        sizes.append(len(dsts))
+        copy_all(dsts, srcs, stream)
+
+    dev.copy_all = spy
+    return sizes
+
+
+@pytest.mark.parametrize("layers, stash_bytes, largest", [(6, 1 << 20, 6), (20, 1 << 20, 16), (6, 3 * 256, 2)])
+def test_raw_copies_out_go_in_groups_bounded_by_count_and_half_the_stash(layers, stash_bytes, largest):
+    """Once the host pool has buffers to reuse (the second step on), pack queues the
+    raw copies out of consecutive saves together: one ready event, one copy call and one
+    completion event per group of at most 16 tensors and half the stash limit's bytes
+    (each ReLU output here is 256 bytes); forward's end sends the last one."""
+    stock, model = _relu_chain(layers), cswap.patch(_relu_chain(layers), mode="vdnn", min_bytes=0,
+                                                     stash_bytes=stash_bytes)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+            sizes = _spy_groups(dev)
+            for _ in range(3):
+                got = _chain_gradients(model, x)
+                dev.synchronize()  # (the first step's buffers are idle for the next)
+            offloaded = cswap.stats(model)["offloaded_tensors"]
+        assert dev.hazards == []
+    finally:
+        cswap.unpatch(model)
+    assert exact(got, _chain_gradients(stock, x))
+    assert offloaded == 3 * layers
+    assert sum(sizes) == 2 * layers, sizes  # the first step allocated its buffers: one by one, on the worker
+    assert max(sizes) == largest, sizes
+
+
+def test_a_wait_for_a_tensor_in_the_open_group_sends_the_group():
+    """What waits for a copy out (synchronize, a restore during forward) sends the open
+    group first rather than wait for ever: mid-forward, each returns and values are exact."""
+    stock, model = _relu_chain(6), cswap.patch(_relu_chain(6), mode="vdnn", min_bytes=0, stash_bytes=1 << 20)
+    sw = swapper_of(model)
+    x = torch.randn(4, 16)
+    seen = []
+
+    def mid_forward(module, inputs, output):
+        group = sw.offloader._group
+        if group is None:  # (the first step: no buffers to reuse yet)
+            return
+        first = group.items[0]
+        if len(seen) == 0:  # the second step: synchronize
+            sw.synchronize()
+            seen.append(("synchronize", len(group.items), len(sw.inflight)))
+        else:  # the third: a use of a tensor not yet sent
+            restored = sw.unpack(Handle(first, sw))
+            seen.append(("unpack", len(group.items), torch.equal(restored, first.counter)))
+
+    model[7].register_forward_hook(mid_forward)  # the fourth ReLU
+    try:
+        with cswap.testing.emulated_device(**SLOW) as dev:
+            for _ in range(3):
+                box = {}
+                assert within(30, lambda: box.update(got=_chain_gradients(model, x))) is None
+                dev.synchronize()
+        assert dev.hazards == []
+    finally:
+        cswap.unpatch(model)
+    assert exact(box["got"], _chain_gradients(stock, x))
+    assert seen == [("synchronize", 4, 0), ("unpack", 4, True)], seen
+
+
+def test_a_failed_group_copy_fails_each_of_its_tensors(monkeypatch):
+    """The copy of a group fails (its one completion event carries the failure): every
+    tensor of the group is marked failed, not only the one whose event was queried, so
+    none is restored from a host copy that was never made. (The immediate device, CPU
+    tensors' default: the group's event is complete, and found failed, as it is sent.)"""
+    from cswap.runtime.immediate import ImmediateDevice
+
+    model = cswap.patch(_relu_chain(6), mode="vdnn", min_bytes=0, stash_bytes=1 << 20)
+    sw = swapper_of(model)
+    x = torch.randn(4, 16)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (offloading CPU tensors saves no memory: said once)
+            _chain_gradients(model, x)
+
+            failed = []  # the events recorded after a group's copy: they carry its failure
+            copy_all, record_event, event_query = (ImmediateDevice.copy_all, ImmediateDevice.record_event,
+                                                   ImmediateDevice.event_query)
+
+            def failing_copy_all(self, dsts, srcs, stream):
+                failed.append(None)
+                copy_all(self, dsts, srcs, stream)
+
+            def record(self, stream, timing=False):
+                event = record_event(self, stream, timing)
+                if failed and failed[-1] is None:
+                    failed[-1] = event
+                return event
+
+            def query(self, event, at):
+                if any(event is f for f in failed):
+                    raise RuntimeError("link down")
+                return event_query(self, event, at)
+
+            monkeypatch.setattr(ImmediateDevice, "copy_all", failing_copy_all)
+            monkeypatch.setattr(ImmediateDevice, "record_event", record)
+            monkeypatch.setattr(ImmediateDevice, "event_query", query)
+            with pytest.raises(RuntimeError, match="link down"):
+                _chain_gradients(model, x)
+            items = list(sw._pass.items)
+    finally:
+        monkeypatch.undo()
+        cswap.unpatch(model)
+    assert len(items) == 6 and len({id(item.d2h_done) for item in items}) == 1  # one group
+    assert all(item.failure is not None for item in items), [item.failure for item in items]
 
 
 # -- F9: the host pool's count is what is pinned ------------------------------------------------------------------

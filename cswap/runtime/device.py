@@ -111,6 +111,11 @@ class Device:
         """Copy src into dst (same number of bytes) asynchronously on `stream`."""
         raise NotImplementedError
 
+    def copy_all(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream) -> None:
+        """`copy` for each pair, in order (CUDA: one foreach call queues them all)."""
+        for dst, src in zip(dsts, srcs):
+            self.copy(dst, src, stream)
+
     def launch(self, stream, fn: Callable[[], object], reads=(), writes=()) -> None:
         """Run device work `fn` on `stream` asynchronously; `reads`/`writes`: the tensors it touches."""
         raise NotImplementedError
@@ -266,6 +271,10 @@ class CudaDevice(Device):
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
         with _Current(self.index, stream):
             dst.copy_(src, non_blocking=True)
+
+    def copy_all(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream) -> None:
+        with _Current(self.index, stream):
+            torch._foreach_copy_(dsts, srcs, non_blocking=True)
 
     def launch(self, stream, fn, reads=(), writes=()) -> None:
         with _Current(self.index, stream):

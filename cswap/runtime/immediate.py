@@ -99,6 +99,9 @@ class ImmediateDevice(Device):
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
         dst.copy_(src)
 
+    def copy_all(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream) -> None:
+        torch._foreach_copy_(dsts, srcs)
+
     def launch(self, stream, fn, reads=(), writes=()) -> None:
         fn()
 

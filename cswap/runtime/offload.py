@@ -1,12 +1,18 @@
 """Copy out and release: the offload worker and the releaser.
 
 A dense tensor sent raw, when the host pool has an idle pinned buffer for it
-(every step after the first), is copied out by pack itself: the training thread
-queues the copy on the D2H stream (three calls to the device) and hands the
-item to nobody, since a hand-off costs the training thread more than the
-calls. Its release follows below. Everything else goes to the worker thread,
-so forward never waits for a compression, a pinned allocation or a copy
-(unless the bytes in flight reached the stash limit). Per item the worker:
+(every step after the first), is copied out by pack itself, and hands the item
+to nobody, since a hand-off costs the training thread more than the calls.
+Consecutive such saves form a group (at most GROUP_TENSORS tensors and half the
+stash limit's bytes) whose copies are queued together when it is full: one
+ready event on compute, one copy call on the D2H stream (a foreach copy on
+CUDA), one completion event shared by its items, and their release together.
+Whatever must wait for one of its items (the stash limit, synchronize, a
+restore during forward), forward's end, and a save that goes another way send
+the open group first. The profiled pass and a memory budget, which count each
+tensor's own copy, send each tensor alone. Everything else goes to the worker
+thread, so forward never waits for a compression, a pinned allocation or a
+copy (unless the bytes in flight reached the stash limit). Per item the worker:
 
   1. prepares the bytes to send, on the compression stream after the item's
      ready event: the codec's payload (a codec reads its output size back on
@@ -57,6 +63,7 @@ from .items import ISSUED, Item, drop_storage, flat_bytes
 __all__ = ["Offloader"]
 
 _STOP = object()
+GROUP_TENSORS = 16  # raw copies out queued together: at most this many (and half the stash limit's bytes)
 _TAIL = 24  # after the data, 8-byte aligned: the checksum of the bytes sent, then the restore's verdict (2 x int64)
 
 
@@ -135,11 +142,25 @@ def _release(swapper_ref, done: queue.SimpleQueue) -> None:
         item = swapper = None
 
 
+class _Group:
+    """Raw copies out queued together (the open group's items, their host buffers, the
+    dense tensors to send and the typed host views they go to)."""
+
+    __slots__ = ("device", "stream", "max_bytes", "issued", "items", "hosts", "srcs", "dsts", "nbytes")
+
+    def __init__(self, device, stream, max_bytes: int):
+        self.device, self.stream, self.max_bytes = device, stream, max_bytes
+        self.issued = threading.Event()  # the items' `issued`: set once their copies are queued
+        self.items, self.hosts, self.srcs, self.dsts = [], [], [], []
+        self.nbytes = 0
+
+
 class Offloader:
     """The copy-out half of a Swapper (see the module docstring)."""
 
     def __init__(self, swapper):
         self.sw = swapper
+        self._group: _Group | None = None  # raw copies out not yet queued (the training thread's)
         self._jobs: _Jobs | None = None
         self._done: queue.SimpleQueue | None = None
         self._threads: list[threading.Thread] = []
@@ -147,14 +168,20 @@ class Offloader:
 
     # -- threads ----------------------------------------------------------------------------
 
-    def offload(self, item: Item) -> None:
-        """Start the item's copy out (see the module docstring): here, for a dense
-        tensor sent raw with an idle host buffer for it, else on the worker."""
+    def offload(self, item: Item, grouped: bool) -> None:
+        """Start the item's copy out (see the module docstring): a dense tensor sent raw
+        with an idle host buffer for it joins the open group (`grouped`) or is copied
+        here; anything else goes to the worker."""
         sw = self.sw
         if item.codec is None and item.perm is not None and not sw.checksum and sw.pool.pinned:
             # (from pageable memory a copy blocks its caller until done: the worker's job)
             host = sw.pool.acquire(item.info.nbytes, item.device, allocate=False)
             if host is not None:
+                if grouped:
+                    self._join(item, host)
+                    return
+                self.flush()  # (the copy stream completes copies in the order of the stash)
+                item.ready = item.device.record_event(item.device.compute_stream())
                 item.issued = ISSUED
                 try:
                     self._send(item, item.dense_src(), None, host)
@@ -162,8 +189,71 @@ class Offloader:
                     sw.fail(exc, item)
                 self.settle(item)
                 return
+        self.flush()
+        item.ready = item.device.record_event(item.device.compute_stream())
         item.issued = threading.Event()
         self._running().put_job(item)
+
+    # -- groups: raw copies out queued together ---------------------------------------------
+
+    def _join(self, item: Item, host: torch.Tensor) -> None:
+        """Add the item to the open group (a new one if none is open, or if the item comes
+        from another device or compute stream); the group is queued once full."""
+        group = self._group
+        dev = item.device
+        stream = dev.compute_stream()
+        if group is not None and (group.device is not dev or group.stream is not stream):
+            self.flush()
+            group = None
+        src = item.dense_src()
+        dst = self.sw.pool.view(host, src.dtype, src.shape)
+        with self.sw.lock:  # (another thread may flush it meanwhile: synchronize)
+            if group is None or group is not self._group:
+                group = self._group = _Group(dev, stream, max(1, self.sw.stash_limit() // 2))
+            item.issued = group.issued
+            group.items.append(item)
+            group.hosts.append(host)
+            group.srcs.append(src)
+            group.dsts.append(dst)
+            group.nbytes += item.info.nbytes
+            full = len(group.items) >= GROUP_TENSORS or group.nbytes >= group.max_bytes
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Queue the open group's copies out: one ready event on compute, one copy call
+        on the copy-out stream, one completion event for all; then its items are issued.
+        Called by whoever needs them on their way (a full group, a wait for one of its
+        items, the end of forward, an item that goes another way); never raises."""
+        with self.sw.lock:
+            group, self._group = self._group, None
+        if group is None:
+            return
+        sw, dev, items = self.sw, group.device, group.items
+        try:
+            ready = dev.record_event(group.stream)
+            d2h = dev.side_stream("d2h")
+            dev.wait_event(d2h, ready, at="offload.copy_after_ready")
+            dev.copy_all(group.dsts, group.srcs, d2h)
+            done = dev.record_event(d2h)
+        except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
+            for item in items:
+                sw.fail(exc, item)
+            with sw.lock:  # no copy was made: each buffer goes back with nothing to wait for
+                for host in group.hosts:
+                    sw.pool.release(host)
+        else:
+            with sw.lock:
+                for item, host, src in zip(items, group.hosts, group.srcs):
+                    item.ready, item.d2h_done, item.sent, item.moved = ready, done, src, item.info.nbytes
+                    if item.freed:  # every save died meanwhile: the buffer goes back after the copy
+                        sw.pool.release(host, done, dev)
+                    else:
+                        item.host = host
+            sw.stats.add_all(("offloaded_tensors", len(items)), ("offloaded_bytes", group.nbytes),
+                             ("transferred_bytes", group.nbytes))
+        group.issued.set()
+        self.settle_all(items)
 
     def settle(self, item: Item) -> None:
         """An issued item: released now if its copy has completed, else by the training
@@ -177,23 +267,49 @@ class Offloader:
             item.to_releaser = True
         self._running().put_done(item)
 
+    def settle_all(self, items: list[Item]) -> None:
+        """`settle` for items whose copies out complete with the same event (a group)."""
+        if not items:
+            return
+        if not self.released_at_once(items[0]):
+            for item in items:
+                self.settle(item)
+            return
+        self._released_with(items[0], items[1:])
+
+    def _released_with(self, first: Item, items: list[Item]) -> None:
+        """Release items whose copies completed with `first`'s event (first is released):
+        a failure that event carried is theirs too."""
+        if first.failure is not None:
+            for item in items:
+                self.sw.fail(first.failure, item)
+        self.release(*items)
+
     def poll(self) -> None:
         """At a save in forward: release, oldest first, the items whose copies out have
-        completed (the D2H stream completes them in order)."""
+        completed (the D2H stream completes them in order; a group's share one event,
+        queried once)."""
         sw = self.sw
         inflight = sw.inflight
+        completed = None  # the item whose event was found complete last
         while inflight:
             item = inflight[0]
             if not item.issued.is_set() or item.to_releaser:  # the worker has it still, or the releaser
                 return
-            if not item.released and not self.released_at_once(item):
-                return
+            if not item.released:
+                if completed is not None and item.d2h_done is completed.d2h_done:
+                    self._released_with(completed, [item])
+                elif self.released_at_once(item):
+                    completed = item if item.d2h_done is not None else None
+                else:
+                    return
             if inflight and inflight[0] is item:  # (released: unstashed already)
                 return
 
     def hand_over(self) -> None:
         """Forward is over (or did not end): the releaser takes the issued items still in flight."""
         sw = self.sw
+        self.flush()
         self.poll()
         with sw.lock:
             sw.in_forward = False
@@ -358,21 +474,24 @@ class Offloader:
             self.sw.fail(exc, item)
         self.release(item)
 
-    def release(self, item: Item) -> None:
-        """The copy out is complete (or never happened): drop the device tensor."""
+    def release(self, *items: Item) -> None:
+        """Their copies out are complete (or never happened): drop the device tensors."""
         sw = self.sw
+        compress = []
         with sw.lock:
-            if item.released:
-                return
-            item.released = True
-            src = item.src
-            item.src = item.sent = None
-            if src is not None:  # the device memory goes here (unless the user still holds the tensor)
-                drop_storage(src, item.device.nothing)
-            sw.unstash(item)  # with the memory gone: a pack waiting for memory sees it so
-            host = item.host if sw.mode == "vdnnpp" and item.header is None and not item.freed \
-                and item.failure is None else None
-        if host is not None:
+            for item in items:
+                if item.released:
+                    continue
+                item.released = True
+                src = item.src
+                item.src = item.sent = None
+                if src is not None:  # the device memory goes here (unless the user still holds the tensor)
+                    drop_storage(src, item.device.nothing)
+                sw.unstash(item)  # with the memory gone: a pack waiting for memory sees it so
+                if sw.mode == "vdnnpp" and item.header is None and not item.freed and item.failure is None \
+                        and item.host is not None:
+                    compress.append((item, item.host))
+        for item, host in compress:
             if self._host_threads is None:
                 from concurrent.futures import ThreadPoolExecutor
 

@@ -179,6 +179,7 @@ class Restorer:
         timed (an on-demand restore's stall is measured; CUDA's timing events cost more)."""
         sw = self.sw
         if not item.issued.is_set():  # (pack copied it itself, or the worker did already: no wait)
+            sw.offloader.flush()  # (it may wait in the open group)
             item.issued.wait()  # the worker sets it whatever happens, even when it stops
         if item.failure is not None:
             raise sw.offload_failed(item, item.failure)

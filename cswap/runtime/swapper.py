@@ -348,10 +348,12 @@ class Swapper:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return t.detach(), t._version
         item = Item(t, info, codec, dense_permutation(t), pass_, dev)
-        item.ready = dev.record_event(dev.compute_stream())
         self.device, self.tensor_device = dev, dev.device
         self._admit(item)
-        self.offloader.offload(item)  # at once: an admitted item is always on its way (pack may raise below)
+        # At once: an admitted item is always on its way (pack may raise below). Raw copies go
+        # in groups, but in the timed pass (per-tensor timings) and under a budget (whose
+        # plan releases each tensor as its own copy completes).
+        self.offloader.offload(item, grouped=at is None and self.memory_limit is None)
         pass_.items.append(item)
         self._seen[id(t)] = (item.weak, item.version, item)
         if observer is not None:
@@ -410,7 +412,9 @@ class Swapper:
 
     def _wait_released(self, item: Item, at: str) -> None:
         """Wait for the item's copy out, then release it."""
-        item.issued.wait()  # the worker sets it whatever happens, even when it stops
+        if not item.issued.is_set():
+            self.offloader.flush()  # (it may wait in the open group)
+            item.issued.wait()  # the worker sets it whatever happens, even when it stops
         if item.d2h_done is not None:
             try:
                 item.device.event_synchronize(item.d2h_done, at=at)
