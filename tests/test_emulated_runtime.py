@@ -311,7 +311,14 @@ def test_on_demand_restores_are_timed_and_prefetches_are_not():
             timings.append(timing)
             return copy_in(item, blob, host, timing)
 
+        restore_all = restorer.restore_all
+
+        def recording_restore_all(items):  # (prefetched raw copies, restored together: never timed)
+            timings.extend([False] * len(items))
+            restore_all(items)
+
         restorer._copy_in = recording_copy_in
+        restorer.restore_all = recording_restore_all
         try:
             with cswap.testing.emulated_device(bandwidth_gbps=0.05) as dev:
                 for x, y in nets.batches(shape, 2):
@@ -625,12 +632,13 @@ def _chain_gradients(model, x) -> dict[str, torch.Tensor]:
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-def _spy_groups(dev) -> list[int]:
-    """The sizes of the groups of copies the device is given, as they come."""
+def _spy_groups(dev, role: str = "d2h") -> list[int]:
+    """The sizes of the groups of copies the device is given on the `role` stream, as they come."""
     sizes, copy_all = [], dev.copy_all
 
     def spy(dsts, srcs, stream):
-        sizes.append(len(dsts))
+        if stream is dev.side_stream(role):
+            sizes.append(len(dsts))
         copy_all(dsts, srcs, stream)
 
     dev.copy_all = spy
@@ -741,6 +749,106 @@ def test_a_failed_group_copy_fails_each_of_its_tensors(monkeypatch):
         cswap.unpatch(model)
     assert len(items) == 6 and len({id(item.d2h_done) for item in items}) == 1  # one group
     assert all(item.failure is not None for item in items), [item.failure for item in items]
+
+
+def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
+    """Backward restores released raw tensors ahead of use in groups: one wait for
+    compute, one copy call and one event per group. The window (prefetch_bytes, eight
+    256-byte tensors here) is refilled once half of it has been served, not one tensor
+    per use, and never holds more than its bytes."""
+    layers, window = 20, 8 * 256
+    stock, model = _relu_chain(layers), cswap.patch(_relu_chain(layers), mode="vdnn", min_bytes=0,
+                                                     stash_bytes=1 << 20, prefetch_bytes=window)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(**SLOW) as dev:
+            sizes = _spy_groups(dev, "h2d")
+            for _ in range(3):
+                got = _chain_gradients(model, x)
+            s = cswap.stats(model)
+        assert dev.hazards == []
+    finally:
+        cswap.unpatch(model)
+    assert exact(got, _chain_gradients(stock, x))
+    assert s["prefetched"] > 0 and sum(sizes) == s["prefetched"], (sizes, s)  # every prefetch went in a group
+    assert 2 * len(sizes) <= sum(sizes) and max(sizes) <= 8, sizes
+    assert s["peak_prefetch_bytes"] <= window
+
+
+def test_a_group_restore_out_of_device_memory_leaves_its_tensors_to_backward():
+    """A group's allocation runs out of device memory part way: none of its tensors
+    is restored or counted ahead of backward, which fetches each when it needs it;
+    gradients stay exact."""
+    stock, model = _relu_chain(12), cswap.patch(_relu_chain(12), mode="vdnn", min_bytes=0, stash_bytes=1 << 20,
+                                                 prefetch_bytes=6 * 256)
+    sw = swapper_of(model)
+    restore_all = sw.restorer.restore_all
+    x = torch.randn(4, 16)
+    left = []
+
+    def failing_restore_all(items):
+        if left or len(items) < 2:
+            return restore_all(items)
+        batch = list(items)
+        empty_as, calls = dev.empty_as, []
+
+        def second_fails(*args):
+            calls.append(None)
+            if len(calls) == 2:
+                raise torch.OutOfMemoryError("out of memory (injected)")
+            return empty_as(*args)
+
+        dev.empty_as = second_fails
+        try:
+            restore_all(items)
+        finally:
+            del dev.empty_as
+            left.extend((item.prefetch_counted, item.restored is None, item.busy) for item in batch)
+
+    sw.restorer.restore_all = failing_restore_all
+    try:
+        with cswap.testing.emulated_device(**SLOW) as dev:
+            for _ in range(2):
+                got = _chain_gradients(model, x)
+            s = cswap.stats(model)
+        assert dev.hazards == []
+    finally:
+        cswap.unpatch(model)
+    assert exact(got, _chain_gradients(stock, x))
+    assert left and all(state == (False, True, False) for state in left), left
+    assert s["prefetch_oom"] == 1 and s["on_demand"] >= 2, s
+    assert s["restored_tensors"] + s["served_from_device"] == s["offloaded_tensors"], s
+
+
+def test_a_group_restore_dropped_by_an_exception_in_backward_is_not_recycled_under_its_copy():
+    """A user hook raises in backward while a group of restores is still being copied in:
+    the dropped tensors' memory must not serve compute before their copies complete
+    (each is record_stream()ed to the copy-in stream), and the next step is exact."""
+    stock, model = _relu_chain(20), cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0, stash_bytes=1 << 20,
+                                                 prefetch_bytes=8 * 256)
+    x = torch.randn(4, 16)
+
+    def failing_hook(grad):
+        raise KeyError("user hook")
+
+    try:
+        with cswap.testing.emulated_device(**CRAWL) as dev:
+            sizes = _spy_groups(dev, "h2d")
+            _chain_gradients(model, x)
+            handle = model[9].register_forward_hook(lambda m, a, out: out.register_hook(failing_hook) and None)
+            groups_before = len(sizes)
+            loss = model(x).square().sum()
+            swapper_of(model).synchronize()  # every tensor released: backward restores each from the host
+            with pytest.raises(KeyError):
+                loss.backward()
+            del loss
+            handle.remove()
+            assert len(sizes) > groups_before  # groups of restores were on their way when it raised
+            got = _chain_gradients(model, x)
+        assert dev.hazards == []
+    finally:
+        cswap.unpatch(model)
+    assert exact(got, _chain_gradients(stock, x))
 
 
 # -- F9: the host pool's count is what is pinned ------------------------------------------------------------------

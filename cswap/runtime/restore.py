@@ -7,6 +7,11 @@ and compute waits for item k's copy only. An item not prefetched is fetched
 on demand, and the time compute waits for it is measured with events (no host
 sync just to time it).
 
+Prefetched raw copies go in groups: consecutive released raw tensors are
+restored with one wait for compute, one copy call and one completion event.
+So that groups form, the window is refilled once half of it has been served
+(or when the next item is not on its way), not one tensor per use.
+
 An item whose tensor is still on the device (not yet released: the last
 tensors of forward) is served from it: no round trip.
 
@@ -120,30 +125,89 @@ class Restorer:
         if cursor is not None and cursor[0] == round_ and cursor[1] == step:  # further on in this backward
             start = max(start, cursor[2]) if step > 0 else min(start, cursor[2])
         limit = sw.prefetch_limit(pass_)
+        if start != item.index + step and sw.prefetched_bytes > limit // 2:
+            return  # the next items are on their way: refill once half the window is served, in one group
         memory_limit = sw.memory_limit() if sw.memory_limit is not None else None
+        raw = []  # released raw copies to restore together, in backward's order
         j, end = start, (len(items) if step > 0 else -1)
-        while j != end:
-            other = items[j]
-            if other.freed or other.round != round_:  # gone, or already served in this backward
-                j += step
-                continue
-            if sw.prefetched_bytes + other.info.nbytes > limit:
-                break
-            if memory_limit is not None and other.device.memory_allocated() + other.info.nbytes > memory_limit:
-                break  # over the memory budget: backward fetches it when it needs it
-            if other.restored is None and other.error is None and other.failure is None:
-                try:
-                    if self.restore(other):
-                        sw.stats.add("prefetched")
-                    with sw.lock:  # restored, or still on the device: ahead of backward either way
-                        sw.count_prefetch(other)
-                except torch.OutOfMemoryError:  # no room now: backward fetches it on demand
-                    sw.stats.add("prefetch_oom")
+        try:
+            while j != end:
+                other = items[j]
+                if other.freed or other.round != round_:  # gone, or already served in this backward
+                    j += step
+                    continue
+                if sw.prefetched_bytes + other.info.nbytes > limit:
                     break
-                except CorruptDataError as exc:  # raised when backward reaches that item
-                    other.error = exc
-            j += step
+                if memory_limit is not None and other.device.memory_allocated() + other.info.nbytes > memory_limit:
+                    break  # over the memory budget: backward fetches it when it needs it
+                if other.restored is None and other.error is None and other.failure is None:
+                    if raw and other.device is not raw[0].device:
+                        self.restore_all(raw)
+                    if self._take_raw(other):
+                        raw.append(other)
+                    else:
+                        self.restore_all(raw)  # (restores go in the order backward uses them)
+                        try:
+                            if self.restore(other):
+                                sw.stats.add("prefetched")
+                            with sw.lock:  # restored, or still on the device: ahead of backward either way
+                                sw.count_prefetch(other)
+                        except CorruptDataError as exc:  # raised when backward reaches that item
+                            other.error = exc
+                j += step
+            self.restore_all(raw)
+        except torch.OutOfMemoryError:  # no room now: backward fetches the rest on demand
+            sw.stats.add("prefetch_oom")
         pass_.cursor = (round_, step, j)
+
+    def _take_raw(self, item: Item) -> bool:
+        """Whether the item's restore is a plain copy of a released raw tensor (it is then
+        counted ahead of backward and kept from vdnnpp's host compression until queued)."""
+        sw = self.sw
+        if not item.issued.is_set() or item.header is not None or sw.checksum:
+            return False
+        with sw.lock:
+            if item.host is None or item.host_blob is not None or item.src is not None or \
+                    item.fallback is not None or item.failure is not None:
+                return False
+            item.busy = True
+            sw.count_prefetch(item)
+        return True
+
+    def restore_all(self, items: list[Item]) -> None:
+        """Restore released raw tensors of one device together, emptying `items`: one
+        wait for compute, one copy call and one completion event for all. Out of memory,
+        none is restored (backward fetches them when it needs them) and it raises."""
+        if not items:
+            return
+        sw, dev = self.sw, items[0].device
+        pool = sw.pool
+        compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
+        try:
+            ys, hosts = [], []
+            for item in items:  # where backward uses and frees them
+                info, perm = item.info, item.perm
+                shape = info.shape if perm is None or is_identity(perm) else [info.shape[p] for p in perm]
+                ys.append(dev.empty_as(info.nbytes, info.dtype, shape, compute))
+                hosts.append(pool.view(item.host, info.dtype, shape))
+            dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
+            dev.copy_all(ys, hosts, h2d)
+            for y in ys:
+                dev.record_stream(y, h2d, at="restore.record_restored")
+            done = dev.record_event(h2d)
+        except BaseException:
+            with sw.lock:
+                for item in items:
+                    item.busy = False
+                    sw.uncount_prefetch(item)
+            items.clear()
+            raise
+        for item, y in zip(items, ys):
+            item.restored = restore_strides(y, item.perm, item.stride) if item.perm is not None else y
+            item.h2d_done = item.last_read = done
+            item.busy = False
+        sw.stats.add_all(("restored_tensors", len(items)), ("prefetched", len(items)))
+        items.clear()
 
     def on_demand(self, item: Item) -> bool:
         """`restore`; when the device is out of memory, give back the prefetched
