@@ -626,9 +626,13 @@ def _relu_chain(layers: int) -> torch.nn.Sequential:
     return torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())])
 
 
-def _chain_gradients(model, x) -> dict[str, torch.Tensor]:
+def _chain_gradients(model, x, released: bool = False) -> dict[str, torch.Tensor]:
+    """released: every offloaded tensor has left the device before backward (restored from the host)."""
     model.zero_grad(set_to_none=True)
-    model(x).square().sum().backward()
+    loss = model(x).square().sum()
+    if released:
+        swapper_of(model).synchronize()
+    loss.backward()
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
@@ -719,17 +723,18 @@ def test_a_failed_group_copy_fails_each_of_its_tensors(monkeypatch):
             warnings.simplefilter("ignore")  # (offloading CPU tensors saves no memory: said once)
             _chain_gradients(model, x)
 
-            failed = []  # the events recorded after a group's copy: they carry its failure
+            failed = []  # the events recorded on the copy-out stream after a group's copy: they carry its failure
             copy_all, record_event, event_query = (ImmediateDevice.copy_all, ImmediateDevice.record_event,
                                                    ImmediateDevice.event_query)
 
             def failing_copy_all(self, dsts, srcs, stream):
-                failed.append(None)
+                if stream is self.side_stream("d2h"):
+                    failed.append(None)
                 copy_all(self, dsts, srcs, stream)
 
             def record(self, stream, timing=False):
                 event = record_event(self, stream, timing)
-                if failed and failed[-1] is None:
+                if failed and failed[-1] is None and stream is self.side_stream("d2h"):
                     failed[-1] = event
                 return event
 
@@ -751,6 +756,56 @@ def test_a_failed_group_copy_fails_each_of_its_tensors(monkeypatch):
     assert all(item.failure is not None for item in items), [item.failure for item in items]
 
 
+def test_a_group_shares_one_host_buffer_which_goes_back_with_its_last_tensor():
+    """A group's copies go into one host buffer, 256-byte aligned slots in save order; it
+    returns to the pool only when every tensor of the group has given its share back (a
+    save that died before the group was sent gives it back as the group is sent)."""
+    from cswap.runtime.swapper import Swapper
+
+    sw = Swapper(mode="vdnn", candidates="all", min_bytes=0, stash_bytes=1 << 20)
+    x = torch.randn(4, 16, requires_grad=True)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")):
+            sw.begin_pass()
+            tensors = [(x * (i + 1)).relu() for i in range(4)]
+            handles = [sw.pack(t) for t in tensors]
+            items = [h.item for h in handles]
+            del handles[1]  # (its item is freed in the open group)
+            sw.end_pass()
+            sw.synchronize()
+            assert [item.offset for item in items] == [0, 256, 512, 768]
+            assert len({item.block.buffer.data_ptr() for item in items}) == 1
+            block = items[0].block
+            assert sw.pool.idle_bytes == 0 and block.left == 3
+            restored = [sw.unpack(h) for h in handles]
+            assert all(torch.equal(r, t) for r, t in zip(restored, [tensors[0], *tensors[2:]]))
+            del restored
+            for left in (2, 1):
+                handles.pop()
+                assert block.left == left and sw.pool.idle_bytes == 0  # still held by the others
+            handles.pop()
+            assert block.left == 0 and sw.pool.idle_bytes == block.buffer.numel()
+    finally:
+        sw.close()
+
+
+def test_steady_steps_reuse_their_groups_host_buffers():
+    """After the first grouped step, each step's groups find their buffers idle in the
+    pool: no new host allocation (pinned memory is never allocated per step)."""
+    model = cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0, stash_bytes=1 << 20)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+            allocations = []
+            for _ in range(4):
+                _chain_gradients(model, x)
+                dev.synchronize()
+                allocations.append(swapper_of(model).pool.allocations)
+    finally:
+        cswap.unpatch(model)
+    assert allocations[1] == allocations[2] == allocations[3], allocations
+
+
 def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
     """Backward restores released raw tensors ahead of use in groups: one wait for
     compute, one copy call and one event per group. The window (prefetch_bytes, eight
@@ -764,7 +819,7 @@ def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
         with cswap.testing.emulated_device(**SLOW) as dev:
             sizes = _spy_groups(dev, "h2d")
             for _ in range(3):
-                got = _chain_gradients(model, x)
+                got = _chain_gradients(model, x, released=True)
             s = cswap.stats(model)
         assert dev.hazards == []
     finally:
@@ -809,7 +864,7 @@ def test_a_group_restore_out_of_device_memory_leaves_its_tensors_to_backward():
     try:
         with cswap.testing.emulated_device(**SLOW) as dev:
             for _ in range(2):
-                got = _chain_gradients(model, x)
+                got = _chain_gradients(model, x, released=True)
             s = cswap.stats(model)
         assert dev.hazards == []
     finally:

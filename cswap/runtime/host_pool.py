@@ -38,7 +38,7 @@ import torch
 __all__ = ["HostPool", "size_class"]
 
 _REUSE_UP_TO = 4  # an idle buffer serves requests down to a quarter of its size
-_VIEWS_PER_BUFFER = 8
+_VIEWS_PER_BUFFER = 64  # (a buffer holding a group of tensors has a view per tensor, in two directions at most)
 
 
 def size_class(nbytes: int) -> int:
@@ -135,11 +135,12 @@ class HostPool:
             fit <<= 1
         return None
 
-    def view(self, buf: torch.Tensor, dtype: torch.dtype, shape) -> torch.Tensor:
-        """buf's first bytes as a tensor of `dtype` and `shape`, made once per buffer and
-        kind and kept with it: a copy between a pooled buffer and a tensor needs no new
-        views each step (a network saves the same shapes every pass)."""
-        key = (dtype, tuple(shape))
+    def view(self, buf: torch.Tensor, dtype: torch.dtype, shape, offset: int = 0) -> torch.Tensor:
+        """buf's bytes from `offset` (a multiple of dtype's size) as a tensor of `dtype` and
+        `shape`, made once per buffer and kind and kept with it: a copy between a pooled
+        buffer and a tensor needs no new views each step (a network saves the same shapes
+        every pass)."""
+        key = (dtype, tuple(shape), offset)
         address = buf.data_ptr()
         views = self._views.get(address)
         if views is None or len(views) >= _VIEWS_PER_BUFFER:  # (shapes that change every pass start over)
@@ -147,7 +148,7 @@ class HostPool:
         view = views.get(key)
         if view is None:
             nbytes = dtype.itemsize * math.prod(key[1])
-            view = views[key] = buf[:nbytes].view(dtype).view(key[1])
+            view = views[key] = buf[offset: offset + nbytes].view(dtype).view(key[1])
         return view
 
     def release(self, buf: torch.Tensor, event=None, dev=None) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["ISSUED", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation",
+__all__ = ["ISSUED", "HostBlock", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation",
            "restore_strides", "inverse", "flat_bytes", "modified_error", "drop_storage"]
 
 
@@ -112,6 +112,17 @@ class KeptByPolicy:
         self.perm = perm
 
 
+class HostBlock:
+    """A host buffer holding a group's copies out (cswap.runtime.offload): each item of the
+    group holds a share, and the buffer goes back to the pool when the last share does,
+    once `last_read` (the latest copy touching any of them) has completed."""
+
+    __slots__ = ("buffer", "left", "last_read")
+
+    def __init__(self, buffer: torch.Tensor, shares: int, last_read):
+        self.buffer, self.left, self.last_read = buffer, shares, last_read
+
+
 ISSUED = threading.Event()  # the `issued` of items copied out by pack itself (and before offloading starts)
 ISSUED.set()
 
@@ -131,6 +142,8 @@ class Item:
     sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
     header = None                         # the codec Header when sent compressed
     host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
+    block: HostBlock | None = None        # when `host` is a group's buffer: the item's share of it
+    offset = 0                            # where in `host` its bytes start
     moved = 0                             # bytes sent over the link
     tail = 0                              # offset of the checksum and verdict words in `host`
     host_blob = None                      # vdnnpp: the host copy, compressed on the CPU

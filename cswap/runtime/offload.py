@@ -1,18 +1,20 @@
 """Copy out and release: the offload worker and the releaser.
 
-A dense tensor sent raw, when the host pool has an idle pinned buffer for it
-(every step after the first), is copied out by pack itself, and hands the item
-to nobody, since a hand-off costs the training thread more than the calls.
-Consecutive such saves form a group (at most GROUP_TENSORS tensors and half the
-stash limit's bytes) whose copies are queued together when it is full: one
-ready event on compute, one copy call on the D2H stream (a foreach copy on
-CUDA), one completion event shared by its items, and their release together.
-Whatever must wait for one of its items (the stash limit, synchronize, a
-restore during forward), forward's end, and a save that goes another way send
-the open group first. The profiled pass and a memory budget, which count each
-tensor's own copy, send each tensor alone. Everything else goes to the worker
-thread, so forward never waits for a compression, a pinned allocation or a
-copy (unless the bytes in flight reached the stash limit). Per item the worker:
+Dense tensors sent raw are copied out in groups. Consecutive such saves form a
+group (at most GROUP_TENSORS tensors and half the stash limit's bytes), sent
+when it is full: one ready event on compute, one copy call on the D2H stream (a
+foreach copy on CUDA) into one host buffer, one completion event shared by its
+items, and their release together. Pack sends it itself when the host pool has
+an idle buffer for it (every step after the first) and hands it to nobody,
+since a hand-off costs the training thread more than the calls; else the worker
+allocates the buffer and sends it. Whatever must wait for one of its items (the
+stash limit, synchronize, a restore during forward), forward's end, and a save
+that goes another way send the open group first. The profiled pass, a memory
+budget (which count each tensor's own copy) and vdnnpp (which compresses each
+host copy) send a raw tensor alone: by pack, into an idle buffer of its own.
+Everything else goes to the worker thread, so forward never waits for a
+compression, a pinned allocation or a copy (unless the bytes in flight reached
+the stash limit). Per item the worker:
 
   1. prepares the bytes to send, on the compression stream after the item's
      ready event: the codec's payload (a codec reads its output size back on
@@ -58,12 +60,13 @@ import torch
 
 from .. import codecs
 from . import integrity
-from .items import ISSUED, Item, drop_storage, flat_bytes
+from .items import ISSUED, HostBlock, Item, drop_storage, flat_bytes
 
 __all__ = ["Offloader"]
 
 _STOP = object()
 GROUP_TENSORS = 16  # raw copies out queued together: at most this many (and half the stash limit's bytes)
+_SLOT_ALIGN = 256   # a group's tensors start 256-byte aligned in its host buffer, as CUDA's allocations do
 _TAIL = 24  # after the data, 8-byte aligned: the checksum of the bytes sent, then the restore's verdict (2 x int64)
 
 
@@ -112,12 +115,16 @@ def _work(swapper_ref, jobs: _Jobs, done: queue.SimpleQueue) -> None:
             swapper = swapper_ref()
             if swapper is None:
                 return
-            swapper.offloader.issue(item)
-            swapper.offloader.settle(item)
+            if type(item) is _Group:
+                swapper.offloader.issue_group(item)
+            else:
+                swapper.offloader.issue(item)
+                swapper.offloader.settle(item)
             item = swapper = None
     finally:  # stopped, or died: whatever is still queued must not wait on this thread
         stranded = [] if item is None or item is _STOP or item.issued.is_set() else [item]
-        stranded += jobs.close()
+        stranded = [it for job in stranded + jobs.close()
+                    for it in (job.items if type(job) is _Group else [job])]  # (a group's items, each)
         swapper = swapper_ref()
         for it in stranded:
             if it is not _STOP:
@@ -143,16 +150,18 @@ def _release(swapper_ref, done: queue.SimpleQueue) -> None:
 
 
 class _Group:
-    """Raw copies out queued together (the open group's items, their host buffers, the
-    dense tensors to send and the typed host views they go to)."""
+    """Raw copies out sent together into one host buffer: the items, the dense tensors
+    to send and where each goes in the buffer."""
 
-    __slots__ = ("device", "stream", "max_bytes", "issued", "items", "hosts", "srcs", "dsts", "nbytes")
+    __slots__ = ("device", "stream", "max_bytes", "issued", "ready", "items", "srcs", "offsets", "nbytes", "size")
 
     def __init__(self, device, stream, max_bytes: int):
         self.device, self.stream, self.max_bytes = device, stream, max_bytes
         self.issued = threading.Event()  # the items' `issued`: set once their copies are queued
-        self.items, self.hosts, self.srcs, self.dsts = [], [], [], []
-        self.nbytes = 0
+        self.ready = None                # recorded on compute when the group is sent
+        self.items, self.srcs, self.offsets = [], [], []
+        self.nbytes = 0                  # the tensors' bytes
+        self.size = 0                    # the host buffer's, each tensor from a _SLOT_ALIGN boundary
 
 
 class Offloader:
@@ -170,16 +179,16 @@ class Offloader:
 
     def offload(self, item: Item, grouped: bool) -> None:
         """Start the item's copy out (see the module docstring): a dense tensor sent raw
-        with an idle host buffer for it joins the open group (`grouped`) or is copied
-        here; anything else goes to the worker."""
+        joins the open group (`grouped`), or is copied here when the host pool has an idle
+        buffer for it; anything else goes to the worker."""
         sw = self.sw
         if item.codec is None and item.perm is not None and not sw.checksum and sw.pool.pinned:
             # (from pageable memory a copy blocks its caller until done: the worker's job)
+            if grouped:
+                self._join(item)
+                return
             host = sw.pool.acquire(item.info.nbytes, item.device, allocate=False)
             if host is not None:
-                if grouped:
-                    self._join(item, host)
-                    return
                 self.flush()  # (the copy stream completes copies in the order of the stash)
                 item.ready = item.device.record_event(item.device.compute_stream())
                 item.issued = ISSUED
@@ -194,11 +203,11 @@ class Offloader:
         item.issued = threading.Event()
         self._running().put_job(item)
 
-    # -- groups: raw copies out queued together ---------------------------------------------
+    # -- groups: raw copies out queued together, into one host buffer -------------------------
 
-    def _join(self, item: Item, host: torch.Tensor) -> None:
+    def _join(self, item: Item) -> None:
         """Add the item to the open group (a new one if none is open, or if the item comes
-        from another device or compute stream); the group is queued once full."""
+        from another device or compute stream); the group is sent once full."""
         group = self._group
         dev = item.device
         stream = dev.compute_stream()
@@ -206,54 +215,89 @@ class Offloader:
             self.flush()
             group = None
         src = item.dense_src()
-        dst = self.sw.pool.view(host, src.dtype, src.shape)
+        nbytes = item.info.nbytes
         with self.sw.lock:  # (another thread may flush it meanwhile: synchronize)
             if group is None or group is not self._group:
                 group = self._group = _Group(dev, stream, max(1, self.sw.stash_limit() // 2))
             item.issued = group.issued
             group.items.append(item)
-            group.hosts.append(host)
             group.srcs.append(src)
-            group.dsts.append(dst)
-            group.nbytes += item.info.nbytes
+            group.offsets.append(group.size)
+            group.size += -(-nbytes // _SLOT_ALIGN) * _SLOT_ALIGN
+            group.nbytes += nbytes
             full = len(group.items) >= GROUP_TENSORS or group.nbytes >= group.max_bytes
         if full:
             self.flush()
 
     def flush(self) -> None:
-        """Queue the open group's copies out: one ready event on compute, one copy call
-        on the copy-out stream, one completion event for all; then its items are issued.
-        Called by whoever needs them on their way (a full group, a wait for one of its
-        items, the end of forward, an item that goes another way); never raises."""
-        with self.sw.lock:
+        """Send the open group: its ready event is recorded on compute now, and its copies
+        are queued here into an idle host buffer of the pool, or by the worker, which
+        allocates one. Called by whoever needs its items on their way (a full group, a
+        wait for one of them, the end of forward, an item that goes another way)."""
+        sw = self.sw
+        with sw.lock:
             group, self._group = self._group, None
         if group is None:
             return
+        dev = group.device
+        try:
+            group.ready = dev.record_event(group.stream)
+        except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
+            self._group_failed(group, exc)
+            return
+        block = sw.pool.acquire(group.size, dev, allocate=False)
+        if block is None:  # (pinning blocks: the worker's job)
+            self._running().put_job(group)
+        else:
+            self.issue_group(group, block)
+
+    def issue_group(self, group: "_Group", block: torch.Tensor | None = None) -> None:
+        """Queue the group's copies out into `block` (None: allocate one; at the host
+        memory limit the tensors stay on the device): one wait for the ready event, one
+        copy call, one completion event for all. Then its items are issued and settled;
+        never raises (failures are recorded on each item)."""
         sw, dev, items = self.sw, group.device, group.items
         try:
-            ready = dev.record_event(group.stream)
+            if block is None:
+                block = sw.pool.acquire(group.size, dev)
+                if block is None:  # host memory limit: the tensors stay where they are
+                    with sw.lock:
+                        for item in items:
+                            item.fallback = item.src.detach()  # (src itself lets its memory go at release)
+                        group.issued.set()
+                    sw.stats.add("kept_on_gpu", len(items))
+                    self.settle_all(items)
+                    return
             d2h = dev.side_stream("d2h")
-            dev.wait_event(d2h, ready, at="offload.copy_after_ready")
-            dev.copy_all(group.dsts, group.srcs, d2h)
+            dev.wait_event(d2h, group.ready, at="offload.copy_after_ready")
+            view = sw.pool.view
+            dsts = [view(block, src.dtype, src.shape, offset) for src, offset in zip(group.srcs, group.offsets)]
+            dev.copy_all(dsts, group.srcs, d2h)
             done = dev.record_event(d2h)
         except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
-            for item in items:
-                sw.fail(exc, item)
-            with sw.lock:  # no copy was made: each buffer goes back with nothing to wait for
-                for host in group.hosts:
-                    sw.pool.release(host)
-        else:
-            with sw.lock:
-                for item, host, src in zip(items, group.hosts, group.srcs):
-                    item.ready, item.d2h_done, item.sent, item.moved = ready, done, src, item.info.nbytes
-                    if item.freed:  # every save died meanwhile: the buffer goes back after the copy
-                        sw.pool.release(host, done, dev)
-                    else:
-                        item.host = host
-            sw.stats.add_all(("offloaded_tensors", len(items)), ("offloaded_bytes", group.nbytes),
-                             ("transferred_bytes", group.nbytes))
-        group.issued.set()
+            if block is not None:
+                sw.pool.release(block)  # no copy was queued into it
+            self._group_failed(group, exc)
+            return
+        shared = HostBlock(block, len(items), done)
+        with sw.lock:
+            for item, src, offset in zip(items, group.srcs, group.offsets):
+                item.d2h_done, item.sent, item.moved, item.block, item.offset = done, src, item.info.nbytes, \
+                    shared, offset
+                item.ready = group.ready
+                item.host = block
+                if item.freed:  # every save died meanwhile: its share goes back after the copy
+                    sw.give_back_host(item)
+            group.issued.set()  # (under the lock: a handle dropped from now on gives its share back itself)
+        sw.stats.add_all(("offloaded_tensors", len(items)), ("offloaded_bytes", group.nbytes),
+                         ("transferred_bytes", group.nbytes))
         self.settle_all(items)
+
+    def _group_failed(self, group: "_Group", exc: BaseException) -> None:
+        for item in group.items:
+            self.sw.fail(exc, item)
+        group.issued.set()
+        self.settle_all(group.items)
 
     def settle(self, item: Item) -> None:
         """An issued item: released now if its copy has completed, else by the training
@@ -438,6 +482,7 @@ class Offloader:
                 sw.pool.release(host, done, dev)
             else:
                 item.host = host
+            item.issued.set()  # (under the lock: a handle dropped from now on gives the buffer back itself)
         counts = [("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", sent)]
         if header is not None:
             counts.append(("compressed_tensors", 1))
@@ -518,8 +563,8 @@ class Offloader:
         with sw.lock:
             if item.host is not host or item.freed or item.busy or item.verdict_pending or blob.nbytes >= item.moved:
                 return
-            item.host_blob, item.host, item.expected_sum = blob, None, expected
-            sw.pool.release(host, item.last_read or item.d2h_done, item.device)
+            item.host_blob, item.expected_sum = blob, expected
+            sw.give_back_host(item)
         sw.stats.add("host_compressed_tensors")
 
 

@@ -189,7 +189,7 @@ class Restorer:
                 info, perm = item.info, item.perm
                 shape = info.shape if perm is None or is_identity(perm) else [info.shape[p] for p in perm]
                 ys.append(dev.empty_as(info.nbytes, info.dtype, shape, compute))
-                hosts.append(pool.view(item.host, info.dtype, shape))
+                hosts.append(pool.view(item.host, info.dtype, shape, item.offset))
             dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
             dev.copy_all(ys, hosts, h2d)
             for y in ys:
@@ -205,6 +205,8 @@ class Restorer:
         for item, y in zip(items, ys):
             item.restored = restore_strides(y, item.perm, item.stride) if item.perm is not None else y
             item.h2d_done = item.last_read = done
+            if item.block is not None:
+                item.block.last_read = done
             item.busy = False
         sw.stats.add_all(("restored_tensors", len(items)), ("prefetched", len(items)))
         items.clear()
@@ -307,7 +309,7 @@ class Restorer:
             dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
             item.verdict_pending = True
         else:
-            dev.copy(y, sw.pool.view(host, info.dtype, shape), h2d)  # (typed: the pool keeps its host view)
+            dev.copy(y, sw.pool.view(host, info.dtype, shape, item.offset), h2d)  # (typed: the pool keeps its view)
             if sw.checksum:
                 verdict = dev.empty(16, h2d)
 
@@ -321,6 +323,8 @@ class Restorer:
                 item.verdict_pending = True
         dev.record_stream(y, h2d, at="restore.record_restored")
         item.h2d_done = item.last_read = dev.record_event(h2d, timing=timing)
+        if item.block is not None:
+            item.block.last_read = item.last_read
         return restore_strides(y, item.perm, item.stride) if item.perm is not None else y
 
     # -- integrity ------------------------------------------------------------------------
@@ -406,8 +410,7 @@ class Restorer:
         with sw.lock:
             item.verdict_pending = item.verdict_unread = False
             if item.freed and item.host is not None:  # its last save died before the verdict was read
-                host, item.host = item.host, None
-                sw.pool.release(host, item.last_read or item.d2h_done, item.device)
+                sw.give_back_host(item)
 
     def diagnose(self, item: Item) -> str:
         """The decoder's own words on what is wrong, from decoding the host copy on the CPU."""

@@ -351,9 +351,10 @@ class Swapper:
         self.device, self.tensor_device = dev, dev.device
         self._admit(item)
         # At once: an admitted item is always on its way (pack may raise below). Raw copies go
-        # in groups, but in the timed pass (per-tensor timings) and under a budget (whose
-        # plan releases each tensor as its own copy completes).
-        self.offloader.offload(item, grouped=at is None and self.memory_limit is None)
+        # in groups, but in the timed pass (per-tensor timings), under a budget (whose plan
+        # releases each tensor as its own copy completes) and in vdnnpp (which compresses
+        # each host copy on its own).
+        self.offloader.offload(item, grouped=at is None and self.memory_limit is None and self.mode != "vdnnpp")
         pass_.items.append(item)
         self._seen[id(t)] = (item.weak, item.version, item)
         if observer is not None:
@@ -655,8 +656,20 @@ class Swapper:
             # Not yet issued: the worker may be copying into the buffer; it returns it. An unread
             # verdict lies in the buffer: the restorer returns it once read.
             if item.host is not None and item.issued.is_set() and not item.verdict_unread:
-                host, item.host = item.host, None
-                self.pool.release(host, item.last_read or item.d2h_done, item.device)
+                self.give_back_host(item)
+
+    def give_back_host(self, item: Item) -> None:
+        """The item's host copy is no longer needed (under the lock): its buffer goes back
+        to the pool, to be reused once the last copy that read it completes; a group's
+        buffer, once every item in it has given its share back."""
+        host, item.host = item.host, None
+        block = item.block
+        if block is None:
+            self.pool.release(host, item.last_read or item.d2h_done, item.device)
+            return
+        block.left -= 1
+        if block.left == 0:
+            self.pool.release(block.buffer, block.last_read, item.device)
 
     def synchronize(self) -> None:
         """Wait until every admitted offload has been copied out and released, and
