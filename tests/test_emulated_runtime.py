@@ -1044,6 +1044,7 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
 
     monkeypatch.setattr(device_mod, "_own_stream", lambda device: None)  # PyTorch's pool, whose calls we record
     monkeypatch.setattr(torch.cuda, "Stream", noting("Stream"))
+    monkeypatch.setattr(torch, "_foreach_copy_", noting("foreach_copy"))
     monkeypatch.setattr(torch.accelerator, "empty_host_cache", noting("empty_host_cache"), raising=False)
     monkeypatch.setattr(cswap.codecs, "warm_up", noting("warm_up"))
     real_empty = torch.empty
@@ -1051,6 +1052,7 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     dev = CudaDevice(torch.device("cuda", 1))
     stream = dev.side_stream("d2h")
     dev.copy(Buffer(), None, stream)
+    dev.copy_all([Buffer()], [None], stream)
     dev.empty(16, stream)
     dev.empty_as(64, torch.float32, (4, 4), stream)
     assert dev.nothing is dev.nothing  # (made once, on the thread that first releases a tensor)
@@ -1065,12 +1067,12 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     finally:
         sw.offloader.stop()
     names = [name for name, *_ in calls]
-    for expected in ("Stream", "copy_", "empty", "empty_host_cache", "launch", "call", "warm_up"):
+    for expected in ("Stream", "copy_", "foreach_copy", "empty", "empty_host_cache", "launch", "call", "warm_up"):
         assert expected in names, (expected, names)
     assert names.count("empty") == 4  # empty, empty_as, nothing, host_empty
     assert all(device == 1 for _, device, _ in calls), calls
-    on_stream = {name: sid for name, _, sid in calls if name in ("copy_", "launch", "call")}
-    assert on_stream == {"copy_": 5, "launch": 5, "call": 5}, on_stream  # on the side stream, not the default
+    on_stream = {name: sid for name, _, sid in calls if name in ("copy_", "foreach_copy", "launch", "call")}
+    assert on_stream == {"copy_": 5, "foreach_copy": 5, "launch": 5, "call": 5}, on_stream  # the side stream's
     assert fake.device == 0 and fake.streams.get(1, (0,))[0] == 0  # the thread's device and stream restored
 
 
