@@ -322,14 +322,16 @@ class Swapper:
                 self._wait_within(limit - incoming, dev)
         if held:
             dev.on_saved(t)
-        op = self._candidate_op(t, dev, caller) if self.offloads else None
-        if op is None:
+        if not self.offloads:
             return t.detach(), t._version
-        shared = self._already_offloaded(t)
+        shared = self._already_offloaded(t)  # (saved again: it was a candidate, no need to ask)
         if shared is not None:
             if type(shared) is not tuple:
                 self.stats.add("deduplicated")
             return shared
+        op = self._candidate_op(t, dev, caller)
+        if op is None:
+            return t.detach(), t._version
         if self._pass is None:
             self._pass = Pass()
         if "cpu" not in self._warned and emulator.is_default(dev):
