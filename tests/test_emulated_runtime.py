@@ -808,16 +808,24 @@ def test_steady_steps_reuse_their_groups_host_buffers():
 
 def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
     """Backward restores released raw tensors ahead of use in groups: one wait for
-    compute, one copy call and one event per group. The window (prefetch_bytes, eight
-    256-byte tensors here) is refilled once half of it has been served, not one tensor
-    per use, and never holds more than its bytes."""
+    compute, one copy call and one event per group, and compute waits for that event
+    once. The window (prefetch_bytes, eight 256-byte tensors here) is refilled once half
+    of it has been served, not one tensor per use, and never holds more than its bytes."""
     layers, window = 20, 8 * 256
     stock, model = _relu_chain(layers), cswap.patch(_relu_chain(layers), mode="vdnn", min_bytes=0,
                                                      stash_bytes=1 << 20, prefetch_bytes=window)
     x = torch.randn(4, 16)
+    waits = []
     try:
         with cswap.testing.emulated_device(**SLOW) as dev:
             sizes = _spy_groups(dev, "h2d")
+            wait_event = dev.wait_event
+
+            def counting_wait_event(stream, event, at):
+                waits.append(at)
+                wait_event(stream, event, at)
+
+            dev.wait_event = counting_wait_event
             for _ in range(3):
                 got = _chain_gradients(model, x, released=True)
             s = cswap.stats(model)
@@ -828,6 +836,8 @@ def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
     assert s["prefetched"] > 0 and sum(sizes) == s["prefetched"], (sizes, s)  # every prefetch went in a group
     assert 2 * len(sizes) <= sum(sizes) and max(sizes) <= 8, sizes
     assert s["peak_prefetch_bytes"] <= window
+    # compute waits once per group (and per tensor fetched on demand), not once per tensor
+    assert waits.count("unpack.compute_after_copy_in") <= len(sizes) + s["on_demand"], (waits, sizes, s)
 
 
 def test_a_group_restore_out_of_device_memory_leaves_its_tensors_to_backward():

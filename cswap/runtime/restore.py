@@ -62,6 +62,7 @@ class Restorer:
     def __init__(self, swapper):
         self.sw = swapper
         self.unread: list = []        # (item, its copy in's event): served, verdict not landed yet
+        self.waited = None            # (compute stream, event) of the latest wait for a copy in
         self.settling = False         # the end-of-backward read is queued
 
     def unpack(self, handle: Handle, at: int | None = None) -> torch.Tensor:
@@ -94,9 +95,10 @@ class Restorer:
             self.prefetch(item, round_)  # issue the next restores before checking this one
         if item.verdict_pending or self.unread:
             self.verify(item)
-        out = item.restored
-        if item.h2d_done is not None:  # compute waits for its own item only
-            dev.wait_event(compute, item.h2d_done, at="unpack.compute_after_copy_in")
+        out, done = item.restored, item.h2d_done
+        if done is not None and (compute, done) != self.waited:  # compute waits for its own item only
+            dev.wait_event(compute, done, at="unpack.compute_after_copy_in")
+            self.waited = (compute, done)  # (a group's next tensor: compute waits for that event already)
         if dev.observes:
             dev.on_use(out)
         with sw.lock:
