@@ -840,6 +840,25 @@ def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
     assert waits.count("unpack.compute_after_copy_in") <= len(sizes) + s["on_demand"], (waits, sizes, s)
 
 
+def test_a_group_of_restores_stays_within_the_memory_budget():
+    """Under a memory budget a prefetch stops where the next restore would pass it,
+    counting the group gathered so far, which is allocated only when it is sent (here
+    the budget leaves room for three 256-byte tensors at each prefetch)."""
+    stock, model = _relu_chain(20), cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0, prefetch_bytes=1 << 20)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+            sizes = _spy_groups(dev, "h2d")
+            swapper_of(model).memory_limit = lambda: dev.memory_allocated() + 3 * 256
+            for _ in range(2):
+                got = _chain_gradients(model, x, released=True)
+        assert dev.hazards == []
+    finally:
+        cswap.unpatch(model)
+    assert exact(got, _chain_gradients(stock, x))
+    assert sizes and max(sizes) == 3, sizes
+
+
 def test_a_group_restore_out_of_device_memory_leaves_its_tensors_to_backward():
     """A group's allocation runs out of device memory part way: none of its tensors
     is restored or counted ahead of backward, which fetches each when it needs it;

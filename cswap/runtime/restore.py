@@ -140,7 +140,8 @@ class Restorer:
                     continue
                 if sw.prefetched_bytes + other.info.nbytes > limit:
                     break
-                if memory_limit is not None and other.device.memory_allocated() + other.info.nbytes > memory_limit:
+                if memory_limit is not None and other.device.memory_allocated() + sum(it.info.nbytes for it in raw) \
+                        + other.info.nbytes > memory_limit:  # (the group gathered so far is not allocated yet)
                     break  # over the memory budget: backward fetches it when it needs it
                 if other.restored is None and other.error is None and other.failure is None:
                     if raw and other.device is not raw[0].device:
