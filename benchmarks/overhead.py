@@ -15,20 +15,21 @@ backward) and per tensor the hooks keep:
     minimal         the least a hooks-based offload does in Python: pack copies an activation
                     (once per tensor) into a pooled host buffer, unpack copies it back into a new
                     tensor; no threads, events, checks or bookkeeping. The floor for vdnn's figure
-    lean            a sketch of the per-tensor mechanics cswap's raw path keeps, written flat
-                    through the same device seam: candidate test (movable, device, producer,
-                    SwapInfo), dedup, version check, a record per tensor, a ready event, a pooled
-                    host buffer, the copy on the D2H stream and its done event, stash bytes under
-                    a lock, release of completed copies at each save (dropping the memory, not
-                    the version counter), handles counted under a lock, lock-free stats, restore
-                    with one prefetch ahead. No stash limit, rounds, failures, observer or layer
-                    names. What a per-tensor Python offload costs at the least (cswap's floor)
-    batched         a sketch of another design: saves grouped 16 at a time, each group copied out with
-                    one torch._foreach_copy_ into host tensors kept from the previous step (a steady
-                    network saves the same shapes), released as a group, and restored for backward
-                    with one foreach copy per group; dedup and version checks kept, no events or side
-                    streams (copies on the compute stream). What per-tensor Python costs when the
-                    copies, events and records are made per group instead
+    lean            a sketch of the per-tensor mechanics cswap's raw path had (before it copied in
+                    groups), written flat through the same device seam: candidate test (movable,
+                    device, producer, SwapInfo), dedup, version check, a record per tensor, a ready
+                    event, a pooled host buffer, the copy on the D2H stream and its done event,
+                    stash bytes under a lock, release of completed copies at each save (dropping
+                    the memory, not the version counter), handles counted under a lock, lock-free
+                    stats, restore with one prefetch ahead. No stash limit, rounds, failures,
+                    observer or layer names. What a per-tensor Python offload costs at the least
+    batched         a sketch of the per-group design at its leanest: saves grouped 16 at a time,
+                    each group copied out with one torch._foreach_copy_ into host tensors kept
+                    from the previous step (a steady network saves the same shapes), released as
+                    a group, and restored for backward with one foreach copy per group; dedup and
+                    version checks kept, no records, events or side streams (copies on the compute
+                    stream). cswap now copies, releases and restores in groups too, but keeps its
+                    records, stash, prefetch window and checks per tensor
     keep            cswap.patch, nothing a candidate (min_bytes above every tensor): every save kept
     vdnn, sc, cswap cswap.patch in its modes (every activation a candidate; sc: ZVC on every one)
     vdnnpp          vDNN++ as the CSWAP paper emulates it, the torchtune-style baseline: raw
@@ -55,7 +56,7 @@ and, with --busy, once more with a thread copying 64 MiB buffers beside training
 while it copies, so the training thread must not wait behind it. (In mode sc the
 worker compresses while forward goes on: its Python competes for the GIL.)
 
-    python benchmarks/overhead.py              # the full run (about a minute on 2 cores)
+    python benchmarks/overhead.py              # the full run (about a minute on 2 cores; two with --busy)
     python benchmarks/overhead.py --quick      # a smoke run
 
 Every figure is measured on this machine's CPU (named in the results), and on
