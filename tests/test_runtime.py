@@ -1465,6 +1465,38 @@ def test_host_pool_max_bytes_bound(dev):
         HostPool(-1)
 
 
+def test_a_handle_dropped_as_the_worker_finishes_a_copy_gives_its_buffer_back():
+    """The worker queued an item's copy into a pooled buffer; the item's last save dies
+    before the worker is done with it. The buffer must go back to the pool (the worker
+    marks the item issued under the swapper's lock, with the buffer: before, a drop in
+    between found the item not issued, left the buffer to the worker, which had already
+    let it go, and it never came back)."""
+    sw = Swapper(mode="vdnnpp", candidates="all", min_bytes=0)  # (raw tensors go one by one: the worker's)
+    send, in_window, go = sw.offloader._send, threading.Event(), threading.Event()
+
+    def send_then_pause(*args, **kwargs):
+        send(*args, **kwargs)
+        in_window.set()
+        go.wait(5)
+
+    sw.offloader._send = send_then_pause
+    x = torch.randn(4, 16, requires_grad=True)
+    try:
+        sw.begin_pass()
+        handle = sw.pack((x * 2).relu())
+        item = handle.item
+        assert in_window.wait(5)
+        del handle  # the last save dies while the worker is between its copy and its end
+        go.set()
+        sw.end_pass()
+        sw.synchronize()
+        assert item.freed and item.host is None
+        assert sw.pool.idle_bytes == sw.pool.reserved_bytes > 0  # back in the pool
+    finally:
+        go.set()
+        sw.close()
+
+
 def test_the_host_limit_warning_never_holds_the_pools_lock(dev):
     """Issue 26 (review §1): acquire at the host limit warned while holding the pool's lock,
     and the warning takes the swapper's; the swapper returns buffers to the pool while
