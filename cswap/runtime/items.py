@@ -190,6 +190,11 @@ class Item:
         src = self.src
         return src if src.is_contiguous() else src.permute(self.perm)
 
+    def dense_shape(self):
+        """The shape of its bytes in memory order (what dense_src has, and what is restored)."""
+        perm, shape = self.perm, self.info.shape
+        return shape if perm is None or is_identity(perm) else [shape[p] for p in perm]
+
     def flat_src(self) -> torch.Tensor:
         """The dense tensor's bytes in memory order, as a 1-D uint8 view (no copy)."""
         return flat_bytes(self.dense_src())

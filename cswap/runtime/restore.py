@@ -49,7 +49,7 @@ from .. import codecs
 from ..codecs.container import Compressed, unpack_header
 from ..errors import CorruptDataError
 from . import integrity
-from .items import Handle, Item, flat_bytes, is_identity, restore_strides
+from .items import Handle, Item, flat_bytes, restore_strides
 
 __all__ = ["Restorer"]
 
@@ -189,8 +189,7 @@ class Restorer:
         try:
             ys, hosts = [], []
             for item in items:  # where backward uses and frees them
-                info, perm = item.info, item.perm
-                shape = info.shape if perm is None or is_identity(perm) else [info.shape[p] for p in perm]
+                info, shape = item.info, item.dense_shape()
                 ys.append(dev.empty_as(info.nbytes, info.dtype, shape, compute))
                 hosts.append(pool.view(item.host, info.dtype, shape, item.offset))
             dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
@@ -273,8 +272,7 @@ class Restorer:
     def _copy_in(self, item: Item, blob, host: torch.Tensor, timing: bool) -> torch.Tensor:
         sw, dev, info = self.sw, item.device, item.info
         compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
-        perm = item.perm
-        shape = info.shape if perm is None or is_identity(perm) else [info.shape[p] for p in perm]
+        shape = item.dense_shape()
         y = dev.empty_as(info.nbytes, info.dtype, shape, compute)  # where backward uses and frees it
         y_bytes = flat_bytes(y) if blob is not None or item.header is not None or sw.checksum else None
         dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
