@@ -5,9 +5,11 @@ thread spends in cswap's hooks is one the GPU may wait. This benchmark makes the
 copies free and measures what is left: a chain of Linear + ReLU layers on tiny
 tensors (default 100 layers of 64 x 64, batch 32, one torch thread), so each
 layer's ReLU output is offloaded and its weight is kept, and reports per provider,
-side by side in one run, the median forward and backward time of a step and the
-time added over unpatched (stock autograd, timed in turn with them) per offloaded tensor (pack in forward, unpack in
-backward) and per tensor the hooks keep:
+side by side in one run, the median forward and backward time of a step (the garbage
+collector's pauses left out) and the collector's mean time per step, and what each
+adds over unpatched (stock autograd, timed in turn with them) per offloaded tensor
+(pack in forward, unpack in backward, and gc: the collections its objects cause) and
+per tensor the hooks keep:
 
     unpatched       stock autograd
     hooks           saved_tensors_hooks that return what they get: the floor of any hook-based offload
@@ -68,7 +70,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import math
+import time
 import os
 import statistics
 import threading
@@ -402,9 +406,38 @@ def copy_in_flight(on: bool):
         thread.join()
 
 
+class GcClock:
+    """Seconds spent in Python's garbage collector while on (gc.callbacks). `outside` is a
+    clock that stops while it collects: steps are timed without the collector's pauses,
+    which a median would hide (a collection every few steps, a full one every few
+    hundred), and the pauses are counted apart, as a mean over all steps."""
+
+    def __init__(self):
+        self.seconds, self._start = 0.0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+    def outside(self) -> float:
+        return time.perf_counter() - self.seconds
+
+    @contextlib.contextmanager
+    def on(self):
+        gc.callbacks.append(self)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self)
+
+
 def measure(args) -> list[dict]:
     """Per device and load: every provider (and stock autograd) in turn, round after round,
-    so that drift in the machine's speed falls on all of them alike; medians of all steps."""
+    so that drift in the machine's speed falls on all of them alike; medians of all steps,
+    and the garbage collector's time while each ran."""
     torch.set_num_threads(1)  # the hooks' cost, not the matmuls' threading
     x_cpu = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
     offloaded = args.layers  # one ReLU output per layer (the next Linear's save shares it)
@@ -419,6 +452,7 @@ def measure(args) -> list[dict]:
             names = ["unpatched", *(n for n in args.providers if n != "unpatched")]
             trained = {}
             times = {name: ([], []) for name in names}
+            collecting = {name: GcClock() for name in names}
             with warnings.catch_warnings(), copy_in_flight(busy):
                 warnings.simplefilter("ignore")
                 with active():
@@ -427,7 +461,9 @@ def measure(args) -> list[dict]:
                         time_steps(*trained[name], x, args.warmup)
                     for _ in range(args.rounds):
                         for name in names:
-                            forward, backward = time_steps(*trained[name], x, args.steps)
+                            with collecting[name].on():
+                                forward, backward = time_steps(*trained[name], x, args.steps,
+                                                               clock=collecting[name].outside)
                             times[name][0].extend(forward)
                             times[name][1].extend(backward)
                     stats = {name: cswap.stats(model) for name, (model, _) in trained.items()
@@ -437,15 +473,21 @@ def measure(args) -> list[dict]:
             if isinstance(dev, EmulatedDevice):
                 dev.close()
             base_f, base_b = (statistics.median(v) for v in times["unpatched"])
+            timed_steps = args.rounds * args.steps
+            base_gc = collecting["unpatched"].seconds / timed_steps
             for name in names:
                 forward, backward = (statistics.median(v) for v in times[name])
+                collected = collecting[name].seconds / timed_steps  # the collector's mean per step
                 row = {"device": device, "busy": busy, "provider": name, "forward_ms": 1e3 * forward,
-                       "backward_ms": 1e3 * backward, "step_ms": 1e3 * (forward + backward),
-                       "x_unpatched": (forward + backward) / (base_f + base_b)}
+                       "backward_ms": 1e3 * backward, "gc_ms": 1e3 * collected,
+                       "step_ms": 1e3 * (forward + backward + collected),
+                       "x_unpatched": (forward + backward + collected) / (base_f + base_b + base_gc)}
                 if name != "unpatched":
                     per = saved if name in ("hooks", "keep") else offloaded
                     pack, unpack = (forward - base_f) / per, (backward - base_b) / per
-                    row.update(pack_us=1e6 * pack, unpack_us=1e6 * unpack, added_us_per_tensor=1e6 * (pack + unpack),
+                    gc_added = (collected - base_gc) / per
+                    row.update(pack_us=1e6 * pack, unpack_us=1e6 * unpack, gc_us=1e6 * gc_added,
+                               added_us_per_tensor=1e6 * (pack + unpack + gc_added),
                                per="saved tensor" if per == saved else
                                "layer (its 3 saved tensors copied)" if name == "save_on_cpu" else "offloaded tensor")
                 if name in stats:
@@ -462,13 +504,13 @@ def measure(args) -> list[dict]:
 
 def show(rows: list[dict]) -> None:
     print(f"{'device':9} {'busy':5} {'provider':12} {'fwd ms':>8} {'bwd ms':>8} {'x unp.':>7} {'x s_o_c':>7} "
-          f"{'pack us':>8} {'unpack us':>9} {'added us':>9}  per")
+          f"{'pack us':>8} {'unpack us':>9} {'gc us':>6} {'added us':>9}  per")
     for r in rows:
         def f(key, fmt):
             return format(r[key], fmt) if key in r else "-"
         print(f"{r['device']:9} {str(r['busy']):5} {r['provider']:12} {r['forward_ms']:8.2f} {r['backward_ms']:8.2f} "
               f"{f('x_unpatched', '7.2f')} {f('x_save_on_cpu', '7.2f')} {f('pack_us', '8.1f')} "
-              f"{f('unpack_us', '9.1f')} {f('added_us_per_tensor', '9.1f')}  {r.get('per', '')}")
+              f"{f('unpack_us', '9.1f')} {f('gc_us', '6.1f')} {f('added_us_per_tensor', '9.1f')}  {r.get('per', '')}")
 
 
 def _cpu_model() -> str:

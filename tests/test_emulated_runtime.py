@@ -223,9 +223,9 @@ def _stash_wait_lateness() -> list[float]:
     sw = swapper_of(model)
     admit, admits = sw._admit, []
 
-    def timed_admit(item):
+    def timed_admit(item, pass_):
         start = time.perf_counter()
-        admit(item)
+        admit(item, pass_)
         admits.append((start, time.perf_counter()))
 
     sw._admit = timed_admit
@@ -691,7 +691,7 @@ def test_a_wait_for_a_tensor_in_the_open_group_sends_the_group():
             sw.synchronize()
             seen.append(("synchronize", len(group.items), len(sw.inflight)))
         else:  # the third: a use of a tensor not yet sent
-            restored = sw.unpack(Handle(first, sw))
+            restored = sw.unpack(Handle(first, sw._pass, sw))
             seen.append(("unpack", len(group.items), torch.equal(restored, first.counter)))
 
     model[7].register_forward_hook(mid_forward)  # the fourth ReLU

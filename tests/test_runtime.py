@@ -828,6 +828,26 @@ def test_retain_graph_two_backwards(name):
         cswap.unpatch(model)
 
 
+def test_each_backward_prefetches_once_per_item(monkeypatch):
+    """A tensor saved twice (a ReLU's output, saved by the ReLU and by the next Linear)
+    starts the prefetch after it at its first use in each backward only, although
+    autograd drops the first save as soon as its node ran (which uncounts its use)."""
+    torch.manual_seed(0)
+    model = cswap.patch(nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(16, 16), nn.ReLU())]),
+                        mode="vdnn", candidates="all", min_bytes=0)
+    sw = swapper_of(model)
+    started = []
+    prefetch = sw.restorer.prefetch
+    monkeypatch.setattr(sw.restorer, "prefetch", lambda pass_, item, round_: (started.append((item.index, round_)),
+                                                                              prefetch(pass_, item, round_)))
+    loss = model(torch.randn(2, 16)).sum()
+    items = len(sw._pass.items)
+    assert cswap.stats(model)["deduplicated"] == 3  # (each Linear but the first saves a ReLU output again)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert sorted(started) == sorted((index, round_) for index in range(items) for round_ in (0, 1))
+
+
 def autocast_steps(model, steps=2, dtype=torch.bfloat16):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in nets.batches(nets.IMAGE, steps):
@@ -1122,6 +1142,27 @@ def test_patched_model_dropped_without_unpatch_frees_its_swapper():
 
 
 # -- 9. memory lifetime ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["vdnn", "sc"])
+def test_a_steps_records_go_without_the_garbage_collector(mode):
+    """A step's records (items, handles, groups) hold no reference cycle: they go by
+    reference counting once backward and the next pass are done with them, not in the
+    garbage collector's passes, whose full collections cost a training loop far more
+    than the records themselves."""
+    model = cswap.patch(nets.tiny(), mode=mode, min_bytes=0)
+    sw = swapper_of(model)
+    one_step(model, shape=(2, 3, 8, 8))  # (the first step allocates buffers and settles candidates)
+    gc.collect()
+    gc.disable()
+    try:
+        one_step(model, shape=(2, 3, 8, 8))
+        items = [weakref.ref(item) for item in sw._pass.items]
+        assert items
+        one_step(model, shape=(2, 3, 8, 8))  # the next pass replaces the swapper's
+        assert [r() for r in items] == [None] * len(items)
+    finally:
+        gc.enable()
 
 @pytest.mark.parametrize("mode", ["vdnn", "sc"])
 def test_host_pool_buffers_reused_across_iterations(mode):

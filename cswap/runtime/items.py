@@ -166,9 +166,10 @@ class Item:
     handles = 0                           # live saves (handles) of it
     unpacked = 0                          # of those, served in this round
     round = 0                             # one round = one backward's use
+    prefetched_round = -1                 # the round whose first use of it prefetched the next items
     freed = False
 
-    def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, pass_: Pass, device):
+    def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, index: int, device):
         self.info = info
         self.codec = codec
         self.device = device                       # the cswap.runtime.device.Device it lives on
@@ -178,8 +179,7 @@ class Item:
         self.version = t._version
         self.perm = perm                           # None: not dense, restored contiguous
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
-        self.pass_ = pass_
-        self.index = len(pass_.items)
+        self.index = index                         # in its pass's items (the pass is its handles')
 
     @property
     def key(self) -> str:
@@ -202,12 +202,17 @@ class Item:
 
 class Handle:
     """What autograd stores for an offloaded save; frees the item with the last one.
+    `pass_`: the Pass the item belongs to. Items do not point back to their pass, whose
+    list points to them: with no cycle, a step's records go by reference counting the
+    moment backward drops them, not in the garbage collector's passes (a step makes
+    hundreds; collecting them cost 10 us per tensor here, and full collections).
     `view` = (size, stride, offset): the save was a view of the item's tensor."""
 
-    __slots__ = ("item", "swapper", "view", "served_round")
+    __slots__ = ("item", "pass_", "swapper", "view", "served_round")
 
-    def __init__(self, item: Item, swapper, view=None):
+    def __init__(self, item: Item, pass_: Pass, swapper, view=None):
         self.item = item
+        self.pass_ = pass_
         self.swapper = swapper
         self.view = view
         self.served_round = -1

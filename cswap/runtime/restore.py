@@ -49,7 +49,7 @@ from .. import codecs
 from ..codecs.container import Compressed, unpack_header
 from ..errors import CorruptDataError
 from . import integrity
-from .items import Handle, Item, flat_bytes, restore_strides
+from .items import Handle, Item, Pass, flat_bytes, restore_strides
 
 __all__ = ["Restorer"]
 
@@ -84,15 +84,19 @@ class Restorer:
         compute = dev.compute_stream()
         if item.restored is None:  # not prefetched: backward waits for this copy
             asked = dev.record_event(compute, timing=True)
-            if self.on_demand(item):
+            if self.on_demand(item, handle.pass_):
                 sw.stats.add("on_demand")
                 sw.note_stall(dev, asked, item.h2d_done)
         with sw.lock:
-            first, round_ = item.unpacked == 0, item.round
+            # Its first use in this round (a count of uses would not do: autograd drops a save
+            # once its node ran, which uncounts it, so the item's next save would look first).
+            round_ = item.round
+            first = item.prefetched_round != round_
+            item.prefetched_round = round_
             if item.prefetch_counted:  # served now: no longer ahead of backward
                 sw.uncount_prefetch(item)
         if first:
-            self.prefetch(item, round_)  # issue the next restores before checking this one
+            self.prefetch(handle.pass_, item, round_)  # issue the next restores before checking this one
         if item.verdict_pending or self.unread:
             self.verify(item)
         out, done = item.restored, item.h2d_done
@@ -109,7 +113,7 @@ class Restorer:
                 sw.end_round_if_served(item)
         return out if handle.view is None else out.as_strided(*handle.view)
 
-    def prefetch(self, item: Item, round_: int) -> None:
+    def prefetch(self, pass_: Pass, item: Item, round_: int) -> None:
         """Start restoring the items backward will want next while the bytes restored
         ahead and not yet served fit in the prefetch limit (prefetch_bytes=0 turns
         prefetch off; an item that does not fit is fetched when backward asks),
@@ -118,8 +122,7 @@ class Restorer:
         unpacks its saved tensors in forward order: the direction follows what was
         served. The pass keeps where the last call stopped (its cursor), so each item
         is looked at once per backward, however large the window."""
-        sw, pass_ = self.sw, item.pass_
-        items = pass_.items
+        sw, items = self.sw, pass_.items
         before = items[item.index - 1] if item.index > 0 else None
         step = 1 if before is not None and not before.freed and before.round != round_ else -1
         start = item.index + step
@@ -213,7 +216,7 @@ class Restorer:
         sw.stats.add_all(("restored_tensors", len(items)), ("prefetched", len(items)))
         items.clear()
 
-    def on_demand(self, item: Item) -> bool:
+    def on_demand(self, item: Item, pass_: Pass) -> bool:
         """`restore`; when the device is out of memory, give back the prefetched
         restores backward has not used yet (their host copies stay), wait for the
         copies out still in flight to release their tensors, and retry once."""
@@ -221,7 +224,7 @@ class Restorer:
             return self.restore(item, timing=True)
         except torch.OutOfMemoryError:
             self.sw.stats.add("oom_retries")
-            self.drop_unused_prefetches(item)
+            self.drop_unused_prefetches(item, pass_)
             self.sw.synchronize()  # and tensors still being copied out leave the device first
             try:
                 return self.restore(item, timing=True)
@@ -231,10 +234,10 @@ class Restorer:
                     f"{item.info.where} for backward ran out of device memory, even after giving back prefetched "
                     f"tensors; its host copy is kept. Lower prefetch_bytes or the batch size ({exc})") from exc
 
-    def drop_unused_prefetches(self, keep: Item) -> None:
+    def drop_unused_prefetches(self, keep: Item, pass_: Pass) -> None:
         sw = self.sw
         with sw.lock:
-            for other in keep.pass_.items:
+            for other in pass_.items:
                 if other is not keep and other.h2d_done is not None and other.unpacked == 0:
                     sw.uncount_prefetch(other)
                     other.restored = other.h2d_done = None

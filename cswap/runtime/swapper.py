@@ -349,9 +349,9 @@ class Swapper:
             if observer is not None:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return t.detach(), t._version
-        item = Item(t, info, codec, dense_permutation(t), pass_, dev)
+        item = Item(t, info, codec, dense_permutation(t), len(pass_.items), dev)
         self.device, self.tensor_device = dev, dev.device
-        self._admit(item)
+        self._admit(item, pass_)
         # At once: an admitted item is always on its way (pack may raise below). Raw copies go
         # in groups, but in the timed pass (per-tensor timings), under a budget (whose plan
         # releases each tensor as its own copy completes) and in vdnnpp (which compresses
@@ -361,7 +361,7 @@ class Swapper:
         self._seen[id(t)] = (item.weak, item.version, item)
         if observer is not None:
             observer.on_pack(item.key, t, info, dev, at=at)
-        return Handle(item, self)
+        return Handle(item, pass_, self)
 
     def _floor(self, cuda: bool) -> int:
         """min_bytes, or its default: 1 MiB for CUDA tensors, none for CPU ones."""
@@ -372,7 +372,7 @@ class Swapper:
         if self.inflight and self.releases_at_saves:
             self.offloader.poll()
 
-    def _admit(self, item: Item) -> None:
+    def _admit(self, item: Item, pass_: Pass) -> None:
         """Count the item in flight; while that would exceed the stash limit, wait for
         the oldest copy out to complete and release it (no polling). A failure found
         while waiting is raised before the item is counted."""
@@ -394,7 +394,7 @@ class Swapper:
                 oldest = self.inflight[0]
             waited_since = waited_since or time.perf_counter()
             self._wait_released(oldest, at="pack.stash_full")
-        item.pass_.nbytes += nbytes
+        pass_.nbytes += nbytes
         if waited_since is not None:
             self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
 
@@ -451,7 +451,7 @@ class Swapper:
         (a flatten after pooling): the same bytes are never sent twice."""
         entry = self._seen.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == t._version and not entry[2].freed:
-            return (t.detach(), t._version) if isinstance(entry[2], KeptByPolicy) else Handle(entry[2], self)
+            return (t.detach(), t._version) if isinstance(entry[2], KeptByPolicy) else Handle(entry[2], self._pass, self)
         base = t._base if t._is_view() else None
         entry = self._seen.get(id(base)) if base is not None else None
         if entry is not None and entry[0]() is base and entry[1] == t._version and not entry[2].freed \
@@ -460,7 +460,7 @@ class Swapper:
                 return t.detach(), t._version
             # The restored base has the original strides from storage offset 0.
             view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
-            return Handle(entry[2], self, view)
+            return Handle(entry[2], self._pass, self, view)
         return None
 
     def _candidate_op(self, t: torch.Tensor, dev: Device, caller) -> str | None:

@@ -36,21 +36,22 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int) -> tuple[list[float], list[float]]:
-    """Each step's forward and backward seconds on the host. On CUDA each step starts
-    and ends with a device synchronize (inside backward's figure), so forward's is the
-    host's time alone."""
+def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int,
+               clock=time.perf_counter) -> tuple[list[float], list[float]]:
+    """Each step's forward and backward seconds on the host (by `clock`). On CUDA each
+    step starts and ends with a device synchronize (inside backward's figure), so
+    forward's is the host's time alone."""
     forward, backward = [], []
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
         _synchronize(x.device)
         with context():
-            start = time.perf_counter()
+            start = clock()
             loss = model(x).sum()
-            mid = time.perf_counter()
+            mid = clock()
             loss.backward()
             _synchronize(x.device)
-            end = time.perf_counter()
+            end = clock()
         del loss
         forward.append(mid - start)
         backward.append(end - mid)
