@@ -102,13 +102,16 @@ class Pass:
 
 
 class KeptByPolicy:
-    """The dedup entry of a candidate the policy kept on the device: later saves of it
-    (or of a dense view of it) stay too, and take no key of their own."""
+    """The dedup entry of a candidate the policy kept on the device (an Item stands for an
+    offloaded one): later saves of it (or of a dense view of it) stay too, and take no key
+    of their own."""
 
-    __slots__ = ("perm",)
+    __slots__ = ("weak", "version", "perm")
     freed = False
 
-    def __init__(self, perm):
+    def __init__(self, t: torch.Tensor, perm):
+        self.weak = weakref.ref(t)
+        self.version = t._version
         self.perm = perm
 
 

@@ -70,7 +70,8 @@ class LayerTracker:
         self._stack: list[tuple[str, str]] = []
         self._handles: list = []
         self._attach = None      # puts the hooks (back) on; None: never attached
-        self._names: list = []   # this pass: (signature, names) per candidate, in order
+        self._names: list = []   # this pass: (signature, names) per candidate, in order (while hooked)
+        self._replayed = 0       # this pass's candidates named so far (while replaying)
         self._previous = None    # the last pass's, while hooked
         self._steady = 1         # passes in a row that named the same candidates
         self._replay = None      # the names replayed while the hooks are off
@@ -87,26 +88,26 @@ class LayerTracker:
 
     def where(self, t: torch.Tensor, op: str | None = None) -> tuple[str, str, str]:
         """(made in, its type, saved in) for the next candidate of this pass, saved now."""
-        signature = (op, t.dtype, t.dim())
-        names = self._names
         replay = self._replay
-        if replay is not None:
-            i = len(names)
-            if not self._departed and i < len(replay) and replay[i][0] == signature:
-                where = replay[i][1]
-            else:
-                self._departed, where = True, UNNAMED
-        else:
-            running = self.current
-            made = made_in(t) or running
-            where = (made[0], made[1], running[0])
-        names.append((signature, where))
+        if replay is not None:  # (no record of its own: a pass that departs puts the hooks back)
+            i = self._replayed
+            self._replayed = i + 1
+            if not self._departed and i < len(replay):
+                (op_was, dtype, dims), where = replay[i]
+                if op_was == op and dtype == t.dtype and dims == t.dim():
+                    return where
+            self._departed = True
+            return UNNAMED
+        running = self.current
+        made = made_in(t) or running
+        where = (made[0], made[1], running[0])
+        self._names.append(((op, t.dtype, t.dim()), where))
         return where
 
     def reset(self) -> None:
         """A pass starts."""
         self._stack.clear()
-        self._names, self._departed = [], False
+        self._names, self._replayed, self._departed = [], 0, False
 
     def end_pass(self) -> None:
         """A pass's forward is over: take the hooks off after STEADY_PASSES passes named

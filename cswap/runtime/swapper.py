@@ -43,7 +43,6 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections import deque
 from typing import Callable
 
@@ -211,7 +210,7 @@ class Swapper:
         self.compiled_saves = 0                # saves recognised as a compiled graph's (patch checks it)
         self._graph_inputs = None              # the latest compiled graph call's inputs, and their storages
         self._input_storages: frozenset[int] = frozenset()
-        self._seen: dict[int, tuple[weakref.ref, int, Item]] = {}
+        self._seen: dict[int, Item | KeptByPolicy] = {}  # id(tensor) -> its item this pass (weak, version)
         self.stats = SwapStats(self)
 
     # -- passes -------------------------------------------------------------------------
@@ -345,7 +344,7 @@ class Swapper:
         pass_.candidates += 1
         codec = self._choose_codec(info)
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
-            self._seen[id(t)] = (weakref.ref(t), t._version, KeptByPolicy(dense_permutation(t)))
+            self._seen[id(t)] = KeptByPolicy(t, dense_permutation(t))
             if observer is not None:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return t.detach(), t._version
@@ -358,7 +357,7 @@ class Swapper:
         # each host copy on its own).
         self.offloader.offload(item, grouped=at is None and self.memory_limit is None and self.mode != "vdnnpp")
         pass_.items.append(item)
-        self._seen[id(t)] = (item.weak, item.version, item)
+        self._seen[id(t)] = item
         if observer is not None:
             observer.on_pack(item.key, t, info, dev, at=at)
         return Handle(item, pass_, self)
@@ -450,17 +449,17 @@ class Swapper:
         """A handle on this pass's item for `t`, or for the tensor `t` is a view of
         (a flatten after pooling): the same bytes are never sent twice."""
         entry = self._seen.get(id(t))
-        if entry is not None and entry[0]() is t and entry[1] == t._version and not entry[2].freed:
-            return (t.detach(), t._version) if isinstance(entry[2], KeptByPolicy) else Handle(entry[2], self._pass, self)
+        if entry is not None and entry.weak() is t and entry.version == t._version and not entry.freed:
+            return (t.detach(), t._version) if type(entry) is KeptByPolicy else Handle(entry, self._pass, self)
         base = t._base if t._is_view() else None
         entry = self._seen.get(id(base)) if base is not None else None
-        if entry is not None and entry[0]() is base and entry[1] == t._version and not entry[2].freed \
-                and entry[2].perm is not None:
-            if isinstance(entry[2], KeptByPolicy):
+        if entry is not None and entry.weak() is base and entry.version == t._version and not entry.freed \
+                and entry.perm is not None:
+            if type(entry) is KeptByPolicy:
                 return t.detach(), t._version
             # The restored base has the original strides from storage offset 0.
             view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
-            return Handle(entry[2], self._pass, self, view)
+            return Handle(entry, self._pass, self, view)
         return None
 
     def _candidate_op(self, t: torch.Tensor, dev: Device, caller) -> str | None:
