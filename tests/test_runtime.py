@@ -317,11 +317,13 @@ def test_stats_reset_zeroes_counters():
     s.reset()
     assert all(s[k] == 0 for k in COUNTERS)
     assert isinstance(s["prefetch_stall_s"], float)
+    assert s["peak_offload_bytes"] == s["peak_prefetch_bytes"] == 0
     one_step(model)  # same data and weights (no optimizer step): the same counts again
     again = counters(s)
     for k in COUNTERS:
         if not k.endswith("_s"):
             assert again[k] == first[k], k
+    assert s["peak_offload_bytes"] > 0 and s["peak_prefetch_bytes"] > 0  # peaks since the reset, not before
 
 
 def test_stats_counted_from_many_threads_add_up():

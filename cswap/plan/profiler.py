@@ -176,7 +176,7 @@ class TensorProfiler:
         self.iteration: IterationProfile | None = None      # latest complete timing
         self.sparsity: dict[str, tuple[float, int]] = {}    # key -> (sparsity, runs), latest sample
         self.zans_bits: dict[str, float] = {}               # key -> ZANS bits per element, latest sample
-        self.infos: dict[str, SwapInfo] = {}                # key -> latest info
+        self.infos: dict[str, SwapInfo] = {}                # key -> latest info (from the passes observed)
         self.overhead_s = 0.0                               # host seconds spent profiling, since reset
         self.record_memory = False                          # trace device memory in the timed pass
         self.memory: MemoryTrace | None = None              # ...of the latest complete timing
@@ -261,11 +261,13 @@ class TensorProfiler:
 
     def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo, device, offloaded: bool = True,
                 at: int | None = None) -> None:
-        """A candidate was saved (`at`: the stamp its pause began with)."""
+        """A candidate was saved in the pass observed (`at`: the stamp its pause began with).
+        The swapper calls it only while a pass is observed: every key the profiler reports
+        (timings, sparsity) comes from such a pass, so those passes' infos are the ones read."""
         p = self.current
-        self.infos[key] = info
         if p is None:
             return
+        self.infos[key] = info
         start = time.perf_counter()
         if p.device is None:
             p.device = device

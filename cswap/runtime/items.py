@@ -139,39 +139,14 @@ class Item:
     served to every save in the round -> freed with its last save.
     """
 
-    # What changes over its life starts here, as class attributes: a new item sets only what
-    # differs (pack makes one per offloaded tensor, on the training thread).
-    ready = None                          # event on compute at pack: the tensor is computed
-    sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
-    header = None                         # the codec Header when sent compressed
-    host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
-    block: HostBlock | None = None        # when `host` is a group's buffer: the item's share of it
-    offset = 0                            # where in `host` its bytes start
-    moved = 0                             # bytes sent over the link
-    tail = 0                              # offset of the checksum and verdict words in `host`
-    host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
-    busy = False                          # vdnnpp: a restore is reading `host`
-    d2h_done = None                       # event: the copy out has completed
-    issued: threading.Event = ISSUED      # the worker has handled it (copied, kept, or failed)
-    stashed = False                       # counted in the in-flight offload bytes
-    released = False                      # src dropped after the copy out
-    to_releaser = False                   # handed to the releaser thread (forward was over)
-    fallback: torch.Tensor | None = None  # kept on the device (host memory limit)
-    failure: BaseException | None = None  # its offload failed: unpack raises this
-    restored: torch.Tensor | None = None  # for backward, this round
-    h2d_done = None                       # event: the copy in (and decode) has completed
-    verdict_pending = False               # a decoder/checksum verdict waits in `host`
-    verdict_unread = False                # served before its verdict landed: the restorer reads it later
-    prefetch_counted = False              # counted in the in-flight restore bytes
-    error: BaseException | None = None    # a prefetch found the host copy corrupt
-    expected_sum: int | None = None       # vdnnpp: the checksum of the bytes sent, once host compressed
-    last_read = None                      # the latest copy reading `host`
-    handles = 0                           # live saves (handles) of it
-    unpacked = 0                          # of those, served in this round
-    round = 0                             # one round = one backward's use
-    prefetched_round = -1                 # the round whose first use of it prefetched the next items
-    freed = False
+    __slots__ = ("info", "codec", "device", "src", "counter", "weak", "version", "perm", "stride", "index",
+                 "ready", "sent", "header", "host", "block", "offset", "moved", "tail", "host_blob", "busy",
+                 "d2h_done", "issued", "stashed", "released", "to_releaser", "fallback", "failure", "restored",
+                 "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted", "error", "expected_sum",
+                 "last_read", "handles", "unpacked", "round", "prefetched_round", "freed", "__weakref__")
 
+    # Slots, not a dict: pack makes one per offloaded tensor, and each dict is one more
+    # object for the garbage collector to count and trace.
     def __init__(self, t: torch.Tensor, info: SwapInfo, codec: str | None, perm, index: int, device):
         self.info = info
         self.codec = codec
@@ -183,6 +158,37 @@ class Item:
         self.perm = perm                           # None: not dense, restored contiguous
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.index = index                         # in its pass's items (the pass is its handles')
+        # What changes over its life:
+        self.ready = None                          # event on compute at pack: the tensor is computed
+        self.sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
+        self.header = None                         # the codec Header when sent compressed
+        self.host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
+        self.block: HostBlock | None = None        # when `host` is a group's buffer: the item's share of it
+        self.offset = 0                            # where in `host` its bytes start
+        self.moved = 0                             # bytes sent over the link
+        self.tail = 0                              # offset of the checksum and verdict words in `host`
+        self.host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
+        self.busy = False                          # vdnnpp: a restore is reading `host`
+        self.d2h_done = None                       # event: the copy out has completed
+        self.issued: threading.Event = ISSUED      # the worker has handled it (copied, kept, or failed)
+        self.stashed = False                       # counted in the in-flight offload bytes
+        self.released = False                      # src dropped after the copy out
+        self.to_releaser = False                   # handed to the releaser thread (forward was over)
+        self.fallback: torch.Tensor | None = None  # kept on the device (host memory limit)
+        self.failure: BaseException | None = None  # its offload failed: unpack raises this
+        self.restored: torch.Tensor | None = None  # for backward, this round
+        self.h2d_done = None                       # event: the copy in (and decode) has completed
+        self.verdict_pending = False               # a decoder/checksum verdict waits in `host`
+        self.verdict_unread = False                # served before its verdict landed: the restorer reads it later
+        self.prefetch_counted = False              # counted in the in-flight restore bytes
+        self.error: BaseException | None = None    # a prefetch found the host copy corrupt
+        self.expected_sum: int | None = None       # vdnnpp: the checksum of the bytes sent, once host compressed
+        self.last_read = None                      # the latest copy reading `host`
+        self.handles = 0                           # live saves (handles) of it
+        self.unpacked = 0                          # of those, served in this round
+        self.round = 0                             # one round = one backward's use
+        self.prefetched_round = -1                 # the round whose first use of it prefetched the next items
+        self.freed = False                         # its last save is gone
 
     @property
     def key(self) -> str:

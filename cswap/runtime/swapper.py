@@ -202,6 +202,7 @@ class Swapper:
         self.in_forward = False                # between begin_pass and end_pass: the training thread releases
         self._offload_bytes = 0                # their bytes (the stash)
         self.prefetched_bytes = 0              # restored ahead of use, not yet served
+        self._highs = [0, 0]                   # the most of each since the stats' reset (their peaks)
         self._largest = 0                      # the largest tensor offloaded so far
         self._previous_pass_bytes = 0          # offloaded in the previous pass
         self._failure: tuple[BaseException, Item | None] | None = None
@@ -345,7 +346,7 @@ class Swapper:
         codec = self._choose_codec(info)
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
             self._seen[id(t)] = KeptByPolicy(t, dense_permutation(t))
-            if observer is not None:
+            if observer is not None and observer.current is not None:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return t.detach(), t._version
         item = Item(t, info, codec, dense_permutation(t), len(pass_.items), dev)
@@ -358,7 +359,7 @@ class Swapper:
         self.offloader.offload(item, grouped=at is None and self.memory_limit is None and self.mode != "vdnnpp")
         pass_.items.append(item)
         self._seen[id(t)] = item
-        if observer is not None:
+        if observer is not None and observer.current is not None:  # (a pass it observes)
             observer.on_pack(item.key, t, info, dev, at=at)
         return Handle(item, pass_, self)
 
@@ -388,7 +389,9 @@ class Swapper:
                     self._offload_bytes += nbytes
                     item.stashed = True
                     self.inflight.append(item)
-                    self.stats.peak("peak_offload_bytes", self._offload_bytes)
+                    if self._offload_bytes > self._highs[0]:  # (a new peak: the stats see only those)
+                        self._highs[0] = self._offload_bytes
+                        self.stats.peak("peak_offload_bytes", self._offload_bytes)
                     break
                 oldest = self.inflight[0]
             waited_since = waited_since or time.perf_counter()
@@ -564,7 +567,9 @@ class Swapper:
         if not item.prefetch_counted:
             item.prefetch_counted = True
             self.prefetched_bytes += item.info.nbytes
-            self.stats.peak("peak_prefetch_bytes", self.prefetched_bytes)
+            if self.prefetched_bytes > self._highs[1]:
+                self._highs[1] = self.prefetched_bytes
+                self.stats.peak("peak_prefetch_bytes", self.prefetched_bytes)
 
     def uncount_prefetch(self, item: Item) -> None:
         if item.prefetch_counted:
@@ -702,6 +707,7 @@ class Swapper:
         self.pool.peak_reserved_bytes = self.pool.reserved_bytes
         with self.lock:
             self._stalls.clear()
+            self._highs = [0, 0]
         if self.device is not None:
             self.device.reset_peak()
 
