@@ -70,9 +70,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gc
 import math
-import time
 import os
 import statistics
 import threading
@@ -89,7 +87,7 @@ from cswap.runtime.candidates import SwapInfo, movable, op_name, producer
 from cswap.runtime.device import device_of
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
-from cswap.tune.host_cost import chain, time_steps  # (the chain cswap-tune measures, and its clock)
+from cswap.tune.host_cost import GcClock, chain, time_steps  # (the chain cswap-tune measures, its clocks)
 
 PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched", "keep", "vdnn", "sc", "cswap", "vdnnpp")
 DEVICES = ("cpu", "emulated", "lagging", "cuda")
@@ -404,34 +402,6 @@ def copy_in_flight(on: bool):
     finally:
         stop.set()
         thread.join()
-
-
-class GcClock:
-    """Seconds spent in Python's garbage collector while on (gc.callbacks). `outside` is a
-    clock that stops while it collects: steps are timed without the collector's pauses,
-    which a median would hide (a collection every few steps, a full one every few
-    hundred), and the pauses are counted apart, as a mean over all steps."""
-
-    def __init__(self):
-        self.seconds, self._start = 0.0, None
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        elif self._start is not None:
-            self.seconds += time.perf_counter() - self._start
-            self._start = None
-
-    def outside(self) -> float:
-        return time.perf_counter() - self.seconds
-
-    @contextlib.contextmanager
-    def on(self):
-        gc.callbacks.append(self)
-        try:
-            yield self
-        finally:
-            gc.callbacks.remove(self)
 
 
 def measure(args) -> list[dict]:

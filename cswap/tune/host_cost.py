@@ -7,7 +7,9 @@ enough, that cost rather than the link bounds a step, so the planners count it
 the profile as runtime.host_us_per_tensor: a chain of Linear + ReLU layers on tiny
 tensors (copies cost nothing, so what is left is the host), trained unpatched and
 with cswap in vdnn mode in alternate rounds; the difference of the median steps per
-offloaded tensor (each layer's ReLU output; the next Linear's save shares it).
+offloaded tensor (each layer's ReLU output; the next Linear's save shares it), plus
+that of the garbage collector's mean time per step (its pauses fall in few steps,
+which a median leaves out, but the objects a step makes cause them).
 
 benchmarks/overhead.py measures the same chain against more providers and devices.
 """
@@ -15,6 +17,7 @@ benchmarks/overhead.py measures the same chain against more providers and device
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 import warnings
@@ -22,7 +25,7 @@ import warnings
 import torch
 from torch import nn
 
-__all__ = ["chain", "time_steps", "host_seconds_per_tensor"]
+__all__ = ["GcClock", "chain", "time_steps", "host_seconds_per_tensor"]
 
 
 def chain(layers: int, width: int) -> nn.Module:
@@ -34,6 +37,34 @@ def chain(layers: int, width: int) -> nn.Module:
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class GcClock:
+    """Seconds spent in Python's garbage collector while on (gc.callbacks). `outside` is a
+    clock that stops while it collects: steps are timed without the collector's pauses,
+    which a median would hide (a collection every few steps, a full one every few
+    hundred), and the pauses are counted apart, as a mean over all steps."""
+
+    def __init__(self):
+        self.seconds, self._start = 0.0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+    def outside(self) -> float:
+        return time.perf_counter() - self.seconds
+
+    @contextlib.contextmanager
+    def on(self):
+        gc.callbacks.append(self)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self)
 
 
 def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int,
@@ -73,13 +104,17 @@ def host_seconds_per_tensor(device: torch.device, layers: int = 50, width: int =
                               verbose=False)
         try:
             steps_s = {"unpatched": [], "vdnn": []}
+            collecting = {"unpatched": GcClock(), "vdnn": GcClock()}
             for model in (plain, patched):
                 time_steps(model, contextlib.nullcontext, x, warmup)
             for _ in range(rounds):  # alternate, so drift in the machine's speed falls on both alike
                 for name, model in (("unpatched", plain), ("vdnn", patched)):
-                    forward, backward = time_steps(model, contextlib.nullcontext, x, steps)
+                    with collecting[name].on():
+                        forward, backward = time_steps(model, contextlib.nullcontext, x, steps,
+                                                       clock=collecting[name].outside)
                     steps_s[name] += [f + b for f, b in zip(forward, backward)]
         finally:
             cswap.unpatch(patched)
     added = statistics.median(steps_s["vdnn"]) - statistics.median(steps_s["unpatched"])
+    added += (collecting["vdnn"].seconds - collecting["unpatched"].seconds) / (rounds * steps)
     return max(added, 0.0) / layers
