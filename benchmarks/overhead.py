@@ -7,9 +7,11 @@ tensors (default 100 layers of 64 x 64, batch 32, one torch thread), so each
 layer's ReLU output is offloaded and its weight is kept, and reports per provider,
 side by side in one run, the median forward and backward time of a step (the garbage
 collector's pauses left out) and the collector's mean time per step, and what each
-adds over unpatched (stock autograd, timed in turn with them) per offloaded tensor
-(pack in forward, unpack in backward, and gc: the collections its objects cause) and
-per tensor the hooks keep:
+adds over unpatched (stock autograd, timed in turn with them: the median over rounds
+of the difference within a round) per offloaded tensor (pack in forward, unpack in
+backward, and gc: the young generations' collections its objects cause, full ones
+being off while timing; x min.: that as a multiple of `minimal`'s, which moves less
+with the machine's speed) and per tensor the hooks keep:
 
     unpatched       stock autograd
     hooks           saved_tensors_hooks that return what they get: the floor of any hook-based offload
@@ -70,7 +72,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import math
+import time
 import os
 import statistics
 import threading
@@ -381,6 +385,20 @@ def make_device(name: str):
 
 
 @contextlib.contextmanager
+def young_collections_only():
+    """Python's full collections off while timing: when one comes depends on every object
+    the process holds (each provider's, the benchmark's, torch's), so it would fall on
+    whichever provider ran then. The young generations' collections come from a step's
+    own objects, and each provider's count as its own (the gc column)."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+@contextlib.contextmanager
 def copy_in_flight(on: bool):
     """A thread copying 64 MiB buffers the whole time, as a worker's copy or a data
     loader's would: torch releases the GIL inside the copy, so the training thread
@@ -407,7 +425,8 @@ def copy_in_flight(on: bool):
 def measure(args) -> list[dict]:
     """Per device and load: every provider (and stock autograd) in turn, round after round,
     so that drift in the machine's speed falls on all of them alike; medians of all steps,
-    and the garbage collector's time while each ran."""
+    what each adds over stock autograd within a round (the median over rounds), and the
+    garbage collector's time while each ran."""
     torch.set_num_threads(1)  # the hooks' cost, not the matmuls' threading
     x_cpu = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
     offloaded = args.layers  # one ReLU output per layer (the next Linear's save shares it)
@@ -422,8 +441,9 @@ def measure(args) -> list[dict]:
             names = ["unpatched", *(n for n in args.providers if n != "unpatched")]
             trained = {}
             times = {name: ([], []) for name in names}
+            by_round = {name: [] for name in names}  # (forward, backward) median of each round
             collecting = {name: GcClock() for name in names}
-            with warnings.catch_warnings(), copy_in_flight(busy):
+            with warnings.catch_warnings(), copy_in_flight(busy), young_collections_only():
                 warnings.simplefilter("ignore")
                 with active():
                     for name in names:
@@ -436,6 +456,7 @@ def measure(args) -> list[dict]:
                                                                clock=collecting[name].outside)
                             times[name][0].extend(forward)
                             times[name][1].extend(backward)
+                            by_round[name].append((statistics.median(forward), statistics.median(backward)))
                     stats = {name: cswap.stats(model) for name, (model, _) in trained.items()
                              if name not in ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched")}
                     for name in stats:
@@ -454,7 +475,11 @@ def measure(args) -> list[dict]:
                        "x_unpatched": (forward + backward + collected) / (base_f + base_b + base_gc)}
                 if name != "unpatched":
                     per = saved if name in ("hooks", "keep") else offloaded
-                    pack, unpack = (forward - base_f) / per, (backward - base_b) / per
+                    # What it adds: the median over rounds of its difference to stock autograd in the
+                    # same round (this shared machine's speed can change by 2x within a minute).
+                    pack, unpack = (statistics.median(mine[i] - base[i] for mine, base in
+                                                      zip(by_round[name], by_round["unpatched"])) / per
+                                    for i in (0, 1))
                     gc_added = (collected - base_gc) / per
                     row.update(pack_us=1e6 * pack, unpack_us=1e6 * unpack, gc_us=1e6 * gc_added,
                                added_us_per_tensor=1e6 * (pack + unpack + gc_added),
@@ -464,23 +489,77 @@ def measure(args) -> list[dict]:
                     row["offloaded_per_step"] = stats[name]["offloaded_tensors"] / \
                         (args.warmup + args.rounds * args.steps)
                 rows.append(row)
-    for row in rows:  # against save_on_cpu on the same device and load
-        ref = next((r for r in rows if r["device"] == row["device"] and r["busy"] == row["busy"]
-                    and r["provider"] == "save_on_cpu"), None)
-        if ref is not None:
-            row["x_save_on_cpu"] = row["step_ms"] / ref["step_ms"]
+    for row in rows:  # against save_on_cpu and the minimal offload, on the same device and load
+        def ref(name):
+            return next((r for r in rows if r["device"] == row["device"] and r["busy"] == row["busy"]
+                         and r["provider"] == name), None)
+        if ref("save_on_cpu") is not None:
+            row["x_save_on_cpu"] = row["step_ms"] / ref("save_on_cpu")["step_ms"]
+        floor = ref("minimal")  # the time added per offloaded tensor, as a multiple of the floor's: a ratio
+        if floor is not None and row.get("per") == "offloaded tensor" and floor["added_us_per_tensor"] > 0:
+            row["x_minimal"] = row["added_us_per_tensor"] / floor["added_us_per_tensor"]  # (steadier than us)
+    return rows
+
+
+def collector_cost(args) -> list[dict]:
+    """Python's garbage collector, every generation on, over `args.collector` steps of each
+    provider alone on the CPU (a full collection comes every few hundred steps here, so the
+    table's short rounds cannot time it): collections per generation, their mean
+    duration, and the milliseconds per step and microseconds per offloaded tensor they
+    cost. What full collections cost depends on the objects the process holds (this
+    benchmark's: its count is given); how often they come, on what the steps leave
+    promoted."""
+    torch.set_num_threads(1)
+    x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
+    rows = []
+    for name in args.providers:
+        if name in ("sc", "vdnnpp", "cswap") and args.collector > 400:
+            continue  # (codec launches: minutes on the CPU; vdnn stands for the runtime's records)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, context = provider(name, chain(args.layers, args.width))
+            time_steps(model, context, x, args.warmup)
+            gc.collect()
+            counts, seconds, start = [0, 0, 0], [0.0, 0.0, 0.0], [0.0]
+
+            def clock(phase, info):
+                if phase == "start":
+                    start[0] = time.perf_counter()
+                else:
+                    counts[info["generation"]] += 1
+                    seconds[info["generation"]] += time.perf_counter() - start[0]
+
+            gc.callbacks.append(clock)
+            try:
+                time_steps(model, context, x, args.collector)
+            finally:
+                gc.callbacks.remove(clock)
+            if name in ("keep", "vdnn", "sc", "cswap", "vdnnpp"):
+                cswap.unpatch(model)
+        per = 3 * args.layers if name in ("hooks", "keep") else args.layers
+        rows.append({"provider": name, "steps": args.collector, "tracked_objects": len(gc.get_objects()),
+                     **{f"gen{g}_collections": counts[g] for g in range(3)},
+                     **{f"gen{g}_ms_each": 1e3 * seconds[g] / counts[g] if counts[g] else None for g in range(3)},
+                     "ms_per_step": 1e3 * sum(seconds) / args.collector,
+                     "us_per_tensor": 1e6 * sum(seconds) / args.collector / per})
+    print(f"{'provider':12} {'collections (gen 0/1/2)':>24} {'ms each (gen 0/1/2)':>24} {'ms/step':>8} "
+          f"{'us/tensor':>9}")
+    for r in rows:
+        each = "/".join("-" if r[f"gen{g}_ms_each"] is None else f"{r[f'gen{g}_ms_each']:.2f}" for g in range(3))
+        print(f"{r['provider']:12} {'/'.join(str(r[f'gen{g}_collections']) for g in range(3)):>24} {each:>24} "
+              f"{r['ms_per_step']:8.3f} {r['us_per_tensor']:9.1f}")
     return rows
 
 
 def show(rows: list[dict]) -> None:
     print(f"{'device':9} {'busy':5} {'provider':12} {'fwd ms':>8} {'bwd ms':>8} {'x unp.':>7} {'x s_o_c':>7} "
-          f"{'pack us':>8} {'unpack us':>9} {'gc us':>6} {'added us':>9}  per")
+          f"{'pack us':>8} {'unpack us':>9} {'gc us':>6} {'added us':>9} {'x min.':>6}  per")
     for r in rows:
         def f(key, fmt):
             return format(r[key], fmt) if key in r else "-"
         print(f"{r['device']:9} {str(r['busy']):5} {r['provider']:12} {r['forward_ms']:8.2f} {r['backward_ms']:8.2f} "
               f"{f('x_unpatched', '7.2f')} {f('x_save_on_cpu', '7.2f')} {f('pack_us', '8.1f')} "
-              f"{f('unpack_us', '9.1f')} {f('gc_us', '6.1f')} {f('added_us_per_tensor', '9.1f')}  {r.get('per', '')}")
+              f"{f('unpack_us', '9.1f')} {f('gc_us', '6.1f')} {f('added_us_per_tensor', '9.1f')} {f('x_minimal', '6.2f')}  {r.get('per', '')}")
 
 
 def _cpu_model() -> str:
@@ -506,12 +585,20 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--devices", nargs="+", choices=DEVICES, default=[d for d in DEVICES if d != "cuda"],
                    help="devices of the seam to run on (cuda: only on a GPU machine; not in the default)")
     p.add_argument("--busy", action="store_true", help="also with a copy in flight on another thread")
+    p.add_argument("--collector", type=int, metavar="STEPS",
+                   help="instead: the garbage collector's cost, every generation on, over STEPS steps of each "
+                        "provider on the CPU (a few thousand to see full collections)")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     args = p.parse_args(argv)
     if "cuda" in args.devices and not torch.cuda.is_available():
         p.error("--devices cuda needs a CUDA GPU; this machine has none (leave cuda out)")
     if args.quick:
         args.layers, args.steps, args.rounds, args.warmup = 10, 2, 2, 1
+    if args.collector:
+        rows = collector_cost(args)
+        env = environment(torch.device("cpu"), torch_threads=1, cpu_model=_cpu_model(), cores=os.cpu_count())
+        write_results(rows, env, args, args.out, torch.device("cpu"), "overhead-collector")
+        return rows
     rows = measure(args)
     show(rows)
     # Results go under the GPU's folder when it ran, else the CPU's; both are named in the environment.
