@@ -74,7 +74,6 @@ import contextlib
 import functools
 import gc
 import math
-import time
 import os
 import statistics
 import threading
@@ -514,34 +513,25 @@ def collector_cost(args) -> list[dict]:
     rows = []
     for name in args.providers:
         if name in ("sc", "vdnnpp", "cswap") and args.collector > 400:
-            continue  # (codec launches: minutes on the CPU; vdnn stands for the runtime's records)
+            print(f"# {name}: left out (its codec launches take minutes per thousand steps on a CPU; vdnn "
+                  f"stands for the runtime's records)")
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, context = provider(name, chain(args.layers, args.width))
             time_steps(model, context, x, args.warmup)
             gc.collect()
-            counts, seconds, start = [0, 0, 0], [0.0, 0.0, 0.0], [0.0]
-
-            def clock(phase, info):
-                if phase == "start":
-                    start[0] = time.perf_counter()
-                else:
-                    counts[info["generation"]] += 1
-                    seconds[info["generation"]] += time.perf_counter() - start[0]
-
-            gc.callbacks.append(clock)
-            try:
+            with GcClock().on() as clock:
                 time_steps(model, context, x, args.collector)
-            finally:
-                gc.callbacks.remove(clock)
             if name in ("keep", "vdnn", "sc", "cswap", "vdnnpp"):
                 cswap.unpatch(model)
         per = 3 * args.layers if name in ("hooks", "keep") else args.layers
+        counts, seconds = clock.collections, clock.seconds_by
         rows.append({"provider": name, "steps": args.collector, "tracked_objects": len(gc.get_objects()),
                      **{f"gen{g}_collections": counts[g] for g in range(3)},
                      **{f"gen{g}_ms_each": 1e3 * seconds[g] / counts[g] if counts[g] else None for g in range(3)},
-                     "ms_per_step": 1e3 * sum(seconds) / args.collector,
-                     "us_per_tensor": 1e6 * sum(seconds) / args.collector / per})
+                     "ms_per_step": 1e3 * clock.seconds / args.collector,
+                     "us_per_tensor": 1e6 * clock.seconds / args.collector / per})
     print(f"{'provider':12} {'collections (gen 0/1/2)':>24} {'ms each (gen 0/1/2)':>24} {'ms/step':>8} "
           f"{'us/tensor':>9}")
     for r in rows:

@@ -199,3 +199,16 @@ def test_the_batched_sketch_really_offloads_in_groups():
         grads.append([p.grad for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
     assert len(hooks.host) == 2  # the second step reused the first step's host tensors
+
+
+def test_the_overhead_benchmark_times_the_collector_over_long_runs(tmp_path):
+    """--collector counts every generation's collections while each provider runs alone:
+    cswap's records make some (a 100-layer step holds more than the 700 new objects that
+    start one), stock autograd's steps next to none."""
+    bench = _load(BENCHMARKS / "overhead.py")
+    rows = bench.main(["--collector", "20", "--providers", "unpatched", "vdnn", "--warmup", "2",
+                       "--out", str(tmp_path)])
+    by = {r["provider"]: r for r in rows}
+    assert by["vdnn"]["gen0_collections"] > by["unpatched"]["gen0_collections"]
+    assert by["vdnn"]["us_per_tensor"] > 0 and by["vdnn"]["gen0_ms_each"] > 0
+    assert (tmp_path / "overhead-collector.json").exists()

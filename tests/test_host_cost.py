@@ -25,3 +25,4 @@ def test_steps_are_timed_without_the_collectors_pauses_which_are_counted_apart()
     assert clock not in gc.callbacks
     gc.collect()  # not counted once off
     assert clock.seconds == pytest.approx(wall - outside, abs=1e-4)
+    assert clock.collections[2] >= 3 and sum(clock.seconds_by) == pytest.approx(clock.seconds)

@@ -47,12 +47,17 @@ class GcClock:
 
     def __init__(self):
         self.seconds, self._start = 0.0, None
+        self.collections = [0, 0, 0]          # per generation (2: full collections)
+        self.seconds_by = [0.0, 0.0, 0.0]
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._start = time.perf_counter()
         elif self._start is not None:
-            self.seconds += time.perf_counter() - self._start
+            took = time.perf_counter() - self._start
+            self.seconds += took
+            self.collections[info["generation"]] += 1
+            self.seconds_by[info["generation"]] += took
             self._start = None
 
     def outside(self) -> float:
