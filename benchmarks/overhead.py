@@ -90,9 +90,11 @@ from cswap.runtime.candidates import SwapInfo, movable, op_name, producer
 from cswap.runtime.device import device_of
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
-from cswap.tune.host_cost import GcClock, chain, time_steps  # (the chain cswap-tune measures, its clocks)
+from cswap.tune.host_cost import GcClock, chain, time_steps, young_collections_only  # (cswap-tune's)
 
 PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched", "keep", "vdnn", "sc", "cswap", "vdnnpp")
+PATCHED = ("keep", "vdnn", "sc", "cswap", "vdnnpp")  # cswap.patch'ed: stats to read, a patch to undo
+PER_SAVED = ("hooks", "keep")  # their figures are per saved tensor (the others': per offloaded tensor)
 DEVICES = ("cpu", "emulated", "lagging", "cuda")
 LAG_S = 20e-6
 
@@ -384,20 +386,6 @@ def make_device(name: str):
 
 
 @contextlib.contextmanager
-def young_collections_only():
-    """Python's full collections off while timing: when one comes depends on every object
-    the process holds (each provider's, the benchmark's, torch's), so it would fall on
-    whichever provider ran then. The young generations' collections come from a step's
-    own objects, and each provider's count as its own (the gc column)."""
-    thresholds = gc.get_threshold()
-    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-
-
-@contextlib.contextmanager
 def copy_in_flight(on: bool):
     """A thread copying 64 MiB buffers the whole time, as a worker's copy or a data
     loader's would: torch releases the GIL inside the copy, so the training thread
@@ -457,7 +445,7 @@ def measure(args) -> list[dict]:
                             times[name][1].extend(backward)
                             by_round[name].append((statistics.median(forward), statistics.median(backward)))
                     stats = {name: cswap.stats(model) for name, (model, _) in trained.items()
-                             if name not in ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched")}
+                             if name in PATCHED}
                     for name in stats:
                         cswap.unpatch(trained[name][0])
             if isinstance(dev, EmulatedDevice):
@@ -473,7 +461,7 @@ def measure(args) -> list[dict]:
                        "step_ms": 1e3 * (forward + backward + collected),
                        "x_unpatched": (forward + backward + collected) / (base_f + base_b + base_gc)}
                 if name != "unpatched":
-                    per = saved if name in ("hooks", "keep") else offloaded
+                    per = saved if name in PER_SAVED else offloaded
                     # What it adds: the median over rounds of its difference to stock autograd in the
                     # same round (this shared machine's speed can change by 2x within a minute).
                     pack, unpack = (statistics.median(mine[i] - base[i] for mine, base in
@@ -523,9 +511,9 @@ def collector_cost(args) -> list[dict]:
             gc.collect()
             with GcClock().on() as clock:
                 time_steps(model, context, x, args.collector)
-            if name in ("keep", "vdnn", "sc", "cswap", "vdnnpp"):
+            if name in PATCHED:
                 cswap.unpatch(model)
-        per = 3 * args.layers if name in ("hooks", "keep") else args.layers
+        per = 3 * args.layers if name in PER_SAVED else args.layers
         counts, seconds = clock.collections, clock.seconds_by
         rows.append({"provider": name, "steps": args.collector, "tracked_objects": len(gc.get_objects()),
                      **{f"gen{g}_collections": counts[g] for g in range(3)},

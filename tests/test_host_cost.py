@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from cswap.tune.host_cost import GcClock
+from cswap.tune.host_cost import GcClock, young_collections_only
 
 
 def test_steps_are_timed_without_the_collectors_pauses_which_are_counted_apart():
@@ -26,3 +26,18 @@ def test_steps_are_timed_without_the_collectors_pauses_which_are_counted_apart()
     gc.collect()  # not counted once off
     assert clock.seconds == pytest.approx(wall - outside, abs=1e-4)
     assert clock.collections[2] >= 3 and sum(clock.seconds_by) == pytest.approx(clock.seconds)
+
+
+def test_full_collections_are_off_while_timing_and_back_after():
+    """When a full collection comes depends on every object in the process, so while
+    cswap-tune and the overhead benchmark time steps only the young generations collect."""
+    before = gc.get_threshold()
+    with young_collections_only():
+        during = gc.get_threshold()
+        counts = GcClock()
+        with counts.on():
+            junk = [[[i]] for i in range(300_000)]  # promotes far more than a full collection waits for
+        del junk
+    assert during[:2] == before[:2] and during[2] >= 1 << 30
+    assert counts.collections[0] > 0 and counts.collections[2] == 0
+    assert gc.get_threshold() == before

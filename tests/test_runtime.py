@@ -850,6 +850,23 @@ def test_each_backward_prefetches_once_per_item(monkeypatch):
     assert sorted(started) == sorted((index, round_) for index in range(items) for round_ in (0, 1))
 
 
+def test_a_tensor_the_policy_keeps_is_asked_about_once_however_often_saved():
+    """A candidate the policy keeps, saved again (a ReLU's output, by the next Linear),
+    stays without a second question or a key of its own."""
+    asked = []
+
+    def keep_all(info):
+        asked.append(info.index)
+        return "keep"
+
+    torch.manual_seed(0)
+    layers = [m for _ in range(3) for m in (nn.Linear(16, 16), nn.ReLU())]
+    model = cswap.patch(nn.Sequential(*layers, nn.Linear(16, 16)), policy=keep_all, min_bytes=0, verbose=False)
+    model(torch.randn(2, 16)).sum().backward()
+    assert asked == [0, 1, 2]  # the three ReLU outputs, each saved twice
+    assert cswap.stats(model)["offloaded_tensors"] == 0
+
+
 def autocast_steps(model, steps=2, dtype=torch.bfloat16):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for x, y in nets.batches(nets.IMAGE, steps):

@@ -92,7 +92,7 @@ class Kept:
 class Pass:
     """The items offloaded during one forward pass, in pack order."""
 
-    __slots__ = ("items", "nbytes", "candidates", "cursor", "__weakref__")
+    __slots__ = ("items", "nbytes", "candidates", "cursor")
 
     def __init__(self):
         self.items: list[Item] = []

@@ -202,7 +202,7 @@ class Swapper:
         self.in_forward = False                # between begin_pass and end_pass: the training thread releases
         self._offload_bytes = 0                # their bytes (the stash)
         self.prefetched_bytes = 0              # restored ahead of use, not yet served
-        self._highs = [0, 0]                   # the most of each since the stats' reset (their peaks)
+        self._peak_offload = self._peak_prefetch = 0  # the most of each since the stats' reset
         self._largest = 0                      # the largest tensor offloaded so far
         self._previous_pass_bytes = 0          # offloaded in the previous pass
         self._failure: tuple[BaseException, Item | None] | None = None
@@ -389,8 +389,8 @@ class Swapper:
                     self._offload_bytes += nbytes
                     item.stashed = True
                     self.inflight.append(item)
-                    if self._offload_bytes > self._highs[0]:  # (a new peak: the stats see only those)
-                        self._highs[0] = self._offload_bytes
+                    if self._offload_bytes > self._peak_offload:  # (a new peak: the stats see only those)
+                        self._peak_offload = self._offload_bytes
                         self.stats.peak("peak_offload_bytes", self._offload_bytes)
                     break
                 oldest = self.inflight[0]
@@ -567,8 +567,8 @@ class Swapper:
         if not item.prefetch_counted:
             item.prefetch_counted = True
             self.prefetched_bytes += item.info.nbytes
-            if self.prefetched_bytes > self._highs[1]:
-                self._highs[1] = self.prefetched_bytes
+            if self.prefetched_bytes > self._peak_prefetch:
+                self._peak_prefetch = self.prefetched_bytes
                 self.stats.peak("peak_prefetch_bytes", self.prefetched_bytes)
 
     def uncount_prefetch(self, item: Item) -> None:
@@ -707,7 +707,7 @@ class Swapper:
         self.pool.peak_reserved_bytes = self.pool.reserved_bytes
         with self.lock:
             self._stalls.clear()
-            self._highs = [0, 0]
+            self._peak_offload = self._peak_prefetch = 0
         if self.device is not None:
             self.device.reset_peak()
 

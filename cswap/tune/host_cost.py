@@ -9,7 +9,8 @@ tensors (copies cost nothing, so what is left is the host), trained unpatched an
 with cswap in vdnn mode in alternate rounds; the difference of the median steps per
 offloaded tensor (each layer's ReLU output; the next Linear's save shares it), plus
 that of the garbage collector's mean time per step (its pauses fall in few steps,
-which a median leaves out, but the objects a step makes cause them).
+which a median leaves out, but the objects a step makes cause them; full collections
+off, which would fall on whichever model ran then).
 
 benchmarks/overhead.py measures the same chain against more providers and devices.
 """
@@ -25,7 +26,7 @@ import warnings
 import torch
 from torch import nn
 
-__all__ = ["GcClock", "chain", "time_steps", "host_seconds_per_tensor"]
+__all__ = ["GcClock", "chain", "time_steps", "young_collections_only", "host_seconds_per_tensor"]
 
 
 def chain(layers: int, width: int) -> nn.Module:
@@ -72,6 +73,20 @@ class GcClock:
             gc.callbacks.remove(self)
 
 
+@contextlib.contextmanager
+def young_collections_only():
+    """Python's full collections off while timing: when one comes depends on every object
+    the process holds (each provider's, the benchmark's, torch's), so it would fall on
+    whichever provider ran then. The young generations' collections come from a step's
+    own objects, and each provider's count as its own (the gc column)."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
 def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int,
                clock=time.perf_counter) -> tuple[list[float], list[float]]:
     """Each step's forward and backward seconds on the host (by `clock`). On CUDA each
@@ -114,7 +129,7 @@ def host_seconds_per_tensor(device: torch.device, layers: int = 50, width: int =
                 time_steps(model, contextlib.nullcontext, x, warmup)
             for _ in range(rounds):  # alternate, so drift in the machine's speed falls on both alike
                 for name, model in (("unpatched", plain), ("vdnn", patched)):
-                    with collecting[name].on():
+                    with collecting[name].on(), young_collections_only():
                         forward, backward = time_steps(model, contextlib.nullcontext, x, steps,
                                                        clock=collecting[name].outside)
                     steps_s[name] += [f + b for f, b in zip(forward, backward)]
