@@ -308,6 +308,66 @@ def test_dedup_counts_exactly():
     assert s["offloaded_tensors"] == 6 and s["deduplicated"] == 4
 
 
+def _saved_again(after_first_save, mode, device):
+    """t = 2x is saved by sin (a branch that backward never runs), then `after_first_save`,
+    then saved again by cos, then more tensors are offloaded (reusing freed host buffers);
+    x's gradient and the dedup count, under cswap (with copies out left in flight) on the
+    CPU's default device or the emulated one (pack takes another path for each)."""
+    x = torch.randn(64, 64, requires_grad=True)
+    emulated = cswap.testing.emulated_device() if device == "emulated" else nullcontext()
+    with emulated:
+        with cswap.offload(mode=mode, min_bytes=0, candidates="all") as sw:
+            t = x * 2
+            branch = t.sin()
+            branch = after_first_save(t, branch)
+            kept = t.cos()
+            more = [(x * k).sin() for k in range(3, 8)]
+        loss = kept.sum() + sum(m.sum() for m in more)
+        loss.backward()
+        del branch
+    return x.grad, sw.stats["deduplicated"]
+
+
+def _stock_grad(after_first_save):
+    x = torch.randn(64, 64, requires_grad=True)
+    t = x * 2
+    after_first_save(t, t.sin())
+    loss = t.cos().sum() + sum((x * k).sin().sum() for k in range(3, 8))
+    loss.backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc"])
+def test_a_save_after_every_earlier_save_died_is_offloaded_anew(mode, device):
+    """Dedup serves a live record only: once sin's save of t is gone (its node freed, its
+    host buffer given back to the pool), cos's save of t is a tensor of its own."""
+    def drop_branch(t, branch):
+        return None  # the sin node and its save die here
+
+    torch.manual_seed(0)
+    grad, deduplicated = _saved_again(drop_branch, mode, device)
+    torch.manual_seed(0)
+    assert torch.equal(grad, _stock_grad(drop_branch))
+    assert deduplicated == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc"])
+def test_a_save_after_an_in_place_change_is_offloaded_anew(mode, device):
+    """t changed in place after sin saved it (legal: sin's backward never runs): cos saves
+    the new values, which dedup must not serve from sin's record of the old ones."""
+    def change(t, branch):
+        t.mul_(3)
+        return branch  # (alive: its save of t, at the old version, stays)
+
+    torch.manual_seed(0)
+    grad, deduplicated = _saved_again(change, mode, device)
+    torch.manual_seed(0)
+    assert torch.equal(grad, _stock_grad(change))
+    assert deduplicated == 0
+
+
 def test_stats_reset_zeroes_counters():
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
     one_step(model)

@@ -287,6 +287,11 @@ class Swapper:
             base = t._base if t._is_view() else t
             if type(base) is Parameter and base.requires_grad:
                 return t, t._version
+            item = self._seen.get(id(t))
+            if type(item) is Item and item.weak() is t and item.version == t._version and not item.freed and \
+                    self.memory_limit is None and not item.device.observes and not item.device.capturing():
+                self.stats.add("deduplicated")  # saved again (the next op's input): on its way already
+                return Handle(item, self._pass, self)
             if self.memory_limit is None and type(t) is torch.Tensor and \
                     t.numel() * t.element_size() < self._floor(t.is_cuda):  # never a candidate, no budget
                 dev = device_of(t)
