@@ -1802,3 +1802,22 @@ def test_vdnnpp_compresses_host_copies_and_returns_pinned_buffers():
     assert sw.pool.idle_bytes > 0  # pinned buffers came back once their copies were compressed
     loss.backward()
     assert s["restored_tensors"] > 0
+
+
+def test_signal_wakes_every_waiter_once_set_and_only_then():
+    """The `issued` flag of groups and worker items: waiters on other threads block until
+    it is set, all of them wake, and setting it again (the worker does) changes nothing."""
+    from cswap.runtime.items import Signal
+
+    signal, woke = Signal(), []
+    waiters = [threading.Thread(target=lambda i=i: (signal.wait(), woke.append(i))) for i in range(3)]
+    for thread in waiters:
+        thread.start()
+    time.sleep(0.05)
+    assert woke == [] and not signal.is_set()
+    signal.set()
+    signal.set()
+    for thread in waiters:
+        thread.join(timeout=5)
+    assert sorted(woke) == [0, 1, 2] and signal.is_set()
+    signal.wait()  # (set: returns at once)

@@ -9,7 +9,7 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["ISSUED", "HostBlock", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation",
+__all__ = ["ISSUED", "Signal", "HostBlock", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation",
            "restore_strides", "inverse", "flat_bytes", "modified_error", "drop_storage"]
 
 
@@ -126,7 +126,33 @@ class HostBlock:
         self.buffer, self.left, self.last_read = buffer, shares, last_read
 
 
-ISSUED = threading.Event()  # the `issued` of items copied out by pack itself (and before offloading starts)
+class Signal:
+    """Set once, by one thread; others wait for it: threading.Event's is_set, set and wait
+    for the `issued` flag pack makes per group (and per item the worker copies), at a
+    tenth of an Event's making cost. A lock held until set is what waiters queue on."""
+
+    __slots__ = ("_unset", "_is_set")
+
+    def __init__(self):
+        self._unset = threading.Lock()
+        self._unset.acquire()
+        self._is_set = False
+
+    def is_set(self) -> bool:
+        return self._is_set
+
+    def set(self) -> None:
+        if not self._is_set:  # (again: a no-op, as an Event's)
+            self._is_set = True
+            self._unset.release()
+
+    def wait(self) -> None:
+        if not self._is_set:
+            with self._unset:  # (each waiter takes and passes it on)
+                pass
+
+
+ISSUED = Signal()  # the `issued` of items copied out by pack itself (and before offloading starts)
 ISSUED.set()
 
 
@@ -170,7 +196,7 @@ class Item:
         self.host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
         self.busy = False                          # vdnnpp: a restore is reading `host`
         self.d2h_done = None                       # event: the copy out has completed
-        self.issued: threading.Event = ISSUED      # the worker has handled it (copied, kept, or failed)
+        self.issued: Signal = ISSUED               # the worker has handled it (copied, kept, or failed)
         self.stashed = False                       # counted in the in-flight offload bytes
         self.released = False                      # src dropped after the copy out
         self.to_releaser = False                   # handed to the releaser thread (forward was over)

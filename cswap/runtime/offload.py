@@ -60,7 +60,7 @@ import torch
 
 from .. import codecs
 from . import integrity
-from .items import ISSUED, HostBlock, Item, drop_storage, flat_bytes
+from .items import ISSUED, HostBlock, Item, Signal, drop_storage, flat_bytes
 
 __all__ = ["Offloader"]
 
@@ -157,7 +157,7 @@ class _Group:
 
     def __init__(self, device, stream, max_bytes: int):
         self.device, self.stream, self.max_bytes = device, stream, max_bytes
-        self.issued = threading.Event()  # the items' `issued`: set once their copies are queued
+        self.issued = Signal()  # the items' `issued`: set once their copies are queued
         self.ready = None                # recorded on compute when the group is sent
         self.items, self.srcs, self.offsets = [], [], []
         self.nbytes = 0                  # the tensors' bytes
@@ -200,7 +200,7 @@ class Offloader:
                 return
         self.flush()
         item.ready = item.device.record_event(item.device.compute_stream())
-        item.issued = threading.Event()
+        item.issued = Signal()
         self._running().put_job(item)
 
     # -- groups: raw copies out queued together, into one host buffer -------------------------
