@@ -72,8 +72,11 @@ def _spawn(target: Callable, args: tuple, out: Path, world: int, deadline_s: flo
     deadline = start + deadline_s
     try:
         while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            # Liveness is asked each second, not left to the sentinels: in full pytest -n runs the
+            # wait sometimes returned only at the deadline (120 s), though both ranks had saved their
+            # results within seconds and exited with code 0.
             multiprocessing.connection.wait([p.sentinel for p in procs if p.is_alive()],
-                                            timeout=max(0.0, deadline - time.monotonic()))
+                                            timeout=min(1.0, max(0.0, deadline - time.monotonic())))
             if any(p.exitcode not in (None, 0) for p in procs):  # one rank failed: the other may be stuck
                 deadline = min(deadline, time.monotonic() + 10)   # in a collective; give it 10 s
     finally:
