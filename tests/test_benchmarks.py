@@ -212,3 +212,19 @@ def test_the_overhead_benchmark_times_the_collector_over_long_runs(tmp_path):
     assert by["vdnn"]["gen0_collections"] > by["unpatched"]["gen0_collections"]
     assert by["vdnn"]["us_per_tensor"] > 0 and by["vdnn"]["gen0_ms_each"] > 0
     assert (tmp_path / "overhead-collector.json").exists()
+
+
+def test_the_in_process_ab_runs_a_commit_beside_the_working_tree():
+    """benchmarks/ab_overhead.py extracts the commit's cswap as cswap_base and times both
+    patched chains against the unpatched one in the same rounds: each adds time (cswap's
+    hooks on 100 offloaded tensors a step), and the change is their paired difference."""
+    import re
+    import subprocess
+
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "ab_overhead.py"), "HEAD", "--rounds", "4"],
+                         capture_output=True, text=True, timeout=600, cwd=BENCHMARKS.parent)
+    assert run.returncode == 0, run.stderr
+    found = re.search(r"HEAD adds ([\d.]+), the working tree ([\d.]+); change ([+-][\d.]+)", run.stdout)
+    assert found, run.stdout
+    base, new, change = map(float, found.groups())
+    assert base > 0 and new > 0 and abs(change) < max(base, new)
