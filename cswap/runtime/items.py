@@ -9,8 +9,8 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["ISSUED", "Signal", "HostBlock", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass", "dense_permutation",
-           "restore_strides", "inverse", "flat_bytes", "modified_error", "drop_storage"]
+__all__ = ["ISSUED", "Signal", "HostBlock", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass",
+           "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error", "drop_storage"]
 
 
 _IDENTITY: dict[int, list[int]] = {}  # dims -> [0, 1, ..., dims - 1], shared (never changed)
