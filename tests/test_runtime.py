@@ -762,6 +762,28 @@ def test_saved_tensors_stay_in_place_while_a_cuda_graph_captures(monkeypatch):
         cswap.unpatch(model)
 
 
+def test_a_tensor_saved_again_once_a_capture_began_stays_in_place(monkeypatch):
+    """Offloaded before a CUDA graph capture began, saved again inside it: the capture's
+    save keeps the tensor, as every save under capture does, rather than share the
+    offloaded record (whose restore a captured backward could not replay)."""
+    from cswap.runtime.immediate import ImmediateDevice
+
+    sw = Swapper("vdnn", candidates="all", min_bytes=0)
+    x = torch.randn(4, 16, requires_grad=True)
+    try:
+        sw.begin_pass()
+        t = (x * 2).relu()
+        first = sw.pack(t)  # (held: a record whose saves all died is not shared anyway)
+        assert isinstance(first, Handle)
+        monkeypatch.setattr(ImmediateDevice, "capturing", lambda self: True)
+        again = sw.pack(t)
+        assert type(again) is tuple and again[0] is not t and torch.equal(again[0], t)
+        assert sw.stats["deduplicated"] == 0
+        sw.end_pass()
+    finally:
+        sw.close()
+
+
 def test_no_grad_offloads_nothing():
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
     x, _ = nets.batches(nets.IMAGE, 1)[0]
