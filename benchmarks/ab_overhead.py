@@ -19,6 +19,7 @@ full ones are off while timing, as in overhead.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import statistics
@@ -26,13 +27,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import warnings
 from io import BytesIO
 from pathlib import Path
 
 import torch
-from torch import nn
+
+from cswap.tune.host_cost import chain, time_steps, young_collections_only  # (overhead.py's chain and clock)
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS, WIDTH, BATCH = 100, 64, 32
@@ -50,36 +51,21 @@ def extract(commit: str, into: Path) -> None:
         (into / sub).rename(base / sub)
 
 
-def chain() -> nn.Sequential:
-    torch.manual_seed(0)
-    return nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())])
-
-
 def compare(base, new, mode: str, rounds: int, steps: int = 10) -> dict:
     """us per offloaded tensor: {"base": added, "new": added, "change": new - base (paired)}."""
     options = dict(mode=mode, candidates="all", min_bytes=0, verbose=False)
-    models = {"unpatched": chain(), "base": base.patch(chain(), **options), "new": new.patch(chain(), **options)}
+    models = {"unpatched": chain(LAYERS, WIDTH), "base": base.patch(chain(LAYERS, WIDTH), **options),
+              "new": new.patch(chain(LAYERS, WIDTH), **options)}
     x = torch.randn(BATCH, WIDTH)
-
-    def run(model, n):
-        for _ in range(n):
-            model(x).sum().backward()
-            model.zero_grad(set_to_none=True)
-
     for model in models.values():
-        run(model, 20)
+        time_steps(model, contextlib.nullcontext, x, 20)
     times = {name: [] for name in models}
-    thresholds = gc.get_threshold()
     gc.collect()
-    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)  # young collections on, full ones off
-    try:
+    with young_collections_only():
         for r in range(rounds):
             for name in (list(models) if r % 2 == 0 else list(models)[::-1]):
-                start = time.perf_counter()
-                run(models[name], steps)
-                times[name].append((time.perf_counter() - start) / steps)
-    finally:
-        gc.set_threshold(*thresholds)
+                forward, backward = time_steps(models[name], contextlib.nullcontext, x, steps)
+                times[name].append((sum(forward) + sum(backward)) / steps)
 
     def added(name, against):
         return statistics.median(a - b for a, b in zip(times[name], times[against])) / LAYERS * 1e6

@@ -287,9 +287,9 @@ class Swapper:
             base = t._base if t._is_view() else t
             if type(base) is Parameter and base.requires_grad:
                 return t, t._version
-            item = self._seen.get(id(t))
-            if type(item) is Item and item.weak() is t and item.version == t._version and not item.freed and \
-                    self.memory_limit is None and not item.device.observes and not item.device.capturing():
+            item = self._live_entry(t, t._version)
+            if type(item) is Item and self.memory_limit is None and not item.device.observes and \
+                    not item.device.capturing():
                 self.stats.add("deduplicated")  # saved again (the next op's input): on its way already
                 return Handle(item, self._pass, self)
             if self.memory_limit is None and type(t) is torch.Tensor and \
@@ -456,18 +456,25 @@ class Swapper:
     def _already_offloaded(self, t: torch.Tensor) -> Handle | None:
         """A handle on this pass's item for `t`, or for the tensor `t` is a view of
         (a flatten after pooling): the same bytes are never sent twice."""
-        entry = self._seen.get(id(t))
-        if entry is not None and entry.weak() is t and entry.version == t._version and not entry.freed:
+        entry = self._live_entry(t, t._version)
+        if entry is not None:
             return (t.detach(), t._version) if type(entry) is KeptByPolicy else Handle(entry, self._pass, self)
         base = t._base if t._is_view() else None
-        entry = self._seen.get(id(base)) if base is not None else None
-        if entry is not None and entry.weak() is base and entry.version == t._version and not entry.freed \
-                and entry.perm is not None:
+        entry = self._live_entry(base, t._version) if base is not None else None  # (a view shares its version)
+        if entry is not None and entry.perm is not None:
             if type(entry) is KeptByPolicy:
                 return t.detach(), t._version
             # The restored base has the original strides from storage offset 0.
             view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
             return Handle(entry, self._pass, self, view)
+        return None
+
+    def _live_entry(self, t: torch.Tensor, version: int) -> Item | KeptByPolicy | None:
+        """This pass's dedup entry for the tensor object `t` at `version`, unless its saves
+        all died (a new tensor at t's reused address, or t changed in place, has none)."""
+        entry = self._seen.get(id(t))
+        if entry is not None and entry.weak() is t and entry.version == version and not entry.freed:
+            return entry
         return None
 
     def _candidate_op(self, t: torch.Tensor, dev: Device, caller) -> str | None:
