@@ -9,6 +9,7 @@ from torch import nn
 
 import cswap
 import nets
+from cswap.patch import _PATCHED
 from cswap.models.small import SmallCNN
 
 # Copies slower than compute on these networks (16 KiB take about 0.8 ms at 20 MB/s,
@@ -81,11 +82,27 @@ def _steps(mode: str, steps: int = 2, make=nets.vgg_like, shape=nets.IMAGE, **op
         cswap.unpatch(model)
 
 
+def _synchronized_step(model, x, y) -> None:
+    """A step whose copies out have all completed and been released before backward,
+    whatever this machine's load: backward restores every tensor (none is served from
+    the device). The graph goes with this frame."""
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    _PATCHED[model].swapper.synchronize()
+    loss.backward()
+
+
 def _exception_in_backward() -> str:
     """A user hook raises halfway through backward with restores in flight; the graph is
-    dropped, and the next step must be exact (its buffers are those of the failed one)."""
+    dropped, and the next step must be exact (its buffers are those of the failed one).
+    The prefetch window holds one tensor, so each restore has its own event and the one
+    in flight when the hook raises is dropped before compute waited for it (a larger
+    group shares the event of a tensor backward used, which orders them all); the step's
+    copies out complete before backward, so no tensor is served from the device. (With
+    neither, whether the hook met a restore depended on this machine's load: CI once saw
+    none with restore.record_restored switched off.)"""
     make, shape = nets.vgg_like, nets.IMAGE
-    stock, model = make(), cswap.patch(make(), min_bytes=0, mode="vdnn", prefetch_bytes=1 << 20)
+    stock, model = make(), cswap.patch(make(), min_bytes=0, mode="vdnn", prefetch_bytes=8 << 10)
 
     def failing_hook(grad):
         raise KeyError("user hook")
@@ -99,7 +116,7 @@ def _exception_in_backward() -> str:
             gradients(model, *batches[0])
             handle = model.features[5].register_forward_hook(add_failing_hook)
             try:
-                gradients(model, *batches[1])
+                _synchronized_step(model, *batches[1])
             except KeyError:
                 pass
             else:
