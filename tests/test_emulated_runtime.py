@@ -1078,12 +1078,14 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     monkeypatch.setattr(cswap.codecs, "warm_up", noting("warm_up"))
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: noting("empty", real_empty(1))(*a, **k))
+    monkeypatch.setattr(torch, "empty_strided", lambda *a, **k: noting("empty", real_empty(1))(*a, **k))
     dev = CudaDevice(torch.device("cuda", 1))
     stream = dev.side_stream("d2h")
     dev.copy(Buffer(), None, stream)
     dev.copy_all([Buffer()], [None], stream)
     dev.empty(16, stream)
     dev.empty_as(64, torch.float32, (4, 4), stream)
+    dev.empty_as(64, torch.float32, (4, 4), stream, (1, 4))
     assert dev.nothing is dev.nothing  # (made once, on the thread that first releases a tensor)
     dev.host_empty(16, pinned=True)
     dev.empty_host_cache()
@@ -1098,7 +1100,7 @@ def test_every_cuda_call_runs_with_its_device_current(monkeypatch):
     names = [name for name, *_ in calls]
     for expected in ("Stream", "copy_", "foreach_copy", "empty", "empty_host_cache", "launch", "call", "warm_up"):
         assert expected in names, (expected, names)
-    assert names.count("empty") == 4  # empty, empty_as, nothing, host_empty
+    assert names.count("empty") == 5  # empty, empty_as (contiguous and strided), nothing, host_empty
     assert all(device == 1 for _, device, _ in calls), calls
     on_stream = {name: sid for name, _, sid in calls if name in ("copy_", "foreach_copy", "launch", "call")}
     assert on_stream == {"copy_": 5, "foreach_copy": 5, "launch": 5, "call": 5}, on_stream  # the side stream's

@@ -368,6 +368,36 @@ def test_a_save_after_an_in_place_change_is_offloaded_anew(mode, device):
     assert deduplicated == 0
 
 
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc"])
+def test_a_save_whose_record_dies_while_it_is_looked_up_is_offloaded_anew(mode, device, monkeypatch):
+    """The dedup lookup found sin's record of t live, and its last save died before cos's
+    save was counted on it (a collection, or another thread, can drop it there): the
+    freed record, whose host buffer went back to the pool, must not serve cos's save."""
+    from cswap.runtime.swapper import Swapper
+
+    held = {}
+    lookup = Swapper._live_entry
+
+    def dying_meanwhile(self, t, version):
+        entry = lookup(self, t, version)
+        if entry is not None and t is held.get("t") and held.get("branch") is not None:
+            held["branch"] = None  # sin's node and its save of t die now, after the lookup
+        return entry
+
+    def hold(t, branch):
+        held["t"], held["branch"] = t, branch
+        return None
+
+    monkeypatch.setattr(Swapper, "_live_entry", dying_meanwhile)
+    torch.manual_seed(0)
+    grad, deduplicated = _saved_again(hold, mode, device)
+    assert held["branch"] is None  # (the lookup did find it live)
+    torch.manual_seed(0)
+    assert torch.equal(grad, _stock_grad(lambda t, branch: None))
+    assert deduplicated == 0
+
+
 def test_stats_reset_zeroes_counters():
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
     one_step(model)

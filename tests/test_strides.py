@@ -27,6 +27,7 @@ LAYOUTS = {  # size, strides
     "transposed": ((6, 4), (1, 6)),
     "one-element": ((1, 1), (9, 4)),
 }
+SAVES = 3
 
 
 class StridesIntoGradient(torch.autograd.Function):
@@ -49,8 +50,11 @@ class Net(nn.Module):
         self.w = nn.Parameter(torch.linspace(-1, 1, torch.Size(size).numel()).reshape(size))
 
     def forward(self, x):
-        h = torch.empty_strided(self.size, self.stride).copy_(x * self.w)  # an activation with these strides
-        return StridesIntoGradient.apply(h).sum()
+        total = 0
+        for k in range(1, SAVES + 1):  # backward uses the last first, and restores the others ahead of use
+            h = torch.empty_strided(self.size, self.stride).copy_(x * self.w * k)  # an activation with these strides
+            total = total + StridesIntoGradient.apply(h).sum()
+        return total
 
 
 def _grads(model, x):
@@ -67,8 +71,8 @@ def test_restored_tensors_keep_their_strides(layout, mode, device):
     size, stride = LAYOUTS[layout]
     x = torch.randn(size).relu()  # zeros: the codecs have something to compress
     expected, seen = _grads(Net(size, stride), x)
-    assert seen == [stride]
-    model = cswap.patch(Net(size, stride), mode=mode, candidates="all", min_bytes=0)
+    assert seen == [stride] * SAVES
+    model = cswap.patch(Net(size, stride), mode=mode, candidates="all", min_bytes=0, prefetch_bytes=1 << 20)
     try:
         for _ in range(2):
             if device == "emulated":
@@ -77,7 +81,8 @@ def test_restored_tensors_keep_their_strides(layout, mode, device):
                 assert dev.hazards == []
             else:
                 got, seen = _grads(model, x)
-            assert seen == [stride] and torch.equal(got, expected)
+            assert seen == [stride] * SAVES and torch.equal(got, expected)
         assert cswap.stats(model)["offloaded_tensors"] > 0
+        assert cswap.stats(model)["prefetched"] > 0  # (restored in a group, raw, or one by one)
     finally:
         cswap.unpatch(model)

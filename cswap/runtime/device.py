@@ -131,10 +131,11 @@ class Device:
         """A 1-D uint8 device buffer, allocated for use on `stream`."""
         raise NotImplementedError
 
-    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream) -> torch.Tensor:
-        """A contiguous device tensor of `dtype` and `shape` (`nbytes` in all), allocated for
-        use on `stream`: `empty`'s bytes, as that tensor."""
-        return self.empty(nbytes, stream).view(dtype).view(shape)
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None) -> torch.Tensor:
+        """A dense device tensor of `dtype` and `shape` (`nbytes` in all) with `stride` (None:
+        contiguous), allocated for use on `stream`: `empty`'s bytes, as that tensor."""
+        flat = self.empty(nbytes, stream).view(dtype)
+        return flat.view(shape) if stride is None else flat.as_strided(shape, stride)
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         """A 1-D uint8 host buffer for copies (pinned, or pageable). PyTorch's caching host
@@ -293,9 +294,11 @@ class CudaDevice(Device):
         with _Current(self.index, None):  # (made on whichever thread releases first)
             return torch.empty(0, device=self.device)
 
-    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream) -> torch.Tensor:
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None) -> torch.Tensor:
         with _Current(self.index, stream):  # (one allocation, no views)
-            return torch.empty(shape, dtype=dtype, device=self.device)
+            if stride is None:
+                return torch.empty(shape, dtype=dtype, device=self.device)
+            return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         with _Current(self.index, None):  # pinning registers the memory with the current device's context

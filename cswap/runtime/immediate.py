@@ -112,8 +112,10 @@ class ImmediateDevice(Device):
     def empty(self, nbytes: int, stream) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype)
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None) -> torch.Tensor:
+        if stride is None:
+            return torch.empty(shape, dtype=dtype)
+        return torch.empty_strided(shape, stride, dtype=dtype)
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)

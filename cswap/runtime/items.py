@@ -166,8 +166,8 @@ class Item:
     """
 
     __slots__ = ("info", "codec", "device", "src", "counter", "weak", "version", "perm", "stride", "index",
-                 "ready", "sent", "header", "host", "block", "offset", "moved", "tail", "host_blob", "busy",
-                 "d2h_done", "issued", "stashed", "released", "to_releaser", "fallback", "failure", "restored",
+                 "ready", "sent", "header", "host", "host_view", "block", "offset", "moved", "tail", "host_blob",
+                 "busy", "d2h_done", "issued", "stashed", "released", "to_releaser", "fallback", "failure", "restored",
                  "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted", "error", "expected_sum",
                  "last_read", "handles", "unpacked", "round", "prefetched_round", "freed", "__weakref__")
 
@@ -189,6 +189,7 @@ class Item:
         self.sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
         self.header = None                         # the codec Header when sent compressed
         self.host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
+        self.host_view: torch.Tensor | None = None  # its bytes in `host` typed and shaped, when sent in a group
         self.block: HostBlock | None = None        # when `host` is a group's buffer: the item's share of it
         self.offset = 0                            # where in `host` its bytes start
         self.moved = 0                             # bytes sent over the link
@@ -242,7 +243,9 @@ class Handle:
     moment backward drops them, not in the garbage collector's passes (which cost 7 us
     per offloaded tensor in benchmarks/overhead.py's chain while they did, full
     collections included; 2.5 since).
-    `view` = (size, stride, offset): the save was a view of the item's tensor."""
+    `view` = (size, stride, offset): the save was a view of the item's tensor. A handle
+    made for an item whose saves all died (found by a dedup lookup just before) is dead:
+    its `item` is None, and the caller offloads the tensor anew."""
 
     __slots__ = ("item", "pass_", "swapper", "view", "served_round")
 
@@ -253,6 +256,9 @@ class Handle:
         self.view = view
         self.served_round = -1
         with swapper.lock:
+            if item.freed:  # every save died since the caller found it (a collection, another thread)
+                self.item = None  # (a dead handle: the caller offloads the tensor anew)
+                return
             item.handles += 1
 
     def __del__(self):

@@ -281,11 +281,11 @@ class Offloader:
             return
         shared = HostBlock(block, len(items), done)
         with sw.lock:
-            for item, src, offset in zip(items, group.srcs, group.offsets):
+            for item, src, offset, dst in zip(items, group.srcs, group.offsets, dsts):
                 item.d2h_done, item.sent, item.moved, item.block, item.offset = done, src, item.info.nbytes, \
                     shared, offset
                 item.ready = group.ready
-                item.host = block
+                item.host, item.host_view = block, dst  # (the restore copies back from that view)
                 if item.freed:  # every save died meanwhile: its share goes back after the copy
                     sw.give_back_host(item)
             group.issued.set()  # (under the lock: a handle dropped from now on gives its share back itself)

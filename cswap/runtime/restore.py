@@ -49,7 +49,7 @@ from .. import codecs
 from ..codecs.container import Compressed, unpack_header
 from ..errors import CorruptDataError
 from . import integrity
-from .items import Handle, Item, Pass, flat_bytes, restore_strides
+from .items import Handle, Item, Pass, flat_bytes, is_identity, restore_strides
 
 __all__ = ["Restorer"]
 
@@ -190,11 +190,18 @@ class Restorer:
         pool = sw.pool
         compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
         try:
-            ys, hosts = [], []
+            ys, hosts, restored = [], [], []
             for item in items:  # where backward uses and frees them
-                info, shape = item.info, item.dense_shape()
-                ys.append(dev.empty_as(info.nbytes, info.dtype, shape, compute))
-                hosts.append(pool.view(item.host, info.dtype, shape, item.offset))
+                info, perm, host = item.info, item.perm, item.host_view
+                if perm is not None and is_identity(perm):  # with its own strides at once
+                    y = dev.empty_as(info.nbytes, info.dtype, info.shape, compute, item.stride)
+                    restored.append(y)
+                else:  # its bytes' order, then its strides
+                    y = dev.empty_as(info.nbytes, info.dtype, item.dense_shape(), compute)
+                    restored.append(restore_strides(y, perm, item.stride) if perm is not None else y)
+                ys.append(y)
+                hosts.append(host if host is not None else pool.view(item.host, info.dtype, item.dense_shape(),
+                                                                      item.offset))
             dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
             dev.copy_all(ys, hosts, h2d)
             for y in ys:
@@ -207,8 +214,8 @@ class Restorer:
                     sw.uncount_prefetch(item)
             items.clear()
             raise
-        for item, y in zip(items, ys):
-            item.restored = restore_strides(y, item.perm, item.stride) if item.perm is not None else y
+        for item, y in zip(items, restored):
+            item.restored = y
             item.h2d_done = item.last_read = done
             if item.block is not None:
                 item.block.last_read = done

@@ -65,6 +65,7 @@ __all__ = ["Swapper", "check_policy", "default_max_host_bytes", "held_for_backwa
 MiB = 1 << 20
 Parameter = torch.nn.Parameter
 AUTO_FRACTION = 8  # default stash and prefetch limits: this fraction of the previous pass's offloaded bytes
+_LOOK = object()   # (a dedup entry not looked up yet)
 
 
 # Launchers' names for the number of processes on this machine: torchrun, Slurm, Open MPI, MPICH.
@@ -287,11 +288,14 @@ class Swapper:
             base = t._base if t._is_view() else t
             if type(base) is Parameter and base.requires_grad:
                 return t, t._version
-            item = self._live_entry(t, t._version)
-            if type(item) is Item and self.memory_limit is None and not item.device.observes and \
-                    not item.device.capturing():
-                self.stats.add("deduplicated")  # saved again (the next op's input): on its way already
-                return Handle(item, self._pass, self)
+            entry = self._live_entry(t, t._version)
+            if type(entry) is Item and self.memory_limit is None and not entry.device.observes and \
+                    not entry.device.capturing():
+                handle = Handle(entry, self._pass, self)
+                if handle.item is not None:  # (else every save of it died meanwhile: offloaded anew below)
+                    self.stats.add("deduplicated")  # saved again (the next op's input): on its way already
+                    return handle
+                entry = None
             if self.memory_limit is None and type(t) is torch.Tensor and \
                     t.numel() * t.element_size() < self._floor(t.is_cuda):  # never a candidate, no budget
                 dev = device_of(t)
@@ -306,15 +310,16 @@ class Swapper:
         if dev is None or dev.capturing():  # (a CUDA graph captures no copies on side streams: kept)
             return t.detach(), t._version
         if not observed:
-            return self._pack(t, dev, None, sys._getframe(1))
+            return self._pack(t, dev, None, sys._getframe(1), entry)
         at = observer.pause(dev)  # the timed pass: what follows is cswap's, not the model's
         try:
             return self._pack(t, dev, at, sys._getframe(1))
         finally:
             observer.resume(at)
 
-    def _pack(self, t: torch.Tensor, dev: Device, at: int | None, caller):
-        """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t."""
+    def _pack(self, t: torch.Tensor, dev: Device, at: int | None, caller, entry=_LOOK):
+        """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t;
+        `entry`: t's dedup entry, when pack looked it up already (_LOOK: not yet)."""
         observer = self.observer
         self._release_completed()
         held = dev.observes and held_for_backward(t)  # (the emulator counts a first save)
@@ -329,7 +334,7 @@ class Swapper:
             dev.on_saved(t)
         if not self.offloads:
             return t.detach(), t._version
-        shared = self._already_offloaded(t)  # (saved again: it was a candidate, no need to ask)
+        shared = self._already_offloaded(t, entry)  # (saved again: it was a candidate, no need to ask)
         if shared is not None:
             if type(shared) is not tuple:
                 self.stats.add("deduplicated")
@@ -453,12 +458,18 @@ class Swapper:
             self._offload_bytes -= item.info.nbytes
             self.inflight.remove(item)
 
-    def _already_offloaded(self, t: torch.Tensor) -> Handle | None:
+    def _already_offloaded(self, t: torch.Tensor, entry=_LOOK) -> Handle | tuple | None:
         """A handle on this pass's item for `t`, or for the tensor `t` is a view of
-        (a flatten after pooling): the same bytes are never sent twice."""
-        entry = self._live_entry(t, t._version)
+        (a flatten after pooling): the same bytes are never sent twice. `entry`: t's
+        own dedup entry, when the caller looked it up already."""
+        if entry is _LOOK:
+            entry = self._live_entry(t, t._version)
         if entry is not None:
-            return (t.detach(), t._version) if type(entry) is KeptByPolicy else Handle(entry, self._pass, self)
+            if type(entry) is KeptByPolicy:
+                return t.detach(), t._version
+            handle = Handle(entry, self._pass, self)
+            if handle.item is not None:  # (else its saves died since the lookup: offloaded anew)
+                return handle
         base = t._base if t._is_view() else None
         entry = self._live_entry(base, t._version) if base is not None else None  # (a view shares its version)
         if entry is not None and entry.perm is not None:
@@ -466,7 +477,9 @@ class Swapper:
                 return t.detach(), t._version
             # The restored base has the original strides from storage offset 0.
             view = (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset())
-            return Handle(entry, self._pass, self, view)
+            handle = Handle(entry, self._pass, self, view)
+            if handle.item is not None:
+                return handle
         return None
 
     def _live_entry(self, t: torch.Tensor, version: int) -> Item | KeptByPolicy | None:
@@ -657,6 +670,8 @@ class Swapper:
 
     def drop_handle(self, handle: Handle) -> None:
         item = handle.item
+        if item is None:  # it was never counted (see Handle)
+            return
         with self.lock:  # handles die in whichever thread the garbage collector runs
             item.handles -= 1
             if handle.served_round == item.round:  # it was counted in this round
@@ -680,7 +695,7 @@ class Swapper:
         """The item's host copy is no longer needed (under the lock): its buffer goes back
         to the pool, to be reused once the last copy that read it completes; a group's
         buffer, once every item in it has given its share back."""
-        host, item.host = item.host, None
+        host, item.host, item.host_view = item.host, None, None
         block = item.block
         if block is None:
             self.pool.release(host, item.last_read or item.d2h_done, item.device)
