@@ -436,8 +436,11 @@ def measure(args) -> list[dict]:
                     for name in names:
                         trained[name] = provider(name, chain(args.layers, args.width).to(where), where)
                         time_steps(*trained[name], x, args.warmup)
-                    for _ in range(args.rounds):
-                        for name in names:
+                    for r in range(args.rounds):
+                        # Each round starts one provider later: what one leaves running (vdnnpp's host
+                        # compression threads) falls on a different provider each round, which the
+                        # medians over rounds leave out, not always on the one after it.
+                        for name in names[r % len(names):] + names[:r % len(names)]:
                             with collecting[name].on():
                                 forward, backward = time_steps(*trained[name], x, args.steps,
                                                                clock=collecting[name].outside)

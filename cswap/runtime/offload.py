@@ -315,18 +315,18 @@ class Offloader:
         """`settle` for items whose copies out complete with the same event (a group)."""
         if not items:
             return
-        if not self.released_at_once(items[0]):
+        if not self._copied(items[0]):
             for item in items:
                 self.settle(item)
             return
-        self._released_with(items[0], items[1:])
+        self._released_with(items[0], items)
 
     def _released_with(self, first: Item, items: list[Item]) -> None:
-        """Release items whose copies completed with `first`'s event (first is released):
-        a failure that event carried is theirs too."""
+        """Release items whose copies completed with `first`'s event: a failure that event
+        carried is theirs too."""
         if first.failure is not None:
             for item in items:
-                self.sw.fail(first.failure, item)
+                self.sw.fail(first.failure, item)  # (first's own: recorded already, a no-op)
         self.release(*items)
 
     def poll(self) -> None:
@@ -365,14 +365,19 @@ class Offloader:
 
     def released_at_once(self, item: Item) -> bool:
         """Release the item now if its copy out has already completed (never raises)."""
-        done = item.d2h_done
-        try:
-            if done is not None and not item.device.event_query(done, at="release.copy_done"):
-                return False
-        except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
-            self.sw.fail(exc, item)
+        if not self._copied(item):
+            return False
         self.release(item)
         return True
+
+    def _copied(self, item: Item) -> bool:
+        """The item's copy out has completed, or failed (recorded on it): its tensor may go."""
+        done = item.d2h_done
+        try:
+            return done is None or item.device.event_query(done, at="release.copy_done")
+        except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
+            self.sw.fail(exc, item)
+            return True
 
     def _running(self) -> "Offloader":
         if not (self._threads and all(t.is_alive() for t in self._threads)):

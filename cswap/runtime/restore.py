@@ -62,7 +62,7 @@ class Restorer:
     def __init__(self, swapper):
         self.sw = swapper
         self.unread: list = []        # (item, its copy in's event): served, verdict not landed yet
-        self.waited = None            # (compute stream, event) of the latest wait for a copy in
+        self.waited = self.waited_on = None  # the event of the latest wait for a copy in, and the stream waiting
         self.settling = False         # the end-of-backward read is queued
 
     def unpack(self, handle: Handle, at: int | None = None) -> torch.Tensor:
@@ -100,9 +100,9 @@ class Restorer:
         if item.verdict_pending or self.unread:
             self.verify(item)
         out, done = item.restored, item.h2d_done
-        if done is not None and (compute, done) != self.waited:  # compute waits for its own item only
+        if done is not None and (done is not self.waited or compute is not self.waited_on):  # its own item only
             dev.wait_event(compute, done, at="unpack.compute_after_copy_in")
-            self.waited = (compute, done)  # (a group's next tensor: compute waits for that event already)
+            self.waited, self.waited_on = done, compute  # (a group's next tensor: compute waits for it already)
         if dev.observes:
             dev.on_use(out)
         with sw.lock:

@@ -297,7 +297,7 @@ class Swapper:
                     return handle
                 entry = None
             if self.memory_limit is None and type(t) is torch.Tensor and \
-                    t.numel() * t.element_size() < self._floor(t.is_cuda):  # never a candidate, no budget
+                    t.nbytes < self._floor(t.is_cuda):  # never a candidate, no budget
                 dev = device_of(t)
                 if dev is not None and not dev.observes:  # (the emulator counts every save)
                     self._release_completed()
@@ -350,7 +350,7 @@ class Swapper:
                                   "for testing and development")
         layer, layer_type, saved_in = self.layer(t, op)
         pass_ = self._pass
-        info = SwapInfo(op, tuple(t.shape), t.dtype, t.numel() * t.element_size(), dev.device, layer, layer_type,
+        info = SwapInfo(op, tuple(t.shape), t.dtype, t.nbytes, dev.device, layer, layer_type,
                         pass_.candidates, saved_in)
         pass_.candidates += 1
         codec = self._choose_codec(info)
@@ -494,7 +494,7 @@ class Swapper:
         """The op that produced `t` when `t` is to be offloaded, else None. `t` is movable.
         `caller`: the frame that saved it (a compiled graph's saves count whatever
         `candidates` says: the graph hides which op made them)."""
-        nbytes = t.numel() * t.element_size()
+        nbytes = t.nbytes
         if type(t) is Parameter or nbytes == 0 or not _offloadable_dtype(t.dtype):
             return None
         floor = self._floor(dev.kind == "cuda")
