@@ -4,11 +4,15 @@ import contextlib
 import importlib.util
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import cswap
 import pytest
 import torch
+
+from cswap.tune.host_cost import time_steps
 
 pytestmark = pytest.mark.slow  # the benchmarks' quick runs: CI runs them (pytest -m slow)
 
@@ -127,6 +131,28 @@ def test_overhead_benchmark_quick_run(tmp_path):
             assert by[name]["offloaded_per_step"] == 10 and "added_us_per_tensor" in by[name], by[name]
         assert by["keep"]["offloaded_per_step"] == 0
     assert json.loads((tmp_path / "overhead-quick.json").read_text())["rows"] == rows
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_overhead_benchmark_lets_a_providers_background_work_finish_before_the_next():
+    """vdnnpp compresses host copies on threads of its own after its steps return; timed next,
+    stock autograd took twice as long. _settle waits for that work and stops the threads."""
+    bench = _load(BENCHMARKS / "overhead.py")
+    model, context = bench.provider("vdnnpp", bench.chain(8, 64))
+    try:
+        time_steps(model, context, torch.randn(32, 64), 3)
+        bench._settle(model)
+        stats = cswap.stats(model)
+        done = stats["host_compressed_tensors"]
+        assert done > 0  # (relu outputs of a random chain: half zeros, worth compressing)
+        assert not [t for t in threading.enumerate() if t.name.startswith(("cswap-host-zvc", "cswap-offload"))]
+        time.sleep(0.2)
+        assert stats["host_compressed_tensors"] == done  # nothing was left to finish
+        offloaded = stats["offloaded_tensors"]
+        time_steps(model, context, torch.randn(32, 64), 1)  # the next step starts new threads
+        assert stats["offloaded_tensors"] == offloaded + 8
+    finally:
+        cswap.unpatch(model)
 
 
 def test_the_minimal_offload_floor_really_offloads():
