@@ -308,11 +308,12 @@ def test_dedup_counts_exactly():
     assert s["offloaded_tensors"] == 6 and s["deduplicated"] == 4
 
 
-def _saved_again(after_first_save, mode, device):
+def _saved_again(after_first_save, mode, device, again=lambda t: t):
     """t = 2x is saved by sin (a branch that backward never runs), then `after_first_save`,
-    then saved again by cos, then more tensors are offloaded (reusing freed host buffers);
-    x's gradient and the dedup count, under cswap (with copies out left in flight) on the
-    CPU's default device or the emulated one (pack takes another path for each)."""
+    then saved again by cos (or `again(t)`, a view of it, is), then more tensors are
+    offloaded (reusing freed host buffers); x's gradient and the dedup count, under cswap
+    (with copies out left in flight) on the CPU's default device or the emulated one (pack
+    takes another path for each)."""
     x = torch.randn(64, 64, requires_grad=True)
     emulated = cswap.testing.emulated_device() if device == "emulated" else nullcontext()
     with emulated:
@@ -320,7 +321,7 @@ def _saved_again(after_first_save, mode, device):
             t = x * 2
             branch = t.sin()
             branch = after_first_save(t, branch)
-            kept = t.cos()
+            kept = again(t).cos()
             more = [(x * k).sin() for k in range(3, 8)]
         loss = kept.sum() + sum(m.sum() for m in more)
         loss.backward()
@@ -328,11 +329,11 @@ def _saved_again(after_first_save, mode, device):
     return x.grad, sw.stats["deduplicated"]
 
 
-def _stock_grad(after_first_save):
+def _stock_grad(after_first_save, again=lambda t: t):
     x = torch.randn(64, 64, requires_grad=True)
     t = x * 2
     after_first_save(t, t.sin())
-    loss = t.cos().sum() + sum((x * k).sin().sum() for k in range(3, 8))
+    loss = again(t).cos().sum() + sum((x * k).sin().sum() for k in range(3, 8))
     loss.backward()
     return x.grad
 
@@ -368,16 +369,19 @@ def test_a_save_after_an_in_place_change_is_offloaded_anew(mode, device):
     assert deduplicated == 0
 
 
+@pytest.mark.parametrize("saved", ["itself", "a view"])
 @pytest.mark.parametrize("device", ["cpu", "emulated"])
 @pytest.mark.parametrize("mode", ["vdnn", "sc"])
-def test_a_save_whose_record_dies_while_it_is_looked_up_is_offloaded_anew(mode, device, monkeypatch):
+def test_a_save_whose_record_dies_while_it_is_looked_up_is_offloaded_anew(mode, device, saved, monkeypatch):
     """The dedup lookup found sin's record of t live, and its last save died before cos's
-    save was counted on it (a collection, or another thread, can drop it there): the
-    freed record, whose host buffer went back to the pool, must not serve cos's save."""
+    save (of t, or of a view of t) was counted on it (a collection, or another thread, can
+    drop it there): the freed record, whose host buffer went back to the pool, must not
+    serve cos's save."""
     from cswap.runtime.swapper import Swapper
 
     held = {}
     lookup = Swapper._live_entry
+    again = (lambda t: t) if saved == "itself" else (lambda t: t.view(32, 128))
 
     def dying_meanwhile(self, t, version):
         entry = lookup(self, t, version)
@@ -391,10 +395,10 @@ def test_a_save_whose_record_dies_while_it_is_looked_up_is_offloaded_anew(mode, 
 
     monkeypatch.setattr(Swapper, "_live_entry", dying_meanwhile)
     torch.manual_seed(0)
-    grad, deduplicated = _saved_again(hold, mode, device)
+    grad, deduplicated = _saved_again(hold, mode, device, again)
     assert held["branch"] is None  # (the lookup did find it live)
     torch.manual_seed(0)
-    assert torch.equal(grad, _stock_grad(lambda t, branch: None))
+    assert torch.equal(grad, _stock_grad(lambda t, branch: None, again))
     assert deduplicated == 0
 
 
