@@ -51,6 +51,16 @@ def extract(commit: str, into: Path) -> None:
         (into / sub).rename(base / sub)
 
 
+def settle(package, model) -> None:
+    """Let the model's swapper finish its background work (a compressing mode's worker) and
+    stop its threads, outside the timing: else it falls on the next chain's steps
+    (benchmarks/overhead.py's _settle)."""
+    entry = importlib.import_module(package.__name__ + ".patch")._PATCHED.get(model)
+    if entry is not None:
+        entry.swapper.synchronize()
+        entry.swapper.offloader.stop()
+
+
 def compare(base, new, mode: str, rounds: int, steps: int = 10) -> dict:
     """us per offloaded tensor: {"base": added, "new": added, "change": new - base (paired)}."""
     options = dict(mode=mode, candidates="all", min_bytes=0, verbose=False)
@@ -61,11 +71,14 @@ def compare(base, new, mode: str, rounds: int, steps: int = 10) -> dict:
         time_steps(model, contextlib.nullcontext, x, 20)
     times = {name: [] for name in models}
     gc.collect()
+    packages = {"base": base, "new": new}
     with young_collections_only():
         for r in range(rounds):
             for name in (list(models) if r % 2 == 0 else list(models)[::-1]):
                 forward, backward = time_steps(models[name], contextlib.nullcontext, x, steps)
                 times[name].append((sum(forward) + sum(backward)) / steps)
+                if name in packages:
+                    settle(packages[name], models[name])
 
     def added(name, against):
         return statistics.median(a - b for a, b in zip(times[name], times[against])) / LAYERS * 1e6

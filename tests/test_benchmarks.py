@@ -155,6 +155,20 @@ def test_the_overhead_benchmark_lets_a_providers_background_work_finish_before_t
         cswap.unpatch(model)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_in_process_ab_lets_each_chains_background_work_finish():
+    """ab_overhead.py settles each patched chain after its steps, through the package that
+    patched it (the base commit's or the working tree's), as overhead.py does."""
+    ab = _load(BENCHMARKS / "ab_overhead.py")
+    model = cswap.patch(ab.chain(8, 64), mode="vdnnpp", candidates="all", min_bytes=0)
+    try:
+        time_steps(model, contextlib.nullcontext, torch.randn(32, 64), 3)
+        ab.settle(cswap, model)
+        assert not [t for t in threading.enumerate() if t.name.startswith(("cswap-host-zvc", "cswap-offload"))]
+    finally:
+        cswap.unpatch(model)
+
+
 def test_the_minimal_offload_floor_really_offloads():
     """The benchmark's floor copies each activation out once and back once (a provider that
     copied nothing would make the floor, and cswap's distance to it, meaningless)."""
