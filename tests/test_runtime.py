@@ -310,7 +310,7 @@ def test_dedup_counts_exactly():
 
 def _saved_again(after_first_save, mode, device, again=lambda t: t):
     """t = 2x is saved by sin (a branch that backward never runs), then `after_first_save`,
-    then saved again by cos (or `again(t)`, a view of it, is), then more tensors are
+    then cos saves it again (or saves `again(t)`, a view of it), then more tensors are
     offloaded (reusing freed host buffers); x's gradient and the dedup count, under cswap
     (with copies out left in flight) on the CPU's default device or the emulated one (pack
     takes another path for each)."""
