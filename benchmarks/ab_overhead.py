@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from cswap.tune.host_cost import chain, time_steps, young_collections_only  # (overhead.py's chain and clock)
+from common import settle  # (a sibling: benchmarks/ is on the path when run as a script)
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS, WIDTH, BATCH = 100, 64, 32
@@ -49,16 +50,6 @@ def extract(commit: str, into: Path) -> None:
     (into / "cswap").rename(base)
     for sub in ("kernels", "models"):
         (into / sub).rename(base / sub)
-
-
-def settle(package, model) -> None:
-    """Let the model's swapper finish its background work (a compressing mode's worker) and
-    stop its threads, outside the timing: else it falls on the next chain's steps
-    (benchmarks/overhead.py's _settle)."""
-    entry = importlib.import_module(package.__name__ + ".patch")._PATCHED.get(model)
-    if entry is not None:
-        entry.swapper.synchronize()
-        entry.swapper.offloader.stop()
 
 
 def compare(base, new, mode: str, rounds: int, steps: int = 10) -> dict:

@@ -73,7 +73,6 @@ import argparse
 import contextlib
 import functools
 import gc
-import importlib
 import math
 import os
 import statistics
@@ -92,9 +91,9 @@ from cswap.runtime.device import device_of
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
 from cswap.tune.host_cost import GcClock, chain, time_steps, young_collections_only  # (cswap-tune's)
+from common import settle  # (a sibling: benchmarks/ is on the path, as for every script here)
 
 PROVIDERS = ("unpatched", "hooks", "save_on_cpu", "minimal", "lean", "batched", "keep", "vdnn", "sc", "cswap", "vdnnpp")
-_PATCHES = importlib.import_module("cswap.patch")  # (the module: cswap.patch is the function)
 PATCHED = ("keep", "vdnn", "sc", "cswap", "vdnnpp")  # cswap.patch'ed: stats to read, a patch to undo
 PER_SAVED = ("hooks", "keep")  # their figures are per saved tensor (the others': per offloaded tensor)
 DEVICES = ("cpu", "emulated", "lagging", "cuda")
@@ -376,18 +375,6 @@ def provider(name: str, model: nn.Module, device: str = "cpu"):
     return _patched(model, name), contextlib.nullcontext
 
 
-def _settle(model: nn.Module) -> None:
-    """Let the background work a provider left running finish before the next one is timed:
-    sc's worker compressing, vdnnpp's threads compressing host copies. Timed in turn, stock
-    autograd took 8.1 ms a step right after vdnnpp against 4.4 after vdnn, which deflated every
-    provider's 'added' figure. (Each round also starts one provider later, so whatever is left
-    falls on a different one each round.)"""
-    entry = _PATCHES._PATCHED.get(model)
-    if entry is not None:
-        entry.swapper.synchronize()
-        entry.swapper.offloader.stop()  # waits for its threads' queues; the next step starts new ones
-
-
 def make_device(name: str):
     """The seam's device for CPU tensors (None: cswap's default for them)."""
     if name in ("cpu", "cuda"):
@@ -451,11 +438,13 @@ def measure(args) -> list[dict]:
                         trained[name] = provider(name, chain(args.layers, args.width).to(where), where)
                         time_steps(*trained[name], x, args.warmup)
                     for r in range(args.rounds):
-                        for name in names[r % len(names):] + names[:r % len(names)]:  # (see _settle)
+                        # Each round starts one provider later, and each provider's background work is
+                        # let finish after its steps (common.settle): neither falls on the next one's.
+                        for name in names[r % len(names):] + names[:r % len(names)]:
                             with collecting[name].on():
                                 forward, backward = time_steps(*trained[name], x, args.steps,
                                                                clock=collecting[name].outside)
-                            _settle(trained[name][0])
+                            settle(cswap, trained[name][0])
                             times[name][0].extend(forward)
                             times[name][1].extend(backward)
                             by_round[name].append((statistics.median(forward), statistics.median(backward)))

@@ -136,12 +136,13 @@ def test_overhead_benchmark_quick_run(tmp_path):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_the_overhead_benchmark_lets_a_providers_background_work_finish_before_the_next():
     """vdnnpp compresses host copies on threads of its own after its steps return; timed next,
-    stock autograd took twice as long. _settle waits for that work and stops the threads."""
+    stock autograd took twice as long. common.settle, which overhead.py calls after each
+    provider's steps, waits for that work and stops the threads."""
     bench = _load(BENCHMARKS / "overhead.py")
     model, context = bench.provider("vdnnpp", bench.chain(8, 64))
     try:
         time_steps(model, context, torch.randn(32, 64), 3)
-        bench._settle(model)
+        bench.settle(cswap, model)
         stats = cswap.stats(model)
         done = stats["host_compressed_tensors"]
         assert done > 0  # (relu outputs of a random chain: half zeros, worth compressing)

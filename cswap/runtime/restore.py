@@ -192,16 +192,15 @@ class Restorer:
         try:
             ys, hosts, restored = [], [], []
             for item in items:  # where backward uses and frees them
-                info, perm, host = item.info, item.perm, item.host_view
+                info, perm, host, shape = item.info, item.perm, item.host_view, item.dense_shape()
                 if perm is not None and is_identity(perm):  # with its own strides at once
-                    y = dev.empty_as(info.nbytes, info.dtype, info.shape, compute, item.stride)
+                    y = dev.empty_as(info.nbytes, info.dtype, shape, compute, item.stride)
                     restored.append(y)
                 else:  # its bytes' order, then its strides
-                    y = dev.empty_as(info.nbytes, info.dtype, item.dense_shape(), compute)
+                    y = dev.empty_as(info.nbytes, info.dtype, shape, compute)
                     restored.append(restore_strides(y, perm, item.stride) if perm is not None else y)
                 ys.append(y)
-                hosts.append(host if host is not None else pool.view(item.host, info.dtype, item.dense_shape(),
-                                                                      item.offset))
+                hosts.append(host if host is not None else pool.view(item.host, info.dtype, shape, item.offset))
             dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
             dev.copy_all(ys, hosts, h2d)
             for y in ys:
