@@ -3,6 +3,8 @@ mutation test runs with each synchronisation point switched off."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -129,6 +131,14 @@ def _exception_in_backward() -> str:
         cswap.unpatch(model)
 
 
+def _host_limit() -> str:
+    """No host memory: each tensor, compressed on the compression stream first, stays on the device
+    (as warned)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "cswap: host memory limit", RuntimeWarning)
+        return _steps("sc", max_host_bytes=0)
+
+
 SCENARIOS = {
     "vdnn": lambda: _steps("vdnn"),
     "sc": lambda: _steps("sc"),
@@ -139,6 +149,7 @@ SCENARIOS = {
     # the memory of a restore it has just freed for the next one.
     "recycled": lambda: _steps("vdnn", make=resnet_blocks, prefetch_bytes=0),
     "exception": _exception_in_backward,
+    "host_limit": _host_limit,
 }
 
 

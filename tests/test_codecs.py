@@ -59,8 +59,14 @@ def test_encode_and_decode_into_a_given_buffer(name, backend):
     check.raise_if_bad()
     assert y.data_ptr() == out.data_ptr()
     assert_bit_equal(y, x)
+    out.fill_(0xA5)  # a whole blob, as vdnnpp's host copies: decompress into the given buffer too
+    y = codec.decompress(blob, backend=backend, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    assert_bit_equal(y, x)
     with pytest.raises(ValueError, match="out must be a contiguous 1-D uint8 tensor of 370 bytes"):
         codec.decode(payload, header, out=torch.empty(369, dtype=torch.uint8), backend=backend)
+    with pytest.raises(ValueError, match="out must be a contiguous 1-D uint8 tensor of 370 bytes"):
+        codec.decompress(blob, backend=backend, out=torch.empty(5, 74, dtype=torch.uint8))
     with pytest.raises(cswap.CorruptDataError, match="payload is"):
         codec.decode(payload[:-1], header, backend=backend)
 

@@ -122,6 +122,7 @@ LISTED = (
     "offload.compress_after_ready",
     "offload.copy_after_ready",
     "offload.copy_after_compress",
+    "offload.record_kept",
     "release.copy_done",
     "pack.stash_full",
     "restore.copy_in_after_compute",
@@ -581,6 +582,34 @@ def test_kept_on_gpu_is_counted_and_reported_not_hidden():
             warnings.simplefilter("ignore")
             report = cswap.epoch_end(model)
         assert report.metrics["kept_on_gpu"] == kept and "kept_on_gpu=" in report.table()
+    finally:
+        cswap.unpatch(model)
+
+
+def test_vdnnpp_restores_host_compressed_copies_at_the_host_memory_limit(monkeypatch):
+    """vdnnpp decompresses a host-compressed copy into a pinned buffer of the pool and copies
+    it up from there. At the host memory limit the pool has none: it decompresses into
+    pageable memory instead, whose copy blocks the host until it has been read (as CUDA's
+    does), so that memory may go at once. Found by a random search over models and options
+    (bert, retain_graph=True, max_host_bytes=256 KiB): the decompressed tensor was copied
+    up and dropped with nothing ordering the copy before its free."""
+    stock, model = nets.vgg_like(), cswap.patch(nets.vgg_like(), mode="vdnnpp", min_bytes=0, verbose=False)
+    sw = swapper_of(model)
+    x, y = nets.batches(nets.IMAGE, 1)[0]
+    try:
+        with cswap.testing.emulated_device() as dev:
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            sw.synchronize()
+            sw.offloader._host_threads.shutdown(wait=True)  # let every host compression finish
+            sw.offloader._host_threads = None
+            assert cswap.stats(model)["host_compressed_tensors"] > 0
+            monkeypatch.setattr(sw.pool, "acquire", lambda *args, **kwargs: None)  # no host memory left
+            loss.backward()
+            got = {name: p.grad.clone() for name, p in model.named_parameters()}
+        assert dev.hazards == []
+        assert exact(got, gradients(stock, x, y))
+        assert any(at == "pageable copy" for _, at in dev.host_syncs)  # (the copies up were from pageable memory)
     finally:
         cswap.unpatch(model)
 

@@ -164,19 +164,22 @@ class Codec:
         return payload, header
 
     def decompress(self, blob: Compressed, config: LaunchConfig | None = None, backend: str = "auto",
-                   check: bool = True) -> torch.Tensor:
+                   check: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
         """Restore the tensor: same shape, dtype and bits, on `blob`'s device.
 
         check=False skips reading back the decoder's on-device consistency
         flags (saves a host sync); bounds safety does not depend on it.
+        out: where to write its bytes (a contiguous 1-D uint8 tensor of its
+        size on that device, as `decode`'s), instead of a new tensor.
         """
-        out, verdict = self.decompress_deferred(blob, config, backend)
+        restored, verdict = self.decompress_deferred(blob, config, backend, out)
         if check:
             verdict.raise_if_bad()
-        return out
+        return restored
 
     def decompress_deferred(self, blob: Compressed, config: LaunchConfig | None = None,
-                            backend: str = "auto") -> tuple[torch.Tensor, DecodeCheck]:
+                            backend: str = "auto", out: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, DecodeCheck]:
         """`decompress` without the host sync: returns the tensor and the
         decoder's DecodeCheck, to be read once the decode has run."""
         where = f"cswap.codecs.{self.name}.decompress"
@@ -186,7 +189,7 @@ class Codec:
         if blob.codec != self.name:
             raise ValueError(f"{where}: buffer was written by codec {blob.codec!r}; use "
                              f"cswap.codecs.get({blob.codec!r}) or blob.decompress()")
-        return self.decode(blob.payload, blob._header, config=config, backend=backend)
+        return self.decode(blob.payload, blob._header, out=out, config=config, backend=backend)
 
     def decode(self, payload: torch.Tensor, header: Header, out: torch.Tensor | None = None,
                config: LaunchConfig | None = None, backend: str = "auto") -> tuple[torch.Tensor, DecodeCheck]:

@@ -448,6 +448,8 @@ class Offloader:
                 return
         host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
         if host is None:  # host memory limit: the tensor stays where it is
+            if data_ready is not None:  # (read on the compression stream: not recycled before that read ends)
+                dev.record_stream(src, compress, at="offload.record_kept")
             item.fallback = src.detach()  # (src itself lets its memory go at release)
             sw.stats.add("kept_on_gpu")
             return

@@ -285,19 +285,22 @@ class Restorer:
         y = dev.empty_as(info.nbytes, info.dtype, shape, compute)  # where backward uses and frees it
         y_bytes = flat_bytes(y) if blob is not None or item.header is not None or sw.checksum else None
         dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
-        if blob is not None:  # vdnnpp: decompress on the CPU, then copy up through a pinned buffer
+        if blob is not None:  # vdnnpp: decompress on the CPU into a pinned buffer, then copy up
+            staging = sw.pool.acquire(info.nbytes, dev)
+            # At the host memory limit, pageable memory: the copy up then blocks until it is read.
+            source = staging[: info.nbytes] if staging is not None else dev.host_empty(info.nbytes, pinned=False)
+            dev.host_access(source, write=True)
             try:
-                raw = flat_bytes(codecs.get("zvc").decompress(blob, backend="torch"))
-            except CorruptDataError as exc:
-                raise self.corrupt(item, str(exc)) from exc
-            if sw.checksum and int(integrity.checksum(raw)) != item.expected_sum:
-                raise self.corrupt(item, "its checksum differs from the one taken before the offload")
-            staging = sw.pool.acquire(raw.numel(), dev)
-            source = raw
-            if staging is not None:
-                source = staging[: raw.numel()]
-                dev.host_access(source, write=True)
-                source.copy_(raw)
+                try:
+                    codecs.get("zvc").decompress(blob, backend="torch", out=source)
+                except CorruptDataError as exc:
+                    raise self.corrupt(item, str(exc)) from exc
+                if sw.checksum and int(integrity.checksum(source)) != item.expected_sum:
+                    raise self.corrupt(item, "its checksum differs from the one taken before the offload")
+            except BaseException:
+                if staging is not None:
+                    sw.pool.release(staging)  # (no copy read it)
+                raise
             dev.copy(y_bytes, source, h2d)
             if staging is not None:
                 sw.pool.release(staging, dev.record_event(h2d), dev)

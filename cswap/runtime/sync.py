@@ -21,6 +21,10 @@ POINTS = {
         "the copy-out stream waits for the event recorded at pack before copying a raw tensor",
     "offload.copy_after_compress":
         "the copy-out stream waits for the compression of the tensor it copies",
+    "offload.record_kept":
+        "a tensor kept on the device at the host memory limit, after the compression stream read it (to "
+        "compress or gather it), is record_stream()ed to that stream: its memory is not recycled while "
+        "that read runs",
     "release.copy_done":
         "the releaser drops a saved tensor only after its copy out has completed",
     "pack.stash_full":
