@@ -19,6 +19,7 @@ from .plan.runtime_budget import AUTO
 from .runtime.checkpointing import CheckpointedBlocks
 from .runtime.layers import LayerTracker
 from .runtime.stats import SwapStats
+from .runtime.step_state import StepState
 from .runtime.swapper import Swapper, check_policy
 
 if TYPE_CHECKING:
@@ -109,14 +110,24 @@ class _Patch:
         def retrying(*args, **kwargs):
             if not (self.controller.budget.waiting_for_oom and self.depth == 1 and self.hooks_ctx is not None):
                 return forward(*args, **kwargs)
+            before = StepState(model, args, kwargs)  # (the retry draws the same dropout masks)
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as exc:
                 message = str(exc)  # leaving the handler frees the failed attempt's tensors
             self._restart_pass(message)
+            before.restore()
+            kept = self.swapper.stats["kept_on_gpu"]
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as exc:
+                kept = self.swapper.stats["kept_on_gpu"] - kept
+                if kept:  # not everything could leave
+                    raise torch.OutOfMemoryError(
+                        f"cswap: the forward ran out of device memory, and again when retried to offload every "
+                        f"saved activation (budget='auto'), with {kept} of them kept on the device because host "
+                        f"memory reached its limit (max_host_bytes={self.swapper.pool.max_bytes}). Raise "
+                        f"max_host_bytes, or lower the batch size. ({exc})") from exc
                 raise torch.OutOfMemoryError(
                     f"cswap: the forward ran out of device memory, and again with every saved activation "
                     f"offloaded (budget='auto'): what remains (parameters, gradients, optimizer state, the "

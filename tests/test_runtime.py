@@ -1476,6 +1476,38 @@ def test_compression_out_of_memory_sends_the_tensor_uncompressed(monkeypatch):
     assert s["compressed_tensors"] == 0 and s["kept_on_gpu"] == 0
 
 
+def test_a_tensor_with_no_room_to_be_gathered_stays_on_the_device(monkeypatch):
+    """A saved tensor that is not dense in memory (q, k and v: strided views of one
+    projection) is gathered into one device block before it leaves. With no device memory
+    for that block it stays where it is, as at the host memory limit: training is exact.
+    (Found by a random search: the step stopped with an error instead.)"""
+    import modern
+    from cswap.plan.inputs import default_loss
+    from cswap.runtime.immediate import ImmediateDevice
+
+    def gradients_of(model, inputs):
+        model.zero_grad(set_to_none=True)
+        default_loss(inputs(model)).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    stock, inputs = modern.build("attention")
+    expected = gradients_of(stock, inputs)
+
+    def no_room(self, nbytes, stream):  # (in vdnn on the CPU only the gather allocates this way)
+        raise torch.OutOfMemoryError("no room to gather")
+
+    monkeypatch.setattr(ImmediateDevice, "empty", no_room)
+    model = cswap.patch(modern.build("attention")[0], mode="vdnn", candidates="all", min_bytes=0, verbose=False)
+    try:
+        for _ in range(2):
+            got = gradients_of(model, inputs)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        s = cswap.stats(model)
+        assert s["gather_oom"] == 6 and s["offloaded_tensors"] > 0 and s["kept_on_gpu"] == 0  # q, k, v per step
+    finally:
+        cswap.unpatch(model)
+
+
 def test_unknown_codec_raises_value_error_naming_it():
     model = cswap.patch(nets.vgg_like(), policy=lambda info: "gzip", min_bytes=0)
     x, y = nets.batches(nets.IMAGE, 1)[0]

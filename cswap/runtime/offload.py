@@ -42,8 +42,9 @@ completes at once: the CPU's) is released there and then. pack() with the stash
 full, or over a memory budget, waits for the oldest item and releases it itself.
 
 Failures. What is expected is handled: a compression that runs out of device
-memory sends the tensor uncompressed (compress_oom), and a full host pool
-keeps it on the device (kept_on_gpu). Anything else (a codec bug, a failed
+memory sends the tensor uncompressed (compress_oom), and one not dense in
+memory with no room to be gathered, or a full host pool, keeps it on the
+device (gather_oom, kept_on_gpu). Anything else (a codec bug, a failed
 copy) is recorded on the item and the swapper and raised in the training step
 at the next pack or unpack. The threads catch everything, and a thread that
 stops anyway first fails what waits on it, so nothing waits forever.
@@ -441,17 +442,20 @@ class Offloader:
             data_ready = dev.record_event(compress)
         else:
             data, header = item.flat_src(), None
-        sent = data.numel() + (header.header_nbytes if header is not None else 0)
-        verdicts = header is not None or sw.checksum
         with sw.lock:
             if item.freed:  # every save died before the copy: nothing to keep
                 return
-        host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
-        if host is None:  # host memory limit: the tensor stays where it is
+        host = None
+        if data is not None:  # (else no device memory to gather it into)
+            sent = data.numel() + (header.header_nbytes if header is not None else 0)
+            verdicts = header is not None or sw.checksum
+            host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
+            if host is None:
+                sw.stats.add("kept_on_gpu")
+        if host is None:  # host memory limit, or no room to gather it: the tensor stays where it is
             if data_ready is not None:  # (read on the compression stream: not recycled before that read ends)
                 dev.record_stream(src, compress, at="offload.record_kept")
             item.fallback = src.detach()  # (src itself lets its memory go at release)
-            sw.stats.add("kept_on_gpu")
             return
         self._send(item, data, header, host, data_ready)
 
@@ -496,7 +500,8 @@ class Offloader:
         sw.stats.add_all(*counts)
 
     def _prepare(self, item: Item, src: torch.Tensor, stream):
-        """On the compression stream: (bytes to send, header or None)."""
+        """On the compression stream: (bytes to send, header or None); (None, None) when a
+        tensor that is not dense finds no device memory to be gathered into."""
         dev = item.device
         dense = src.permute(item.perm) if item.perm is not None else src
         if item.codec is not None:
@@ -511,7 +516,11 @@ class Offloader:
                 # compression that does not shrink is not sent
         if item.perm is not None:
             return flat_bytes(dense), None
-        gathered = dev.empty(item.info.nbytes, stream)  # not dense: sent (and restored) contiguous
+        try:
+            gathered = dev.empty(item.info.nbytes, stream)  # not dense: sent (and restored) contiguous
+        except torch.OutOfMemoryError:  # no room to gather it into: it stays on the device
+            self.sw.stats.add("gather_oom")
+            return None, None
         gathered.view(src.dtype).view(src.shape).copy_(src)
         return gathered, None
 
