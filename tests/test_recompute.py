@@ -182,6 +182,50 @@ def test_checkpointed_blocks_keep_gradients_exact_and_leave_cswap_only_their_inp
     assert calls_some == 2 * calls_all   # block 1 ran again in each backward (its first layer counts)
 
 
+@pytest.mark.filterwarnings("ignore:.*no profile for this device:RuntimeWarning",
+                            "ignore::FutureWarning", "ignore::DeprecationWarning")
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_checkpointed_hugging_face_layers_leave_their_cache_alone(use_cache):
+    """A T5 decoder layer fills the key-value cache its model passes it (cross-attention's
+    keys and values, even without use_cache); recomputed in backward under checkpoint, it
+    found them there and saved fewer tensors, and checkpoint raised. A Hugging Face layer
+    is now checkpointed through its own switch, which leaves the cache out, as Hugging
+    Face's own gradient checkpointing does. (Found by a random search over models and
+    options: T5 with a budget and recompute="auto".)"""
+    import copy
+
+    import cswap
+    import modern
+    from cswap.patch import _PATCHED
+    from cswap.plan.inputs import default_loss
+    from cswap.runtime.checkpointing import CheckpointedBlocks
+
+    model, inputs = modern.build("t5")
+    model.config.use_cache = use_cache
+
+    def train(m):
+        grads = []
+        for step in range(2):
+            m.zero_grad(set_to_none=True)
+            torch.manual_seed(step)  # (dropout)
+            default_loss(inputs(m)).backward()
+            grads.append([p.grad.clone() for p in m.parameters() if p.grad is not None])
+        return grads
+
+    expected = train(copy.deepcopy(model))
+    names = ["encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1"]
+    patched = cswap.patch(model, mode="vdnn", candidates="all", min_bytes=0, verbose=False)
+    blocks = CheckpointedBlocks(patched, names, lambda: set(names), _PATCHED[patched].controller.profiler)
+    try:
+        got = train(patched)
+    finally:
+        blocks.detach()
+        cswap.unpatch(patched)
+    assert all(torch.equal(a, b) for ga, gb in zip(got, expected) for a, b in zip(ga, gb))
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # switched back off
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
 @pytest.mark.filterwarnings("ignore:.*no profile for this device:RuntimeWarning")
 def test_patch_with_recompute_times_the_blocks_plans_and_stays_exact():
     import copy

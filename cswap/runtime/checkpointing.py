@@ -24,6 +24,29 @@ from .device import device_of
 __all__ = ["CheckpointedBlocks"]
 
 
+def _is_hf_checkpointing_layer(module: torch.nn.Module) -> bool:
+    """A Hugging Face transformers layer with its own gradient checkpointing (without importing it)."""
+    return any(cls.__name__ == "GradientCheckpointingLayer" and cls.__module__.startswith("transformers.")
+               for cls in type(module).__mro__)
+
+
+def _hf_checkpointed(module: torch.nn.Module, forward, args, kwargs):
+    """The layer's forward through its own gradient checkpointing, switched on for this call:
+    it leaves its key-value cache alone (use_cache=False, cache=None) as checkpointing needs,
+    or the recomputation would find the cache the forward filled and save other tensors."""
+    before = module.__dict__.get("gradient_checkpointing"), module.__dict__.get("_gradient_checkpointing_func")
+    module.gradient_checkpointing = True
+    module._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        for attr, value in zip(("gradient_checkpointing", "_gradient_checkpointing_func"), before):
+            if value is None:
+                module.__dict__.pop(attr, None)
+            else:
+                setattr(module, attr, value)
+
+
 class CheckpointedBlocks:
     def __init__(self, model: torch.nn.Module, names: list[str], recomputed, profiler):
         modules = dict(model.named_modules())
@@ -44,9 +67,13 @@ class CheckpointedBlocks:
         own = module.__dict__.get("forward")  # an instance attribute of the user's, if any
         forward = module.forward
 
+        hf_layer = _is_hf_checkpointing_layer(module)
+
         @functools.wraps(forward)
         def maybe_checkpointed(*args, **kwargs):
             if name in self.recomputed() and torch.is_grad_enabled():
+                if hf_layer:
+                    return _hf_checkpointed(module, forward, args, kwargs)
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
             return forward(*args, **kwargs)
 
