@@ -1,0 +1,218 @@
+"""A random search for configurations where cswap trains differently from stock autograd.
+
+Each seed draws a model (today's models from tests/modern.py, the CNNs and transformer of
+tests/nets.py, channels_last or not), a mode and swapper options (candidates, min_bytes,
+stash and prefetch limits, a host memory limit, checksums, a cycling codec policy, a
+memory budget or budget="auto" with recompute, on a device just too small for the
+unpatched step), and how training runs (the CPU or the emulated device, prompt, slow and
+jittery or with compute behind the host; retain_graph, gradient accumulation, bf16
+autocast, evaluation passes and epoch ends between steps). It trains three steps
+patched and unpatched and compares every gradient bit for bit; on the emulated device
+any race or unsynchronised free it reports is a failure too. An out-of-memory error
+that names what to change (the device is small on purpose) is counted apart, not as a
+failure.
+
+    python scripts/search_configs.py 0:400            # seeds 0 to 399; about 5 minutes on 2 cores
+    python scripts/search_configs.py 58 199 2357      # those seeds again, with their tracebacks
+
+It exits with 1 when a seed failed. The seeds it first ran (0-3500, 2026-11-26) found
+four faults, each fixed with a test of its own (see the commit log of that day).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import random
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import cswap  # noqa: E402
+import modern  # noqa: E402
+import nets  # noqa: E402
+from cswap.plan.inputs import Inputs, default_loss  # noqa: E402
+
+STEPS = 3
+CYCLE = ("zvc", "rle", "csr", "lz4", None, "keep")
+
+
+def cycling_policy(info):
+    return CYCLE[info.index % len(CYCLE)]
+
+
+class _Classifier(torch.nn.Module):
+    """A tests/nets.py model with its loss inside: (input, target) -> loss."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.net = make()
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y)
+
+
+def _model(r: random.Random):
+    """(name, model, inputs)."""
+    if r.random() < 0.7:
+        name = r.choice(list(modern.MODELS))
+        return name, *modern.build(name)
+    name = r.choice(list(nets.MODELS))
+    channels_last = name != "transformer" and r.random() < 0.5
+    make, shape = nets.MODELS[name]
+    torch.manual_seed(0)
+    x, y = nets.batches(shape, 1, channels_last=channels_last)[0]
+    return f"{name}{' channels_last' if channels_last else ''}", _Classifier(make), Inputs((x, y), {})
+
+
+def draw(seed: int) -> dict:
+    """The configuration of one seed."""
+    r = random.Random(seed)
+    name, model, inputs = _model(r)
+    mode = r.choice(["vdnn", "sc", "cswap", "vdnnpp", "none", "save_on_cpu"])
+    options = {}
+    if mode not in ("none", "save_on_cpu"):
+        options = {"candidates": r.choice(["all", "auto", "sparse"]), "min_bytes": r.choice([0, 0, 4096])}
+        for key, values, chance in (("stash_bytes", [1, 8192, 65536], 0.3),
+                                    ("prefetch_bytes", [0, 1, 8192, 65536], 0.3),
+                                    ("max_host_bytes", [0, 32768, 262144], 0.25)):
+            if r.random() < chance:
+                options[key] = r.choice(values)
+        if r.random() < 0.25:
+            options["checksum"] = True
+        if mode == "cswap" and r.random() < 0.4:
+            options["policy"] = cycling_policy
+    device = r.choice(["cpu", "emulated", "emulated slow", "emulated lagging"])
+    budget = None
+    if device != "cpu" and mode != "none" and r.random() < 0.25:  # a plan: mode and candidates are its own
+        budget = r.choice([0.5, 0.8, "auto"])  # of the unpatched step's peak
+        mode = None
+        options.pop("candidates", None)
+        options.pop("policy", None)
+        if r.random() < 0.5:
+            options["recompute"] = "auto"
+    return {"seed": seed, "name": name, "model": model, "inputs": inputs, "mode": mode, "options": options,
+            "device": device, "budget": budget, "retain": r.random() < 0.15, "accumulate": r.choice([1, 1, 2]),
+            "autocast": r.random() < 0.2, "eval": r.random() < 0.3, "epoch_every": r.choice([0, 1, 2])}
+
+
+def describe(c: dict) -> str:
+    shown = {k: c[k] for k in ("mode", "device", "budget", "retain", "accumulate", "autocast", "eval", "epoch_every")}
+    options = {k: ("cycling" if k == "policy" else v) for k, v in c["options"].items()}
+    return f"seed {c['seed']}: {c['name']} {shown} {options}"
+
+
+def _device(kind: str, capacity: int | None, seed: int):
+    if kind == "cpu":
+        return contextlib.nullcontext()
+    timing = {"emulated": {}, "emulated slow": {"bandwidth_gbps": 0.05, "jitter": 0.001, "seed": seed},
+              "emulated lagging": {"compute_lag_s": 0.002}}[kind]
+    return cswap.testing.emulated_device(capacity_bytes=capacity, **timing)
+
+
+def train(model, inputs, c: dict, device: str, capacity: int | None = None, patched: bool = False):
+    """Each step's gradients; raises on a hazard the emulated device saw."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    grads = []
+    for step in range(STEPS):
+        torch.manual_seed(step)
+        opt.zero_grad(set_to_none=True)
+        with _device(device, capacity, c["seed"]) as dev:
+            for _ in range(c["accumulate"]):
+                with torch.autocast("cpu", dtype=torch.bfloat16) if c["autocast"] else contextlib.nullcontext():
+                    loss = default_loss(inputs(model))
+                if c["retain"]:
+                    loss.backward(retain_graph=True)
+                loss.backward()
+        if dev is not None and dev.hazards:
+            raise AssertionError(f"the emulated device saw {len(dev.hazards)} hazards: {dev.hazards[:2]}")
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        opt.step()
+        if c["eval"]:
+            with torch.no_grad():
+                torch.manual_seed(99)
+                inputs(model)
+        if patched and c["epoch_every"] and (step + 1) % c["epoch_every"] == 0:
+            cswap.epoch_end(model)
+    return grads
+
+
+def _peak(model, inputs) -> int:
+    with cswap.testing.emulated_device() as dev:
+        torch.manual_seed(0)
+        default_loss(inputs(model)).backward()
+    return dev.peak_bytes
+
+
+def run(c: dict) -> str:
+    """'ok', 'oom: ...' (a small device's clear out-of-memory error) or raises."""
+    model, inputs = c["model"], c["inputs"]
+    expected = train(copy.deepcopy(model), inputs, c, "cpu")
+    options, capacity = dict(c["options"]), None
+    if c["budget"] == "auto":
+        capacity = int(0.8 * _peak(copy.deepcopy(model), inputs))
+        options["budget"] = "auto"
+    elif c["budget"] is not None:
+        options["budget"] = int(c["budget"] * _peak(copy.deepcopy(model), inputs))
+    patched = cswap.patch(model, mode=c["mode"], verbose=False, **options)
+    try:
+        got = train(patched, inputs, c, c["device"], capacity, patched=True)
+    except torch.OutOfMemoryError as exc:
+        if capacity is None or "cswap:" not in str(exc):
+            raise
+        return f"oom: {str(exc)[:160]}"
+    finally:
+        cswap.unpatch(patched)
+    for step, (a, b) in enumerate(zip(got, expected)):
+        if len(a) != len(b) or not all(torch.equal(x, y) for x, y in zip(a, b)):
+            raise AssertionError(f"step {step}: gradients differ from stock autograd's")
+    return "ok"
+
+
+def seeds(specs: list[str]) -> list[int]:
+    out = []
+    for spec in specs:
+        start, _, end = spec.partition(":")
+        out.extend(range(int(start), int(end)) if end else [int(start)])
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("seeds", nargs="+", help="seeds, or ranges START:END")
+    p.add_argument("--traceback", action="store_true", help="print each failure's traceback (on by default "
+                                                             "for up to 3 seeds)")
+    args = p.parse_args(argv)
+    chosen = seeds(args.seeds)
+    show = args.traceback or len(chosen) <= 3
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    failed, ooms = [], 0
+    for seed in chosen:
+        c = draw(seed)
+        start = time.perf_counter()
+        try:
+            outcome = run(c)
+        except Exception as exc:  # noqa: BLE001 - a failure to report, with its seed
+            failed.append(seed)
+            print(f"FAIL {describe(c)}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            if show:
+                traceback.print_exc()
+            continue
+        ooms += outcome.startswith("oom")
+        print(f"{outcome[:3]:4} {describe(c)} ({time.perf_counter() - start:.1f} s)", flush=True)
+    print(f"{len(chosen)} seeds: {len(failed)} failed{' (' + ' '.join(map(str, failed)) + ')' if failed else ''}, "
+          f"{ooms} out of memory on a small device with a clear error")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

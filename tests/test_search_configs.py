@@ -1,0 +1,55 @@
+"""scripts/search_configs.py: the random search for configurations in which cswap trains
+differently from stock autograd (it found the faults fixed on 2026-11-26)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "search_configs.py"
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning",
+                                        "ignore:.*saves no memory:RuntimeWarning",
+                                        "ignore:.*no profile for this device:RuntimeWarning")
+
+
+@pytest.fixture
+def search():
+    spec = importlib.util.spec_from_file_location("search_configs", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_seed_draws_the_same_configuration_each_time_and_seeds_differ(search):
+    assert search.describe(search.draw(5)) == search.describe(search.draw(5))
+    drawn = [search.draw(seed) for seed in range(40)]
+    assert len({search.describe(c) for c in drawn}) == 40
+    assert {c["device"] for c in drawn} == {"cpu", "emulated", "emulated slow", "emulated lagging"}
+    assert any(c["budget"] is not None for c in drawn) and any(c["autocast"] for c in drawn)
+
+
+def test_seeds_of_each_kind_train_as_stock_autograd(search, capsys):
+    # a budget on a slow device with bf16 autocast and accumulation, budget="auto" with recompute
+    # on a device whose compute lags, channels_last with retain_graph, T5 on the lagging device
+    assert search.main(["42", "70", "140", "49"]) == 0
+    out = capsys.readouterr().out
+    assert "4 seeds: 0 failed" in out and sum(line.startswith("ok ") for line in out.splitlines()) == 4
+
+
+def test_gradients_that_differ_fail_the_run_naming_the_seed(search, monkeypatch, capsys):
+    train = search.train
+
+    def off_by_one(model, inputs, c, device, capacity=None, patched=False):
+        grads = train(model, inputs, c, device, capacity, patched)
+        if patched:
+            grads[-1][0] = grads[-1][0] + 1
+        return grads
+
+    monkeypatch.setattr(search, "train", off_by_one)
+    assert search.main(["74"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL seed 74:" in out and "step 2: gradients differ from stock autograd's" in out
+    assert "1 seeds: 1 failed (74)" in out
