@@ -66,7 +66,6 @@ class CheckpointedBlocks:
     def _wrap(self, name: str, module: torch.nn.Module) -> None:
         own = module.__dict__.get("forward")  # an instance attribute of the user's, if any
         forward = module.forward
-
         hf_layer = _is_hf_checkpointing_layer(module)
 
         @functools.wraps(forward)
