@@ -5,11 +5,11 @@ tests/nets.py, channels_last or not), a mode and swapper options (candidates, mi
 stash and prefetch limits, a host memory limit, checksums, a cycling codec policy, a
 memory budget or budget="auto" with recompute, on a device just too small for the
 unpatched step), and how training runs (the CPU or the emulated device, prompt, slow and
-jittery or with compute behind the host; retain_graph, gradient accumulation, bf16
-autocast, a gradient penalty (backward through backward), evaluation passes and epoch
-ends between steps). It trains three steps patched and unpatched and compares every
-gradient bit for bit; on the emulated device any race or unsynchronised free it reports
-is a failure too. An out-of-memory error that names what to change (the device is
+jittery or with compute behind the host; the model called twice a step, retain_graph,
+gradient accumulation, bf16 autocast, a gradient penalty (backward through backward),
+evaluation passes and epoch ends between steps). It trains three steps patched and
+unpatched and compares every gradient bit for bit; on the emulated device any race or
+unsynchronised free it reports is a failure too. An out-of-memory error that names what to change (the device is
 small on purpose), and a configuration stock autograd cannot train, are counted apart.
 
     python scripts/search_configs.py 0:400            # seeds 0 to 399: about 2 minutes on 2 cores
@@ -102,12 +102,12 @@ def draw(seed: int) -> dict:
     return {"seed": seed, "name": name, "model": model, "inputs": inputs, "mode": mode, "options": options,
             "device": device, "budget": budget, "retain": r.random() < 0.15, "accumulate": r.choice([1, 1, 2]),
             "autocast": r.random() < 0.2, "eval": r.random() < 0.3, "epoch_every": r.choice([0, 1, 2]),
-            "penalty": r.random() < 0.1}
+            "penalty": r.random() < 0.1, "calls": r.choice([1, 1, 1, 2])}
 
 
 def describe(c: dict) -> str:
     shown = {k: c[k] for k in ("mode", "device", "budget", "retain", "accumulate", "autocast", "eval", "epoch_every",
-                               "penalty")}
+                               "penalty", "calls")}
     options = {k: ("cycling" if k == "policy" else v) for k, v in c["options"].items()}
     return f"seed {c['seed']}: {c['name']} {shown} {options}"
 
@@ -130,7 +130,8 @@ def train(model, inputs, c: dict, device: str, capacity: int | None = None, patc
         with _device(device, capacity, c["seed"]) as dev:
             for _ in range(c["accumulate"]):
                 with torch.autocast("cpu", dtype=torch.bfloat16) if c["autocast"] else contextlib.nullcontext():
-                    loss = default_loss(inputs(model))
+                    # (called twice: two graphs of one model in flight, as a siamese net's)
+                    loss = sum(default_loss(inputs(model)) * (1 + i) for i in range(c["calls"]))
                 if c["penalty"]:  # a gradient penalty: backward through backward (create_graph)
                     first = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad],
                                                 create_graph=True)
