@@ -248,6 +248,40 @@ def test_auto_retries_the_step_as_if_the_failed_attempt_had_not_run():
         cswap.unpatch(model)
 
 
+def test_auto_retries_the_second_forward_of_a_step_without_touching_the_first_ones_graph():
+    """A step that calls the model twice (a siamese net) and runs out of memory in the second
+    call: the retry puts the running statistics back without bumping their versions, which
+    the first call's graph saved (an in-place copy made its backward raise, as modified in
+    place). Found by the random search (MobileNetV3, budget="auto", two calls a step)."""
+    import torch.nn.functional as F
+
+    shape = nets.IMAGE
+
+    def run(model, capacity=None):
+        grads = []
+        with cswap.testing.emulated_device(**({"capacity_bytes": capacity} if capacity else {}), **SLOW) as dev:
+            for i in range(3):
+                torch.manual_seed(100 + i)
+                model.zero_grad(set_to_none=True)
+                (F.cross_entropy(model(batch(shape, i)[0]), batch(shape, i)[1]) +
+                 F.cross_entropy(model(batch(shape, i + 10)[0]), batch(shape, i + 10)[1])).backward()
+                grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+        return grads, model.body[1].state_dict(), dev
+
+    expected, expected_stats, dev = run(DropoutNet())
+    model = cswap.patch(DropoutNet(), budget="auto", min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got, stats, dev = run(model, int(0.85 * dev.peak_bytes))  # the first call fits, the second does not
+        assert any("budget='auto' chose" in str(w.message) for w in caught)
+        assert dev.hazards == []
+        assert all(exact(g, e) for g, e in zip(got, expected))
+        assert all(torch.equal(stats[k], expected_stats[k]) for k in stats)
+    finally:
+        cswap.unpatch(model)
+
+
 def test_auto_moves_nothing_while_the_step_fits():
     make, shape, expected = with_expected("small_cnn")
     model = cswap.patch(make(), budget="auto", min_bytes=0, verbose=False)

@@ -37,6 +37,5 @@ class StepState:
         torch.set_rng_state(self.cpu_rng)
         for device, state in self.cuda_rng:
             torch.cuda.set_rng_state(state, device)
-        with torch.no_grad():
-            for buf, saved in self.stats:
-                buf.copy_(saved)
+        for buf, saved in self.stats:  # (through .data: its version stays, so a graph of this step that saved
+            buf.data.copy_(saved)       # it, an earlier forward's, is not taken as modified in place)
