@@ -13,7 +13,7 @@ unsynchronised free it reports is a failure too. An out-of-memory error that nam
 small on purpose), and a configuration stock autograd cannot train, or trains with
 gradients that differ from run to run, are counted apart.
 
-    python scripts/search_configs.py 0:400            # seeds 0 to 399: about 2 minutes on 2 cores
+    python scripts/search_configs.py 0:400            # seeds 0 to 399: about 3 minutes on 2 cores
     python scripts/search_configs.py 76 140           # those seeds again, with their tracebacks
 
 It exits with 1 when a seed failed. Its first version found five faults (2026-11-26),
