@@ -165,7 +165,7 @@ def _peak(model, inputs, c: dict) -> int:
     return dev.peak_bytes
 
 
-def _same(a: list, b: list) -> int | None:
+def _first_difference(a: list, b: list) -> int | None:
     """The first step whose gradients differ, or None."""
     for i, (x, y) in enumerate(zip(a, b)):
         if len(x) != len(y) or not all(torch.equal(u, v) for u, v in zip(x, y)):
@@ -184,7 +184,7 @@ def run(c: dict) -> str:
         if "derivative for" in str(exc) and "is not implemented" in str(exc):
             return f"n/a: {exc}"
         raise
-    differs = _same(train(copy.deepcopy(model), inputs, c, "cpu"), expected)
+    differs = _first_difference(train(copy.deepcopy(model), inputs, c, "cpu"), expected)
     if differs is not None:  # (resnet18's double backward on the CPU, from its second step)
         return f"n/a: stock autograd's own gradients differ from run to run at step {differs}"
     options, capacity = dict(c["options"]), None
@@ -204,7 +204,7 @@ def run(c: dict) -> str:
         return f"oom: {str(exc)[:160]}"
     finally:
         cswap.unpatch(patched)
-    differs = _same(got, expected)
+    differs = _first_difference(got, expected)
     if differs is not None:
         raise AssertionError(f"step {differs}: gradients differ from stock autograd's")
     return "ok"

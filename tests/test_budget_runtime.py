@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cswap
 import nets
@@ -218,27 +219,31 @@ class DropoutNet(torch.nn.Module):
         return self.body(x)
 
 
+def _train_dropout_net(model, calls: int = 1, capacity=None):
+    """Three steps of a DropoutNet called `calls` times a step (a batch each), on the emulated
+    device: each step's gradients, the BatchNorm's state after them, and the device."""
+    grads = []
+    with cswap.testing.emulated_device(**({"capacity_bytes": capacity} if capacity else {}), **SLOW) as dev:
+        for i in range(3):
+            torch.manual_seed(100 + i)
+            model.zero_grad(set_to_none=True)
+            steps = (batch(nets.IMAGE, i + 10 * c) for c in range(calls))
+            sum(F.cross_entropy(model(x), y) for x, y in steps).backward()
+            grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    return grads, model.body[1].state_dict(), dev
+
+
 def test_auto_retries_the_step_as_if_the_failed_attempt_had_not_run():
     """The retried forward draws the dropout masks the failed attempt drew, and BatchNorm
     counts its batch once: gradients and running statistics are stock autograd's. (Found
     by a random search: HF BERT, T5 and BART with dropout trained differently.)"""
-    shape = nets.IMAGE
-
-    def run(model, capacity=None):
-        grads = []
-        with cswap.testing.emulated_device(**({"capacity_bytes": capacity} if capacity else {}), **SLOW) as dev:
-            for i in range(3):
-                torch.manual_seed(100 + i)
-                grads.append(gradients(model, *batch(shape, i)))
-        return grads, model.body[1].state_dict(), dev
-
-    expected, expected_stats, _ = run(DropoutNet())
-    capacity = between(DropoutNet, shape, 0.7)
+    expected, expected_stats, _ = _train_dropout_net(DropoutNet())
+    capacity = between(DropoutNet, nets.IMAGE, 0.7)
     model = cswap.patch(DropoutNet(), budget="auto", min_bytes=0, verbose=False)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            got, stats, dev = run(model, capacity)
+            got, stats, dev = _train_dropout_net(model, capacity=capacity)
         assert any("budget='auto' chose" in str(w.message) for w in caught)  # the first step was retried
         assert dev.hazards == []
         assert all(exact(g, e) for g, e in zip(got, expected))
@@ -253,27 +258,12 @@ def test_auto_retries_the_second_forward_of_a_step_without_touching_the_first_on
     call: the retry puts the running statistics back without bumping their versions, which
     the first call's graph saved (an in-place copy made its backward raise, as modified in
     place). Found by the random search (MobileNetV3, budget="auto", two calls a step)."""
-    import torch.nn.functional as F
-
-    shape = nets.IMAGE
-
-    def run(model, capacity=None):
-        grads = []
-        with cswap.testing.emulated_device(**({"capacity_bytes": capacity} if capacity else {}), **SLOW) as dev:
-            for i in range(3):
-                torch.manual_seed(100 + i)
-                model.zero_grad(set_to_none=True)
-                (F.cross_entropy(model(batch(shape, i)[0]), batch(shape, i)[1]) +
-                 F.cross_entropy(model(batch(shape, i + 10)[0]), batch(shape, i + 10)[1])).backward()
-                grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
-        return grads, model.body[1].state_dict(), dev
-
-    expected, expected_stats, dev = run(DropoutNet())
+    expected, expected_stats, dev = _train_dropout_net(DropoutNet(), calls=2)
     model = cswap.patch(DropoutNet(), budget="auto", min_bytes=0, verbose=False)
     try:
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            got, stats, dev = run(model, int(0.85 * dev.peak_bytes))  # the first call fits, the second does not
+            warnings.simplefilter("always")  # the first call fits, the second does not:
+            got, stats, dev = _train_dropout_net(model, calls=2, capacity=int(0.85 * dev.peak_bytes))
         assert any("budget='auto' chose" in str(w.message) for w in caught)
         assert dev.hazards == []
         assert all(exact(g, e) for g, e in zip(got, expected))

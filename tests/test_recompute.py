@@ -197,27 +197,17 @@ def test_checkpointed_hugging_face_layers_leave_their_cache_alone(use_cache):
     import cswap
     import modern
     from cswap.patch import _PATCHED
-    from cswap.plan.inputs import default_loss
     from cswap.runtime.checkpointing import CheckpointedBlocks
+    from test_modern_models import train  # (SGD steps, a seed each: dropout draws the same masks)
 
     model, inputs = modern.build("t5")
     model.config.use_cache = use_cache
-
-    def train(m):
-        grads = []
-        for step in range(2):
-            m.zero_grad(set_to_none=True)
-            torch.manual_seed(step)  # (dropout)
-            default_loss(inputs(m)).backward()
-            grads.append([p.grad.clone() for p in m.parameters() if p.grad is not None])
-        return grads
-
-    expected = train(copy.deepcopy(model))
+    expected = train(copy.deepcopy(model), inputs)
     names = ["encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1"]
     patched = cswap.patch(model, mode="vdnn", candidates="all", min_bytes=0, verbose=False)
     blocks = CheckpointedBlocks(patched, names, lambda: set(names), _PATCHED[patched].controller.profiler)
     try:
-        got = train(patched)
+        got = train(patched, inputs)
     finally:
         blocks.detach()
         cswap.unpatch(patched)
