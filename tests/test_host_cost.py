@@ -21,10 +21,10 @@ def test_steps_are_timed_without_the_collectors_pauses_which_are_counted_apart()
         outside, wall = clock.outside() - start_outside, time.perf_counter() - start
     del junk
     assert clock.seconds > 1e-3  # (three full collections of 200,000 lists)
-    assert outside == pytest.approx(wall - clock.seconds, abs=1e-4)
+    assert outside == pytest.approx(wall - clock.seconds, abs=1e-3)  # (1 ms: the clocks are read apart)
     assert clock not in gc.callbacks
     gc.collect()  # not counted once off
-    assert clock.seconds == pytest.approx(wall - outside, abs=1e-4)
+    assert clock.seconds == pytest.approx(wall - outside, abs=1e-3)
     assert clock.collections[2] >= 3 and sum(clock.seconds_by) == pytest.approx(clock.seconds)
 
 
