@@ -111,6 +111,7 @@ def test_the_profiled_step_times_the_models_compute_not_cswaps_waits(tmp_path):
     # compute only: the pass's wall time less its waits (before the fix forward_s and the
     # hidden times included them)
     assert 0 < it.forward_s < forward_wall - 0.9 * forward_waits
+    assert all(t.save_s <= it.forward_s for t in it.tensors)  # each stamped before its wait
     assert 0 < it.backward_s < backward_wall - 0.9 * backward_waits
 
 
