@@ -15,8 +15,9 @@ from torch import nn
 
 from .plan.controller import Controller
 from .plan.recompute import resolve as resolve_blocks
-from .plan.runtime_budget import AUTO
+from .plan.runtime_budget import AUTO, size_text
 from .runtime.checkpointing import CheckpointedBlocks
+from .runtime.device import device_of
 from .runtime.layers import LayerTracker
 from .runtime.stats import SwapStats
 from .runtime.step_state import StepState
@@ -117,6 +118,7 @@ class _Patch:
                 message = str(exc)  # leaving the handler frees the failed attempt's tensors
             self._restart_pass(message)
             before.restore()
+            held = _held_before(model, args, kwargs)
             kept = self.swapper.stats["kept_on_gpu"]
             try:
                 return forward(*args, **kwargs)
@@ -130,8 +132,11 @@ class _Patch:
                         f"max_host_bytes, or lower the batch size. ({exc})") from exc
                 raise torch.OutOfMemoryError(
                     f"cswap: the forward ran out of device memory, and again with every saved activation "
-                    f"offloaded (budget='auto'): what remains (parameters, gradients, optimizer state, the "
-                    f"largest layer's working set) does not fit. Lower the batch size. ({exc})") from exc
+                    f"offloaded (budget='auto'). Before this forward the device held {held}: parameters, "
+                    f"gradients, optimizer state, the inputs, and the saved activations of any earlier forward "
+                    f"of this step whose backward has not run yet. With this forward's largest layer, that does "
+                    f"not fit. Lower the batch size, or run each forward's backward before the next. "
+                    f"({exc})") from exc
 
         model.forward = retrying
         self.restore_forward = lambda: (setattr(model, "forward", own) if own is not None
@@ -160,6 +165,18 @@ class _Patch:
             self.hooks_ctx = None
         self.tracker.detach()
         self.swapper.close()
+
+
+def _held_before(model: nn.Module, args, kwargs) -> str:
+    """What the device of `model` (or of its inputs) holds now, for an error message."""
+    first = next(model.parameters(), None)
+    tensors = [first] if first is not None else []
+    tensors += [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    dev = next((d for d in map(device_of, tensors) if d is not None), None)
+    if dev is None:
+        return "an unknown amount"
+    total = dev.total_memory()
+    return size_text(dev.memory_allocated()) + (f" of its {size_text(total)}" if total else "")
 
 
 def _runs_compiled_graph(output, limit: int = 100_000) -> bool:

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 import cswap
 import nets
 from cswap.patch import _PATCHED
+from cswap.plan.runtime_budget import size_text
+from cswap.runtime import emulator
 from emulated import NETS, SLOW, exact, gradients
 
 STEPS = 4
@@ -295,6 +297,29 @@ def test_auto_says_what_to_do_when_even_offloading_everything_does_not_fit():
                 gradients(model, *batch(shape, 0))
     finally:
         cswap.unpatch(model)
+
+
+def test_auto_says_what_the_device_held_before_a_forward_that_cannot_fit():
+    """A step that calls the model twice: the first call's saved activations stay on the
+    device until backward, so the second call cannot fit even with its own offloaded. The
+    error says how much the device held before that forward, and that an earlier forward's
+    saves count there."""
+    _, _, dev = _train_dropout_net(DropoutNet(), calls=2)
+    model = cswap.patch(DropoutNet(), budget="auto", min_bytes=0, verbose=False)
+    held = []
+    model.register_forward_pre_hook(lambda *_: held.append(emulator.current().memory_allocated()))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(torch.OutOfMemoryError, match="again with every saved activation offloaded") as caught:
+                _train_dropout_net(model, calls=2, capacity=int(0.6 * dev.peak_bytes))
+    finally:
+        cswap.unpatch(model)
+    assert len(held) == 2  # it is the second call that cannot fit
+    held_then = held[1] + batch(nets.IMAGE, 10)[0].nbytes  # (the emulator counts its input once conv saved it)
+    capacity = size_text(int(0.6 * dev.peak_bytes))
+    assert f"Before this forward the device held {size_text(held_then)} of its {capacity}" in str(caught.value)
+    assert "the saved activations of any earlier forward of this step" in str(caught.value)
 
 
 def test_auto_names_the_host_memory_limit_when_that_is_what_kept_tensors_on_the_device():

@@ -32,7 +32,8 @@ AUTO = "auto"
 AUTO_HEADROOM = 0.9  # of what the device can hold: fragmentation and the temporaries between ticks
 
 
-def _size(nbytes: float) -> str:
+def size_text(nbytes: float) -> str:
+    """`nbytes` in GiB, MiB or KiB, for messages."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.2f} {unit}"
@@ -163,7 +164,7 @@ class RuntimeBudget:
     def _tell(self) -> None:
         """Say once what the plan means: fits without offloading, fits by offloading, or cannot fit."""
         plan, budget = self.plan, self.bytes
-        peak = f"predicted peak {_size(plan.peak_bytes)} of a {_size(budget)} budget"
+        peak = f"predicted peak {size_text(plan.peak_bytes)} of a {size_text(budget)} budget"
         if plan.moved == 0 and plan.fits:
             self._once("fits", f"cswap: the step fits in the budget ({peak}): nothing is offloaded", None)
         elif not plan.fits:
@@ -171,7 +172,7 @@ class RuntimeBudget:
                                f"offloaded ({peak}); offloading all of them. Lower the batch size or raise the "
                                f"budget", RuntimeWarning)
         if self.spec == AUTO:
-            self._once("auto", f"cswap: budget='auto' chose {_size(budget)} ({AUTO_HEADROOM:.0%} of what "
+            self._once("auto", f"cswap: budget='auto' chose {size_text(budget)} ({AUTO_HEADROOM:.0%} of what "
                                f"the device can hold) after a forward ran out of device memory "
                                f"({self.oom_message}); {plan.moved} of {len(plan.choices)} saved activations now "
                                f"leave the device ({peak}). Pass budget= to choose it yourself", RuntimeWarning)
