@@ -106,18 +106,19 @@ class _Patch:
         device memory is retried once with every saved activation offloaded."""
         own = model.__dict__.get("forward")  # an instance attribute of the user's, if any
         forward = model.forward
+        state = StepState(model)
 
         @functools.wraps(forward)
         def retrying(*args, **kwargs):
             if not (self.controller.budget.waiting_for_oom and self.depth == 1 and self.hooks_ctx is not None):
                 return forward(*args, **kwargs)
-            before = StepState(model, args, kwargs)  # (the retry draws the same dropout masks)
+            state.take(args, kwargs)  # (the retry draws the same dropout masks)
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as exc:
                 message = str(exc)  # leaving the handler frees the failed attempt's tensors
             self._restart_pass(message)
-            before.restore()
+            state.restore()
             held = _held_before(model, args, kwargs)
             kept = self.swapper.stats["kept_on_gpu"]
             try:

@@ -21,6 +21,7 @@ import nets
 from cswap.patch import _PATCHED
 from cswap.plan.runtime_budget import size_text
 from cswap.runtime import emulator
+from cswap.runtime.step_state import StepState
 from emulated import NETS, SLOW, exact, gradients
 
 STEPS = 4
@@ -253,6 +254,27 @@ def test_auto_retries_the_step_as_if_the_failed_attempt_had_not_run():
         assert all(torch.equal(stats[k], expected_stats[k]) for k in stats), stats["num_batches_tracked"]
     finally:
         cswap.unpatch(model)
+
+
+def test_step_state_puts_back_what_it_took_last_even_after_the_model_is_converted():
+    """StepState keeps its copies between steps (one _foreach copy a step); new buffers
+    (model.double() makes them) get new copies, and a restore keeps the versions."""
+    model = DropoutNet().train()
+    state = StepState(model)
+    norm = model.body[1]
+    for convert in (None, torch.float64):
+        if convert is not None:
+            model.to(convert)
+        for step in range(2):
+            state.take()
+            taken = {k: v.clone() for k, v in norm.state_dict().items()}
+            model(batch(nets.IMAGE, step)[0].to(norm.running_mean.dtype))  # updates the running statistics
+            assert not torch.equal(norm.running_mean, taken["running_mean"])
+            versions = [buf._version for buf in norm.buffers()]
+            state.restore()
+            assert all(torch.equal(norm.state_dict()[k], v) and norm.state_dict()[k].dtype == v.dtype
+                       for k, v in taken.items())
+            assert [buf._version for buf in norm.buffers()] == versions
 
 
 def test_auto_retries_the_second_forward_of_a_step_without_touching_the_first_ones_graph():

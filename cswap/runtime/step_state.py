@@ -19,23 +19,43 @@ __all__ = ["StepState"]
 
 
 class StepState:
-    """The random number generators' states and the running statistics of `model`'s
-    normalization layers, taken now; `restore` puts them back."""
+    """For one model: `take` keeps the random number generators' states and the running
+    statistics of its normalization layers, `restore` puts back what was taken last.
 
-    def __init__(self, model: nn.Module, args=(), kwargs=None):
+    It is taken before every forward while budget="auto" waits for an out-of-memory error,
+    so at every step of a model that fits: the statistics are copied with one `_foreach`
+    copy into copies kept between steps (on a GPU, a launch or two instead of one per
+    buffer), and the normalization layers are found once, when the model is patched."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.norms = [m for m in model.modules() if isinstance(m, _NormBase)]
+        self.cpu_rng, self.cuda_rng = None, []
+        self.buffers: list[torch.Tensor] = []  # the statistics taken last
+        self.copies: list[torch.Tensor] = []   # their values then
+        self._ids: list[int] = []
+
+    def take(self, args=(), kwargs=None) -> None:
         self.cpu_rng = torch.get_rng_state()
         devices = {t.device for t in (*args, *(kwargs or {}).values()) if isinstance(t, torch.Tensor) and t.is_cuda}
-        first = next(model.parameters(), None)
+        first = next(self.model.parameters(), None)
         if first is not None and first.is_cuda:
             devices.add(first.device)
         self.cuda_rng = [(d, torch.cuda.get_rng_state(d)) for d in devices]
-        self.stats = [(buf, buf.clone()) for m in model.modules()
-                      if isinstance(m, _NormBase) and m.training and m.track_running_stats
-                      for buf in (m.running_mean, m.running_var, m.num_batches_tracked) if buf is not None]
+        buffers = [buf for m in self.norms if m.training and m.track_running_stats
+                   for buf in (m.running_mean, m.running_var, m.num_batches_tracked) if buf is not None]
+        ids = [id(buf) for buf in buffers]  # (stable: self.buffers holds the ones taken last)
+        if ids != self._ids:  # (module.to() and friends make new buffers: new copies for them)
+            self.buffers, self._ids = buffers, ids
+            self.copies = [buf.clone() for buf in buffers]
+        elif buffers:
+            torch._foreach_copy_(self.copies, buffers)
 
     def restore(self) -> None:
         torch.set_rng_state(self.cpu_rng)
         for device, state in self.cuda_rng:
             torch.cuda.set_rng_state(state, device)
-        for buf, saved in self.stats:  # (through .data: its version stays, so a graph of this step that saved
-            buf.data.copy_(saved)       # it, an earlier forward's, is not taken as modified in place)
+        if self.buffers:
+            # Through .data: their versions stay, so a graph of this step that saved them (an
+            # earlier forward's) is not taken as modified in place.
+            torch._foreach_copy_([buf.data for buf in self.buffers], self.copies)
