@@ -119,29 +119,42 @@ class _Patch:
                 message = str(exc)  # leaving the handler frees the failed attempt's tensors
             self._restart_pass(message)
             state.restore()
-            held = _held_before(model, args, kwargs)
-            kept = self.swapper.stats["kept_on_gpu"]
+            held, kept = _held_before(model, args, kwargs), self._kept_counts()
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as exc:
-                kept = self.swapper.stats["kept_on_gpu"] - kept
-                if kept:  # not everything could leave
-                    raise torch.OutOfMemoryError(
-                        f"cswap: the forward ran out of device memory, and again when retried to offload every "
-                        f"saved activation (budget='auto'), with {kept} of them kept on the device because host "
-                        f"memory reached its limit (max_host_bytes={self.swapper.pool.max_bytes}). Raise "
-                        f"max_host_bytes, or lower the batch size. ({exc})") from exc
-                raise torch.OutOfMemoryError(
-                    f"cswap: the forward ran out of device memory, and again with every saved activation "
-                    f"offloaded (budget='auto'). Before this forward the device held {held}: parameters, "
-                    f"gradients, optimizer state, the inputs, and the saved activations of any earlier forward "
-                    f"of this step whose backward has not run yet. With this forward's largest layer, that does "
-                    f"not fit. Lower the batch size, or run each forward's backward before the next. "
-                    f"({exc})") from exc
+                raise self._retry_failed(exc, held, kept) from exc
 
         model.forward = retrying
         self.restore_forward = lambda: (setattr(model, "forward", own) if own is not None
                                         else model.__dict__.pop("forward", None))
+
+    def _kept_counts(self) -> tuple[int, int]:
+        """Saved tensors kept on the device so far: at the host memory limit, and for want of room to gather."""
+        return self.swapper.stats["kept_on_gpu"], self.swapper.stats["gather_oom"]
+
+    def _retry_failed(self, exc: torch.OutOfMemoryError, held: str, kept: tuple[int, int]) -> torch.OutOfMemoryError:
+        """The error for a retried forward that ran out of memory too: what kept its saved
+        tensors on the device, if anything did, else what the device held before it."""
+        at_limit, ungathered = (now - then for now, then in zip(self._kept_counts(), kept))
+        retried = "the forward ran out of device memory, and again when retried to offload every saved activation " \
+                  "(budget='auto')"
+        if at_limit:
+            return torch.OutOfMemoryError(
+                f"cswap: {retried}, with {at_limit} of them kept on the device because host memory reached its "
+                f"limit (max_host_bytes={self.swapper.pool.max_bytes}). Raise max_host_bytes, or lower the batch "
+                f"size. ({exc})")
+        if ungathered:
+            return torch.OutOfMemoryError(
+                f"cswap: {retried}, with {ungathered} of them kept on the device: they are not dense in memory (a "
+                f"slice or permutation of a larger tensor, as q, k and v of a fused projection are) and there was "
+                f"no room to gather each into one block before it left. Lower the batch size. ({exc})")
+        return torch.OutOfMemoryError(
+            f"cswap: the forward ran out of device memory, and again with every saved activation offloaded "
+            f"(budget='auto'). Before this forward the device held {held}: parameters, gradients, optimizer "
+            f"state, the inputs, and the saved activations of any earlier forward of this step whose backward "
+            f"has not run yet. With this forward's largest layer, that does not fit. Lower the batch size, or run "
+            f"each forward's backward before the next. ({exc})")
 
     def _restart_pass(self, message: str) -> None:
         """Drop the failed forward's pass and start the retry's, now profiled."""

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import cswap
+import modern
 import nets
 from cswap.patch import _PATCHED
 from cswap.plan.runtime_budget import size_text
@@ -356,6 +357,27 @@ def test_auto_names_the_host_memory_limit_when_that_is_what_kept_tensors_on_the_
                                                                  r"memory reached its limit \(max_host_bytes=0\)\. "
                                                                  r"Raise max_host_bytes"):
                     gradients(model, *batch(shape, 0))
+    finally:
+        cswap.unpatch(model)
+
+
+def test_auto_names_views_with_no_room_to_be_gathered_when_that_is_what_kept_them():
+    """q, k and v of a fused projection are permuted slices of one tensor: each leaves
+    through a dense copy on the device. With no room for those copies they stay, and the
+    retry's error says so instead of claiming that everything was offloaded. (Found by the
+    random search: the bare attention layer, budget="auto", at 80% of the stock peak.)"""
+    model, inputs = modern.build("attention")
+    with cswap.testing.emulated_device(**SLOW) as dev:
+        modern.default_loss(inputs(model)).backward()
+    model = cswap.patch(model, budget="auto", verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with cswap.testing.emulated_device(capacity_bytes=int(0.8 * dev.peak_bytes), **SLOW):
+                with pytest.raises(torch.OutOfMemoryError, match=r"with \d+ of them kept on the device: they are not "
+                                                                 r"dense in memory .* no room to gather each"):
+                    modern.default_loss(inputs(model)).backward()
+        assert cswap.stats(model)["gather_oom"] > 0
     finally:
         cswap.unpatch(model)
 
