@@ -49,7 +49,8 @@ class _Patch:
         self.warned_traced = False
         self.checked_compiled = False  # the first pass was checked for compiled graphs cswap cannot read
         self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
-        self.restore_forward = None  # budget="auto": puts the model's own forward back
+        self.wraps_forward = False   # budget="auto": forward is wrapped to retry on out of memory
+        self.own_forward = None      # the model's own instance attribute `forward` it wrapped, if any
         self.blocks = None           # recompute=: the blocks the plan may checkpoint
         self.handles = [
             model.register_forward_pre_hook(self._enter, prepend=True),
@@ -104,7 +105,7 @@ class _Patch:
     def retry_on_oom(self, model: nn.Module) -> None:
         """budget="auto": wrap the model's forward so that a forward that runs out of
         device memory is retried once with every saved activation offloaded."""
-        own = model.__dict__.get("forward")  # an instance attribute of the user's, if any
+        self.own_forward = model.__dict__.get("forward")  # an instance attribute of the user's, if any
         forward = model.forward
         state = StepState(model)
 
@@ -125,9 +126,8 @@ class _Patch:
             except torch.OutOfMemoryError as exc:
                 raise self._retry_failed(exc, held, kept) from exc
 
-        model.forward = retrying
-        self.restore_forward = lambda: (setattr(model, "forward", own) if own is not None
-                                        else model.__dict__.pop("forward", None))
+        model.forward = retrying  # (no reference back to the model from here: _PATCHED's key would never die)
+        self.wraps_forward = True
 
     def _kept_counts(self) -> tuple[int, int]:
         """Saved tensors kept on the device so far: at the host memory limit, and for want of room to gather."""
@@ -167,9 +167,12 @@ class _Patch:
         self.hooks_ctx = _hooks(self.swapper)
         self.hooks_ctx.__enter__()
 
-    def remove(self) -> None:
-        if self.restore_forward is not None:
-            self.restore_forward()
+    def remove(self, model: nn.Module) -> None:
+        if self.wraps_forward:
+            if self.own_forward is not None:
+                model.forward = self.own_forward
+            else:
+                model.__dict__.pop("forward", None)
         if self.blocks is not None:
             self.blocks.detach()
         for handle in self.handles:
@@ -325,7 +328,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     Graphs built while patched still restore their tensors in backward."""
     entry = _PATCHED.pop(model, None)
     if entry is not None:
-        entry.remove()
+        entry.remove(model)
     return model
 
 

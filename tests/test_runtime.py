@@ -1266,14 +1266,19 @@ def test_offload_region_leaves_no_thread_behind():
     assert all(r() is None for r in refs)
 
 
-def test_patched_model_dropped_without_unpatch_frees_its_swapper():
-    model = cswap.patch(nets.tiny(), mode="vdnn", min_bytes=0)
+@pytest.mark.parametrize("options", [{"mode": "vdnn"}, {"budget": "auto"}, {"budget": "auto", "recompute": "auto"}],
+                         ids=["vdnn", "budget_auto", "recompute"])
+def test_patched_model_dropped_without_unpatch_frees_it_and_its_swapper(options):
+    """The model is freed too: budget="auto" wraps its forward, and a reference back to the
+    model from what cswap keeps for it would keep it (and its GPU memory) for ever."""
+    model = cswap.patch(nets.tiny(), min_bytes=0, verbose=False, **options)
     one_step(model, shape=(2, 3, 8, 8))
-    ref = weakref.ref(swapper_of(model))
+    refs = weakref.ref(swapper_of(model)), weakref.ref(model)
     del model
+    gc.collect()  # (budget="auto": the wrapped forward and the model are a cycle; freeing them frees the
+    time.sleep(0.05)  # swapper's, the next collection's)
     gc.collect()
-    time.sleep(0.05)
-    assert ref() is None
+    assert [r() for r in refs] == [None, None]
 
 
 # -- 9. memory lifetime ------------------------------------------------------------------------------
