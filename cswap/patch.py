@@ -7,7 +7,7 @@ import gc
 import inspect
 import warnings
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,7 +16,7 @@ from torch import nn
 from .plan.controller import Controller
 from .plan.recompute import resolve as resolve_blocks
 from .plan.runtime_budget import AUTO, size_text
-from .runtime.checkpointing import CheckpointedBlocks
+from .runtime.checkpointing import CheckpointedBlocks, hooks_turned_off
 from .runtime.device import device_of
 from .runtime.layers import LayerTracker
 from .runtime.stats import SwapStats
@@ -47,6 +47,7 @@ class _Patch:
         self.hooks_ctx = None
         self.traced = False          # a forward of this model was traced by torch.compile
         self.warned_traced = False
+        self.warned_hooks_off = False  # a forward ran where PyTorch turns saved-tensor hooks off
         self.checked_compiled = False  # the first pass was checked for compiled graphs cswap cannot read
         self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
         self.wraps_forward = False   # budget="auto": forward is wrapped to retry on out of memory
@@ -67,6 +68,11 @@ class _Patch:
             self.traced = True
             return
         if self.depth == 1 and torch.is_grad_enabled():
+            if hooks_turned_off():
+                if not self.warned_hooks_off:
+                    self.warned_hooks_off = True
+                    warnings.warn(_hooks_off_advice("this patched model ran"), RuntimeWarning, stacklevel=2)
+                return
             # One forward pass of the root: saved tensors go through the swapper
             # (nested calls of the root, e.g. recursion, stay in the same pass).
             self.tracker.reset()
@@ -230,6 +236,12 @@ def _traced_advice(how: str) -> str:
             f"offloads what each compiled graph saves for backward")
 
 
+def _hooks_off_advice(what: str) -> str:
+    return (f"cswap: {what} where PyTorch turns saved-tensor hooks off (inside torch.func.grad, vjp, jacrev or "
+            f"hessian, or torch.autograd.graph.disable_saved_tensors_hooks), so what it saves for backward there "
+            f"stays on the device; outside, cswap offloads as before")
+
+
 def _hooks(swapper: Swapper):
     """The saved-tensor hooks of one pass: the swapper's, or PyTorch's save_on_cpu baseline."""
     if swapper.mode == "save_on_cpu":
@@ -344,8 +356,11 @@ def offload(mode: str | None = None, policy=None, **options):
     swapper = Swapper(mode, policy, layer=tracker.where, **options)
     tracker.attach_global()
     swapper.begin_pass()
+    turned_off = hooks_turned_off()
+    if turned_off:
+        warnings.warn(_hooks_off_advice("a cswap.offload() region began"), RuntimeWarning, stacklevel=3)
     try:
-        with _hooks(swapper):
+        with nullcontext() if turned_off else _hooks(swapper):
             yield swapper
     finally:
         tracker.detach()

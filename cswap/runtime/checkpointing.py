@@ -21,7 +21,13 @@ from torch.utils.checkpoint import checkpoint
 
 from .device import device_of
 
-__all__ = ["CheckpointedBlocks"]
+__all__ = ["CheckpointedBlocks", "hooks_turned_off"]
+
+
+def hooks_turned_off() -> bool:
+    """PyTorch refuses saved-tensor hooks here, and with them non-reentrant checkpoint:
+    inside torch.func.grad, vjp, jacrev or hessian, or disable_saved_tensors_hooks."""
+    return torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is not None
 
 
 def _is_hf_checkpointing_layer(module: torch.nn.Module) -> bool:
@@ -70,7 +76,7 @@ class CheckpointedBlocks:
 
         @functools.wraps(forward)
         def maybe_checkpointed(*args, **kwargs):
-            if name in self.recomputed() and torch.is_grad_enabled():
+            if name in self.recomputed() and torch.is_grad_enabled() and not hooks_turned_off():
                 if hf_layer:
                     return _hf_checkpointed(module, forward, args, kwargs)
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)

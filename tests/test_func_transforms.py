@@ -1,0 +1,97 @@
+"""A patched model inside torch.func.grad, vjp, jacrev or hessian (per-sample gradients,
+meta-learning), where PyTorch refuses saved-tensor hooks: cswap steps aside there, with
+one warning, instead of making the transform raise; outside, it offloads as before."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+import cswap
+from cswap.patch import _PATCHED
+from cswap.runtime.checkpointing import CheckpointedBlocks
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning",
+                                        "ignore:.*no profile for this device:RuntimeWarning")
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Sequential(nn.Linear(4, 16), nn.ReLU()), nn.Sequential(nn.Linear(16, 16), nn.ReLU()),
+                         nn.Linear(16, 1))
+
+
+def _per_sample_grads(model, x):
+    """torch.func's per-sample gradients: vmap over grad of the model's functional call."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, sample):
+        return functional_call(model, p, (sample[None],)).sum()
+
+    return vmap(grad(loss), in_dims=(None, 0))(params, x)
+
+
+def _step(model, x):
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("mode", ["vdnn", "cswap"])
+def test_a_patched_model_inside_torch_func_transforms_gives_their_gradients_and_warns_once(mode):
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    model = _net()
+    expected, expected_step = _per_sample_grads(model, x), _step(copy.deepcopy(model), x)
+    cswap.patch(model, mode=mode, min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = [_per_sample_grads(model, x) for _ in range(2)]
+        said = [w for w in caught if "turns saved-tensor hooks off" in str(w.message)]
+        assert len(said) == 1 and "torch.func.grad" in str(said[0].message)
+        assert all(torch.equal(g[k], expected[k]) for g in got for k in expected)
+        assert cswap.stats(model)["offloaded_tensors"] == 0  # nothing left inside the transform
+        step = _step(model, x)  # outside it, cswap offloads as before
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+        assert all(torch.equal(a, b) for a, b in zip(step, expected_step))
+    finally:
+        cswap.unpatch(model)
+
+
+def test_blocks_the_plan_recomputes_run_plainly_inside_a_transform():
+    """Non-reentrant checkpoint is refused there too: a block the plan recomputes runs as is."""
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    model = _net()
+    expected = _per_sample_grads(model, x)
+    cswap.patch(model, mode="vdnn", min_bytes=0, verbose=False)
+    blocks = CheckpointedBlocks(model, ["0", "1"], lambda: {"0", "1"}, _PATCHED[model].controller.profiler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _per_sample_grads(model, x)
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+    finally:
+        blocks.detach()
+        cswap.unpatch(model)
+
+
+def test_an_offload_region_inside_a_transform_steps_aside_with_a_warning():
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    model = _net()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    expected = grad(lambda p: functional_call(model, p, (x,)).sum())(params)
+
+    def loss(p):
+        with cswap.offload(mode="vdnn", min_bytes=0) as region:
+            out = functional_call(model, p, (x,)).sum()
+        assert region.stats["offloaded_tensors"] == 0
+        return out
+
+    with pytest.warns(RuntimeWarning, match=r"cswap.offload\(\) region began where PyTorch turns saved-tensor hooks"):
+        got = grad(loss)(params)
+    assert all(torch.equal(got[k], expected[k]) for k in expected)
