@@ -16,7 +16,8 @@ from torch import nn
 from .plan.controller import Controller
 from .plan.recompute import resolve as resolve_blocks
 from .plan.runtime_budget import AUTO, size_text
-from .runtime.checkpointing import CheckpointedBlocks, hooks_turned_off
+from .runtime.checkpointing import CheckpointedBlocks
+from .runtime.hook_context import TRACER, enclosing_hooks, hooks_turned_off, in_backward
 from .runtime.device import device_of
 from .runtime.layers import LayerTracker
 from .runtime.stats import SwapStats
@@ -47,7 +48,7 @@ class _Patch:
         self.hooks_ctx = None
         self.traced = False          # a forward of this model was traced by torch.compile
         self.warned_traced = False
-        self.warned_hooks_off = False  # a forward ran where PyTorch turns saved-tensor hooks off
+        self.told: set[str] = set()  # why forwards' saves were left alone, each said once
         self.checked_compiled = False  # the first pass was checked for compiled graphs cswap cannot read
         self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
         self.wraps_forward = False   # budget="auto": forward is wrapped to retry on out of memory
@@ -68,10 +69,11 @@ class _Patch:
             self.traced = True
             return
         if self.depth == 1 and torch.is_grad_enabled():
-            if hooks_turned_off():
-                if not self.warned_hooks_off:
-                    self.warned_hooks_off = True
-                    warnings.warn(_hooks_off_advice("this patched model ran"), RuntimeWarning, stacklevel=2)
+            why = _not_ours("this patched model ran")
+            if why is not None:  # (its saves are left to autograd, or to whoever decides here)
+                if why and why not in self.told:
+                    self.told.add(why)
+                    warnings.warn(why, RuntimeWarning, stacklevel=2)
                 return
             # One forward pass of the root: saved tensors go through the swapper
             # (nested calls of the root, e.g. recursion, stay in the same pass).
@@ -236,10 +238,24 @@ def _traced_advice(how: str) -> str:
             f"offloads what each compiled graph saves for backward")
 
 
-def _hooks_off_advice(what: str) -> str:
-    return (f"cswap: {what} where PyTorch turns saved-tensor hooks off (inside torch.func.grad, vjp, jacrev or "
-            f"hessian, or torch.autograd.graph.disable_saved_tensors_hooks), so what it saves for backward there "
-            f"stays on the device; outside, cswap offloads as before")
+def _not_ours(what: str) -> str | None:
+    """Why the saves of a forward beginning here are not cswap's to move (cswap.runtime.
+    hook_context): a warning to give, "" to leave them quietly, or None: they are cswap's."""
+    if hooks_turned_off():
+        return (f"cswap: {what} where PyTorch turns saved-tensor hooks off (inside torch.func.grad, vjp, jacrev "
+                f"or hessian, or torch.autograd.graph.disable_saved_tensors_hooks), so what it saves for backward "
+                f"there stays on the device; outside, cswap offloads as before")
+    if in_backward():  # (a reentrant checkpoint's recomputation: backward reads its saves at once)
+        return ""
+    pack = enclosing_hooks()
+    if pack is None:
+        return None
+    if getattr(pack, TRACER, False):
+        return ""
+    return (f"cswap: {what} inside another saved-tensor hooks context ({pack.__module__}.{pack.__qualname__}: "
+            f"torch.utils.checkpoint around the model's call, save_on_cpu or another offloader), which decides "
+            f"what happens to what the model saves there; cswap moves none of it. Patch a module inside that "
+            f"context, or call the model outside it")
 
 
 def _hooks(swapper: Swapper):
@@ -356,11 +372,11 @@ def offload(mode: str | None = None, policy=None, **options):
     swapper = Swapper(mode, policy, layer=tracker.where, **options)
     tracker.attach_global()
     swapper.begin_pass()
-    turned_off = hooks_turned_off()
-    if turned_off:
-        warnings.warn(_hooks_off_advice("a cswap.offload() region began"), RuntimeWarning, stacklevel=3)
+    why = _not_ours("a cswap.offload() region began")
+    if why:
+        warnings.warn(why, RuntimeWarning, stacklevel=3)
     try:
-        with nullcontext() if turned_off else _hooks(swapper):
+        with nullcontext() if why is not None else _hooks(swapper):
             yield swapper
     finally:
         tracker.detach()

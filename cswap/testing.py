@@ -29,6 +29,7 @@ import torch
 
 from .runtime.candidates import movable
 from .runtime.emulator import EmulatedDevice, activate
+from .runtime.hook_context import mark
 from .runtime.items import Kept, modified_error
 from .runtime.swapper import held_for_backward
 
@@ -62,6 +63,7 @@ def emulated_device(bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int
                                  kept.tensor._version)
         return kept.tensor
 
+    mark(pack)  # (cswap's own: a patched model inside the block offloads as usual)
     try:
         with activate(dev), torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield dev

@@ -20,14 +20,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .device import device_of
+from .hook_context import hooks_turned_off
 
-__all__ = ["CheckpointedBlocks", "hooks_turned_off"]
-
-
-def hooks_turned_off() -> bool:
-    """PyTorch refuses saved-tensor hooks here, and with them non-reentrant checkpoint:
-    inside torch.func.grad, vjp, jacrev or hessian, or disable_saved_tensors_hooks."""
-    return torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is not None
+__all__ = ["CheckpointedBlocks"]
 
 
 def _is_hf_checkpointing_layer(module: torch.nn.Module) -> bool:

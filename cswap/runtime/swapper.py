@@ -54,6 +54,7 @@ from . import emulator
 from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, activation_producer, compiled_graph_inputs, \
     computed_inside, input_storages, movable, op_name
 from .device import Device, device_of
+from .hook_context import mark
 from .host_pool import HostPool
 from .items import Handle, Item, KeptByPolicy, Pass, dense_permutation, modified_error
 from .offload import Offloader
@@ -276,6 +277,7 @@ class Swapper:
 
     # -- pack -------------------------------------------------------------------------
 
+    @mark  # (cswap's own hooks: a patched model inside a region or another patched model offloads as usual)
     def pack(self, t: torch.Tensor):
         """The pack hook. What it keeps in place is packed as (tensor, version) (a detached
         alias, which avoids the cycle output -> grad_fn -> saved output; autograd's in-place

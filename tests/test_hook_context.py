@@ -1,6 +1,8 @@
-"""A patched model inside torch.func.grad, vjp, jacrev or hessian (per-sample gradients,
-meta-learning), where PyTorch refuses saved-tensor hooks: cswap steps aside there, with
-one warning, instead of making the transform raise; outside, it offloads as before."""
+"""Where a patched model's saves are not cswap's to move: inside torch.func.grad, vjp,
+jacrev or hessian (per-sample gradients, meta-learning), where PyTorch refuses saved-tensor
+hooks, and inside another saved-tensor hooks context (torch.utils.checkpoint around the
+model's call, save_on_cpu). cswap steps aside there, saying so once, instead of making the
+transform raise or overriding that context; outside, it offloads as before."""
 
 from __future__ import annotations
 
@@ -95,3 +97,64 @@ def test_an_offload_region_inside_a_transform_steps_aside_with_a_warning():
     with pytest.warns(RuntimeWarning, match=r"cswap.offload\(\) region began where PyTorch turns saved-tensor hooks"):
         got = grad(loss)(params)
     assert all(torch.equal(got[k], expected[k]) for k in expected)
+
+
+# -- other saved-tensor hooks around a patched model --------------------------------------------------------------
+
+class _Counted(nn.Module):
+    """_net() that counts its forward calls (a recomputation is one more)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net, self.calls = _net(), 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.net(x)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_around_a_patched_models_call_recomputes_as_asked(reentrant):
+    """torch.utils.checkpoint around the model's call decides what its saves become (made
+    again in backward): cswap, whose hooks would be the innermost, leaves them alone
+    instead of offloading what checkpoint means to recompute. Non-reentrant: cswap says so
+    once. Reentrant: the recomputation runs inside backward, which reads its saves at once."""
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1), requires_grad=reentrant)
+    model = _Counted()
+    expected = _step(copy.deepcopy(model), x)
+    cswap.patch(model, mode="vdnn", min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                model.zero_grad(set_to_none=True)
+                torch.utils.checkpoint.checkpoint(model, x, use_reentrant=reentrant).sum().backward()
+        said = [w for w in caught if "inside another saved-tensor hooks context" in str(w.message)]
+        assert len(said) == (0 if reentrant else 1)
+        assert not said or "torch.utils.checkpoint" in str(said[0].message)
+        assert model.calls == 4  # each step ran forward, then again in backward
+        assert cswap.stats(model)["offloaded_tensors"] == 0
+        assert all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))
+        _step(model, x)  # called plainly, cswap offloads as before
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+    finally:
+        cswap.unpatch(model)
+
+
+def test_save_on_cpu_around_a_patched_model_keeps_its_say_and_a_cswap_region_nests():
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    model = _net()
+    expected = _step(copy.deepcopy(model), x)
+    cswap.patch(model, mode="vdnn", min_bytes=0, verbose=False)
+    try:
+        with pytest.warns(RuntimeWarning, match=r"inside another saved-tensor hooks context \(torch.*save_on_cpu"):
+            with torch.autograd.graph.save_on_cpu():
+                got = _step(model, x)
+        assert cswap.stats(model)["offloaded_tensors"] == 0
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        with cswap.offload(mode="vdnn", min_bytes=0):  # cswap's own: the patched model offloads as usual
+            got = _step(model, x)
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    finally:
+        cswap.unpatch(model)
