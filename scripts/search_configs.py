@@ -7,6 +7,7 @@ memory budget or budget="auto" with recompute, on a device just too small for th
 unpatched step), and how training runs (the CPU or the emulated device, prompt, slow and
 jittery or with compute behind the host; the model called twice a step, retain_graph,
 gradient accumulation, bf16 autocast, a gradient penalty (backward through backward),
+the input's gradient, the model's call inside torch.utils.checkpoint (reentrant or not),
 evaluation passes and epoch ends between steps). It trains three steps patched and
 unpatched and compares every gradient bit for bit; on the emulated device any race or
 unsynchronised free it reports is a failure too. An out-of-memory error that names what to change (the device is
@@ -100,15 +101,21 @@ def draw(seed: int) -> dict:
         options.pop("policy", None)
         if r.random() < 0.5:
             options["recompute"] = "auto"
-    return {"seed": seed, "name": name, "model": model, "inputs": inputs, "mode": mode, "options": options,
-            "device": device, "budget": budget, "retain": r.random() < 0.15, "accumulate": r.choice([1, 1, 2]),
-            "autocast": r.random() < 0.2, "eval": r.random() < 0.3, "epoch_every": r.choice([0, 1, 2]),
-            "penalty": r.random() < 0.1, "calls": r.choice([1, 1, 1, 2])}
+    c = {"seed": seed, "name": name, "model": model, "inputs": inputs, "mode": mode, "options": options,
+         "device": device, "budget": budget, "retain": r.random() < 0.15, "accumulate": r.choice([1, 1, 2]),
+         "autocast": r.random() < 0.2, "eval": r.random() < 0.3, "epoch_every": r.choice([0, 1, 2]),
+         "penalty": r.random() < 0.1, "calls": r.choice([1, 1, 1, 2])}
+    # (drawn last, so that the seeds drawn before these existed keep the rest of their configurations)
+    c["input_grad"] = isinstance(model, _Classifier) and r.random() < 0.25  # the input's gradient too
+    c["wrap"] = r.choice([None] * 4 + ["checkpoint"] + ["checkpoint_reentrant"] * c["input_grad"])
+    if c["wrap"] == "checkpoint" and budget is not None:  # (a step that saves nothing has no peak to size a budget
+        c["wrap"] = None                                   # from: checkpoint keeps the model's saves to itself)
+    return c
 
 
 def describe(c: dict) -> str:
     shown = {k: c[k] for k in ("mode", "device", "budget", "retain", "accumulate", "autocast", "eval", "epoch_every",
-                               "penalty", "calls")}
+                               "penalty", "calls", "input_grad", "wrap")}
     options = {k: ("cycling" if k == "policy" else v) for k, v in c["options"].items()}
     return f"seed {c['seed']}: {c['name']} {shown} {options}"
 
@@ -121,18 +128,31 @@ def _device(kind: str, capacity: int | None, seed: int):
     return cswap.testing.emulated_device(capacity_bytes=capacity, **timing)
 
 
-def step(model, inputs, c: dict) -> None:
-    """One training step's forward and backward passes, as the configuration says."""
+def _call(model, inputs, c: dict):
+    """The model's output, its call inside torch.utils.checkpoint if the configuration says so
+    (the reentrant kind needs an input that requires grad: input_grad)."""
+    if c["wrap"] is None:
+        return inputs(model)
+    return torch.utils.checkpoint.checkpoint(model, *inputs.args, use_reentrant=c["wrap"] == "checkpoint_reentrant",
+                                             **inputs.kwargs)
+
+
+def step(model, inputs, c: dict) -> list[torch.Tensor]:
+    """One training step's forward and backward passes, as the configuration says; the
+    gradients of its inputs (input_grad) or none."""
+    if c["input_grad"]:
+        inputs = inputs.map(lambda x: x.detach().clone().requires_grad_() if x.is_floating_point() else x)
     for _ in range(c["accumulate"]):
         with torch.autocast("cpu", dtype=torch.bfloat16) if c["autocast"] else contextlib.nullcontext():
             # (called twice: two graphs of one model in flight, as a siamese net's)
-            loss = sum(default_loss(inputs(model)) * (1 + i) for i in range(c["calls"]))
+            loss = sum(default_loss(_call(model, inputs, c)) * (1 + i) for i in range(c["calls"]))
         if c["penalty"]:  # a gradient penalty: backward through backward (create_graph)
             first = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], create_graph=True)
             loss = loss + 0.1 * sum((g.float() ** 2).sum() for g in first)
         if c["retain"]:
             loss.backward(retain_graph=True)
         loss.backward()
+    return [x.grad for x in inputs.tensors() if x.requires_grad]
 
 
 def train(model, inputs, c: dict, device: str, capacity: int | None = None, patched: bool = False):
@@ -143,10 +163,10 @@ def train(model, inputs, c: dict, device: str, capacity: int | None = None, patc
         torch.manual_seed(i)
         opt.zero_grad(set_to_none=True)
         with _device(device, capacity, c["seed"]) as dev:
-            step(model, inputs, c)
+            input_grads = step(model, inputs, c)
         if dev is not None and dev.hazards:
             raise AssertionError(f"the emulated device saw {len(dev.hazards)} hazards: {dev.hazards[:2]}")
-        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None] + input_grads)
         opt.step()
         if c["eval"]:
             with torch.no_grad():
