@@ -20,6 +20,7 @@ from .runtime.checkpointing import CheckpointedBlocks
 from .runtime.hook_context import TRACER, enclosing_hooks, hooks_turned_off, in_backward
 from .runtime.device import device_of
 from .runtime.layers import LayerTracker
+from .runtime.module_hooks import Hook, WrappedForward
 from .runtime.stats import SwapStats
 from .runtime.step_state import StepState
 from .runtime.swapper import Swapper, check_policy
@@ -55,8 +56,8 @@ class _Patch:
         self.own_forward = None      # the model's own instance attribute `forward` it wrapped, if any
         self.blocks = None           # recompute=: the blocks the plan may checkpoint
         self.handles = [
-            model.register_forward_pre_hook(self._enter, prepend=True),
-            model.register_forward_hook(self._exit, always_call=True),
+            model.register_forward_pre_hook(Hook(self._enter), prepend=True),
+            model.register_forward_hook(Hook(self._exit), always_call=True),
         ]
 
     def _enter(self, module, args):
@@ -134,7 +135,8 @@ class _Patch:
             except torch.OutOfMemoryError as exc:
                 raise self._retry_failed(exc, held, kept) from exc
 
-        model.forward = retrying  # (no reference back to the model from here: _PATCHED's key would never die)
+        model.forward = WrappedForward(retrying, model, self.own_forward)  # (no reference back to the model
+        # from the patch itself: _PATCHED's key would never die)
         self.wraps_forward = True
 
     def _kept_counts(self) -> tuple[int, int]:

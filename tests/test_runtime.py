@@ -1281,6 +1281,52 @@ def test_patched_model_dropped_without_unpatch_frees_it_and_its_swapper(options)
     assert [r() for r in refs] == [None, None]
 
 
+def _blocks_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Sequential(nn.Linear(8, 32), nn.ReLU()), nn.Sequential(nn.Linear(32, 32), nn.ReLU()),
+                         nn.Linear(32, 1))
+
+
+@pytest.mark.parametrize("options", [{"mode": "vdnn"}, {"budget": "auto"}, {"budget": 1 << 20, "recompute": ["0", "1"]}],
+                         ids=["vdnn", "budget_auto", "recompute"])
+def test_a_deep_copy_of_a_patched_model_is_an_unpatched_model_of_its_own(options):
+    """copy.deepcopy(model) after patching (an EMA model, a planner's trace): the copy runs
+    unpatched, with its own weights. (It raised, unable to copy the swapper's lock; and a
+    forward that cswap wraps, copied as it was, would have run the original model.)"""
+    import copy
+
+    from cswap.patch import is_patched
+
+    def grads(model):
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    def halved(model):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)
+        return model
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    model = cswap.patch(_blocks_net(), min_bytes=0, verbose=False, **options)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first = grads(model)
+            ema = halved(copy.deepcopy(model))
+            expected = halved(_blocks_net())
+            assert not is_patched(ema)
+            assert torch.equal(ema(x), expected(x))  # its own weights, not the original's
+            assert all(torch.equal(a, b) for a, b in zip(grads(ema), grads(expected)))
+            moved = cswap.stats(model)["offloaded_tensors"]  # (the copy's steps moved nothing of the original's)
+            assert all(torch.equal(a, b) for a, b in zip(grads(model), first))  # the original: patched as before
+            if "budget" not in options:
+                assert cswap.stats(model)["offloaded_tensors"] == 2 * moved > 0
+    finally:
+        cswap.unpatch(model)
+
+
 # -- 9. memory lifetime ------------------------------------------------------------------------------
 
 

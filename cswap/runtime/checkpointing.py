@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .device import device_of
 from .hook_context import hooks_turned_off
+from .module_hooks import Hook, WrappedForward
 
 __all__ = ["CheckpointedBlocks"]
 
@@ -61,8 +62,8 @@ class CheckpointedBlocks:
         self._handles = []
         for name, module in self.blocks.items():
             self._wrap(name, module)
-            self._handles.append(module.register_forward_pre_hook(functools.partial(self._start, name)))
-            self._handles.append(module.register_forward_hook(functools.partial(self._end, name)))
+            self._handles.append(module.register_forward_pre_hook(Hook(self._start, name)))
+            self._handles.append(module.register_forward_hook(Hook(self._end, name)))
 
     def _wrap(self, name: str, module: torch.nn.Module) -> None:
         own = module.__dict__.get("forward")  # an instance attribute of the user's, if any
@@ -77,7 +78,7 @@ class CheckpointedBlocks:
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
             return forward(*args, **kwargs)
 
-        module.forward = maybe_checkpointed
+        module.forward = WrappedForward(maybe_checkpointed, module, own)
         self._restore.append(lambda: setattr(module, "forward", own) if own is not None
                              else module.__dict__.pop("forward", None))
 

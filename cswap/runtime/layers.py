@@ -25,6 +25,8 @@ import weakref
 import torch
 from torch import nn
 
+from .module_hooks import Hook
+
 __all__ = ["LayerTracker", "made_in"]
 
 _TAG = "cswap.made_in"  # key in an autograd node's metadata: (module path, module type)
@@ -133,8 +135,8 @@ class LayerTracker:
         def attach():
             for name, module in root().named_modules():
                 kind = type(module).__name__
-                self._handles.append(module.register_forward_pre_hook(self._pusher(name, kind)))
-                self._handles.append(module.register_forward_hook(self._popper((name, kind)), always_call=True))
+                self._handles.append(module.register_forward_pre_hook(Hook(self._pusher(name, kind))))
+                self._handles.append(module.register_forward_hook(Hook(self._popper((name, kind))), always_call=True))
 
         self._attach = attach
         attach()

@@ -1,0 +1,47 @@
+"""cswap's hooks and forward wrappers on a user's modules, made so that a deep copy of a
+patched module (an EMA model, copy.deepcopy; a planner tracing a copy) comes out
+unpatched: its hooks do nothing and its forward is its own. Plain functions and bound
+methods would instead be copied as they are (the copy calling into this module's patch)
+or with the patch itself (its swapper, whose locks and threads cannot be copied)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import types
+
+__all__ = ["Hook", "WrappedForward"]
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+class Hook(functools.partial):
+    """A module hook of cswap's: `Hook(fn, *args)` calls fn(*args, ...) (a partial: no
+    extra Python frame per call); a deep copy does nothing."""
+
+    def __deepcopy__(self, memo):
+        return _nothing
+
+
+class WrappedForward:
+    """An instance attribute `forward` of cswap's that calls `fn` (functools.wraps of the
+    forward it wraps: signatures read through it); `own` is the user's instance attribute
+    it replaced, or None. A deep copy of `module` gets `own` (copied) back, or else its
+    class's forward, instead of a wrapper that runs this module."""
+
+    def __init__(self, fn, module, own):
+        functools.update_wrapper(self, fn)
+        self.fn, self.module, self.own = fn, module, own
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        if self.own is not None:
+            return copy.deepcopy(self.own, memo)
+        module = memo.get(id(self.module))
+        if module is None:  # (the wrapper copied alone, not as its module's attribute)
+            return self
+        return types.MethodType(type(module).forward, module)
