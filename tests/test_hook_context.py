@@ -158,3 +158,20 @@ def test_save_on_cpu_around_a_patched_model_keeps_its_say_and_a_cswap_region_nes
         assert all(torch.equal(a, b) for a, b in zip(got, expected))
     finally:
         cswap.unpatch(model)
+
+
+def test_the_planners_trace_a_patched_model_as_the_same_model_unpatched():
+    """cswap-plan's tracer copies the model and counts what it saves under hooks of its own
+    (marked TRACER): a patched model's copy is unpatched, and the tracer sees every save."""
+    from cswap.plan.fake_gpu import trace_step
+
+    x = torch.randn(32, 4)
+    expected = trace_step(_net(), x)
+    model = cswap.patch(_net(), mode="vdnn", min_bytes=0, verbose=False)
+    try:
+        got = trace_step(model, x)
+    finally:
+        cswap.unpatch(model)
+    assert [(r.shape, r.kind) for r in got.saved] == [(r.shape, r.kind) for r in expected.saved]
+    assert len(expected.saved) > 0 and (got.peak_bytes, got.offloaded_peak_bytes) == \
+        (expected.peak_bytes, expected.offloaded_peak_bytes)
