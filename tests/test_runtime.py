@@ -1287,11 +1287,22 @@ def _blocks_net():
                          nn.Linear(32, 1))
 
 
+def _saved_and_loaded(model):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
 @pytest.mark.parametrize("options", [{"mode": "vdnn"}, {"budget": "auto"}, {"budget": 1 << 20, "recompute": ["0", "1"]}],
                          ids=["vdnn", "budget_auto", "recompute"])
-def test_a_deep_copy_of_a_patched_model_is_an_unpatched_model_of_its_own(options):
-    """copy.deepcopy(model) after patching (an EMA model, a planner's trace): the copy runs
-    unpatched, with its own weights. (It raised, unable to copy the swapper's lock; and a
+def test_a_copy_of_a_patched_model_is_an_unpatched_model_of_its_own(options, how):
+    """copy.deepcopy(model) after patching (an EMA model, a planner's trace), or the model
+    saved whole and loaded: the copy runs unpatched, with its own weights. (Both raised:
+    the swapper's lock cannot be copied, the layer tracker's hooks cannot be pickled; and a
     forward that cswap wraps, copied as it was, would have run the original model.)"""
     import copy
 
@@ -1314,7 +1325,7 @@ def test_a_deep_copy_of_a_patched_model_is_an_unpatched_model_of_its_own(options
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             first = grads(model)
-            ema = halved(copy.deepcopy(model))
+            ema = halved(copy.deepcopy(model) if how == "deepcopy" else _saved_and_loaded(model))
             expected = halved(_blocks_net())
             assert not is_patched(ema)
             assert torch.equal(ema(x), expected(x))  # its own weights, not the original's

@@ -1,8 +1,10 @@
 """cswap's hooks and forward wrappers on a user's modules, made so that a deep copy of a
-patched module (an EMA model, copy.deepcopy; a planner tracing a copy) comes out
-unpatched: its hooks do nothing and its forward is its own. Plain functions and bound
-methods would instead be copied as they are (the copy calling into this module's patch)
-or with the patch itself (its swapper, whose locks and threads cannot be copied)."""
+patched module (an EMA model, copy.deepcopy; a planner tracing a copy), or the module
+saved whole (torch.save(model)) and loaded, comes out unpatched: its hooks do nothing
+and its forward is its own. Plain functions and bound methods would instead be copied as
+they are (the copy calling into this module's patch) or with the patch itself (its
+swapper, whose locks and threads cannot be copied), and local functions cannot be
+pickled at all."""
 
 from __future__ import annotations
 
@@ -19,17 +21,24 @@ def _nothing(*args, **kwargs) -> None:
 
 class Hook(functools.partial):
     """A module hook of cswap's: `Hook(fn, *args)` calls fn(*args, ...) (a partial: no
-    extra Python frame per call); a deep copy does nothing."""
+    extra Python frame per call); a copy (deep, or pickled) does nothing."""
 
     def __deepcopy__(self, memo):
         return _nothing
+
+    def __reduce__(self):
+        return _unpickled_hook, ()
+
+
+def _unpickled_hook():
+    return _nothing
 
 
 class WrappedForward:
     """An instance attribute `forward` of cswap's that calls `fn` (functools.wraps of the
     forward it wraps: signatures read through it); `own` is the user's instance attribute
-    it replaced, or None. A deep copy of `module` gets `own` (copied) back, or else its
-    class's forward, instead of a wrapper that runs this module."""
+    it replaced, or None. A copy of `module` (deep, or pickled) gets `own` back, or else
+    its class's forward, instead of a wrapper that runs this module."""
 
     def __init__(self, fn, module, own):
         functools.update_wrapper(self, fn)
@@ -44,4 +53,17 @@ class WrappedForward:
         module = memo.get(id(self.module))
         if module is None:  # (the wrapper copied alone, not as its module's attribute)
             return self
-        return types.MethodType(type(module).forward, module)
+        return _class_forward(module)
+
+    def __reduce__(self):  # (the module, pickled already when its attributes are: a reference)
+        if self.own is not None:
+            return _own, (self.own,)
+        return _class_forward, (self.module,)
+
+
+def _own(forward):
+    return forward
+
+
+def _class_forward(module):
+    return types.MethodType(type(module).forward, module)
