@@ -240,3 +240,23 @@ def test_an_unrecognised_compiled_graph_is_warned_about(monkeypatch):
     unrecognised = [w for w in caught if "did not recognise" in str(w.message)]
     assert len(unrecognised) == 1 and torch.__version__ in str(unrecognised[0].message)
     assert cswap.stats(model)["offloaded_tensors"] == 0
+
+
+@pytest.mark.parametrize("options", [{"budget": "auto"}, {"budget": 1 << 20, "recompute": ["0", "1"]}],
+                         ids=["budget_auto", "recompute"])
+def test_a_patched_model_whose_forward_cswap_wraps_exports(options):
+    """torch.export of a trained, still patched model (to deploy it): the forward cswap wraps
+    (budget="auto", or the blocks recompute= may checkpoint) reads as a function to export."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU()),
+                                torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()), torch.nn.Linear(32, 1))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    cswap.patch(model, min_bytes=0, verbose=False, **options)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model(x).sum().backward()
+            exported = torch.export.export(model, (x,))
+        assert torch.equal(exported.module()(x), model(x))
+    finally:
+        cswap.unpatch(model)

@@ -47,6 +47,10 @@ class WrappedForward:
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
 
+    @property
+    def __code__(self):  # (torch.export reads forward.__code__)
+        return self.fn.__code__
+
     def __deepcopy__(self, memo):
         if self.own is not None:
             return copy.deepcopy(self.own, memo)
