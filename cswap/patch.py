@@ -17,10 +17,10 @@ from .plan.controller import Controller
 from .plan.recompute import resolve as resolve_blocks
 from .plan.runtime_budget import AUTO, size_text
 from .runtime.checkpointing import CheckpointedBlocks
-from .runtime.hook_context import TRACER, enclosing_hooks, hooks_turned_off, in_backward
 from .runtime.device import device_of
+from .runtime.hook_context import TRACER, enclosing_hooks, hooks_turned_off, in_backward
 from .runtime.layers import LayerTracker
-from .runtime.module_hooks import Hook, WrappedForward
+from .runtime.module_hooks import Hook, unwrap_forward, wrap_forward
 from .runtime.stats import SwapStats
 from .runtime.step_state import StepState
 from .runtime.swapper import Swapper, check_policy
@@ -52,8 +52,6 @@ class _Patch:
         self.told: set[str] = set()  # why forwards' saves were left alone, each said once
         self.checked_compiled = False  # the first pass was checked for compiled graphs cswap cannot read
         self.kept_before = 0         # stats["kept_on_gpu"] at the last epoch end
-        self.wraps_forward = False   # budget="auto": forward is wrapped to retry on out of memory
-        self.own_forward = None      # the model's own instance attribute `forward` it wrapped, if any
         self.blocks = None           # recompute=: the blocks the plan may checkpoint
         self.handles = [
             model.register_forward_pre_hook(Hook(self._enter), prepend=True),
@@ -114,7 +112,6 @@ class _Patch:
     def retry_on_oom(self, model: nn.Module) -> None:
         """budget="auto": wrap the model's forward so that a forward that runs out of
         device memory is retried once with every saved activation offloaded."""
-        self.own_forward = model.__dict__.get("forward")  # an instance attribute of the user's, if any
         forward = model.forward
         state = StepState(model)
 
@@ -135,9 +132,8 @@ class _Patch:
             except torch.OutOfMemoryError as exc:
                 raise self._retry_failed(exc, held, kept) from exc
 
-        model.forward = WrappedForward(retrying, model, self.own_forward)  # (no reference back to the model
-        # from the patch itself: _PATCHED's key would never die)
-        self.wraps_forward = True
+        wrap_forward(model, retrying)  # (the model's attribute: the patch keeps no reference to the model, or
+        # _PATCHED's key would never die)
 
     def _kept_counts(self) -> tuple[int, int]:
         """Saved tensors kept on the device so far: at the host memory limit, and for want of room to gather."""
@@ -178,11 +174,7 @@ class _Patch:
         self.hooks_ctx.__enter__()
 
     def remove(self, model: nn.Module) -> None:
-        if self.wraps_forward:
-            if self.own_forward is not None:
-                model.forward = self.own_forward
-            else:
-                model.__dict__.pop("forward", None)
+        unwrap_forward(model)
         if self.blocks is not None:
             self.blocks.detach()
         for handle in self.handles:

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .device import device_of
 from .hook_context import hooks_turned_off
-from .module_hooks import Hook, WrappedForward
+from .module_hooks import Hook, unwrap_forward, wrap_forward
 
 __all__ = ["CheckpointedBlocks"]
 
@@ -58,7 +58,6 @@ class CheckpointedBlocks:
         self.stamps: dict[str, list] = {}  # name -> [start, end] stamps of the profiled step
         self._pass = None                  # that step's profiler pass
         self._seconds: dict[str, float] | None = None
-        self._restore = []
         self._handles = []
         for name, module in self.blocks.items():
             self._wrap(name, module)
@@ -66,7 +65,6 @@ class CheckpointedBlocks:
             self._handles.append(module.register_forward_hook(Hook(self._end, name)))
 
     def _wrap(self, name: str, module: torch.nn.Module) -> None:
-        own = module.__dict__.get("forward")  # an instance attribute of the user's, if any
         forward = module.forward
         hf_layer = _is_hf_checkpointing_layer(module)
 
@@ -78,9 +76,7 @@ class CheckpointedBlocks:
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
             return forward(*args, **kwargs)
 
-        module.forward = WrappedForward(maybe_checkpointed, module, own)
-        self._restore.append(lambda: setattr(module, "forward", own) if own is not None
-                             else module.__dict__.pop("forward", None))
+        wrap_forward(module, maybe_checkpointed)
 
     def _start(self, name, module, args) -> None:
         p = self.profiler.current
@@ -117,6 +113,6 @@ class CheckpointedBlocks:
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
-        for restore in self._restore:
-            restore()
-        self._handles, self._restore = [], []
+        for module in self.blocks.values():
+            unwrap_forward(module)
+        self._handles = []

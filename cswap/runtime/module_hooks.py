@@ -12,7 +12,7 @@ import copy
 import functools
 import types
 
-__all__ = ["Hook", "WrappedForward"]
+__all__ = ["Hook", "WrappedForward", "wrap_forward", "unwrap_forward"]
 
 
 def _nothing(*args, **kwargs) -> None:
@@ -63,6 +63,22 @@ class WrappedForward:
         if self.own is not None:
             return _own, (self.own,)
         return _class_forward, (self.module,)
+
+
+def wrap_forward(module, fn) -> None:
+    """module.forward = a WrappedForward calling fn (made with functools.wraps(module.forward))."""
+    module.forward = WrappedForward(fn, module, module.__dict__.get("forward"))
+
+
+def unwrap_forward(module) -> None:
+    """Put back the forward that wrap_forward replaced, if module.forward is still its wrapper
+    (not, say, a wrapper another library put over it since)."""
+    wrapper = module.__dict__.get("forward")
+    if isinstance(wrapper, WrappedForward):
+        if wrapper.own is not None:
+            module.forward = wrapper.own
+        else:
+            del module.__dict__["forward"]
 
 
 def _own(forward):
