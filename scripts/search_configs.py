@@ -110,6 +110,8 @@ def draw(seed: int) -> dict:
     c["wrap"] = r.choice([None] * 4 + ["checkpoint"] + ["checkpoint_reentrant"] * c["input_grad"])
     if c["wrap"] == "checkpoint" and budget is not None:  # (a step that saves nothing has no peak to size a budget
         c["wrap"] = None                                   # from: checkpoint keeps the model's saves to itself)
+    if c["wrap"] == "checkpoint_reentrant" and c["penalty"]:  # (reentrant checkpoint refuses autograd.grad)
+        c["wrap"] = "checkpoint"
     return c
 
 
