@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 from .plan.controller import Controller
+from .plan.inputs import Inputs
 from .plan.recompute import resolve as resolve_blocks
 from .plan.runtime_budget import AUTO, size_text
 from .runtime.checkpointing import CheckpointedBlocks
 from .runtime.device import device_of
-from .runtime.hook_context import TRACER, enclosing_hooks, hooks_turned_off, in_backward
+from .runtime.hook_context import why_not_ours
 from .runtime.layers import LayerTracker
 from .runtime.module_hooks import Hook, unwrap_forward, wrap_forward
 from .runtime.stats import SwapStats
@@ -68,7 +69,7 @@ class _Patch:
             self.traced = True
             return
         if self.depth == 1 and torch.is_grad_enabled():
-            why = _not_ours("this patched model ran")
+            why = why_not_ours("this patched model ran")
             if why is not None:  # (its saves are left to autograd, or to whoever decides here)
                 if why and why not in self.told:
                     self.told.add(why)
@@ -189,8 +190,7 @@ class _Patch:
 def _held_before(model: nn.Module, args, kwargs) -> str:
     """What the device of `model` (or of its inputs) holds now, for an error message."""
     first = next(model.parameters(), None)
-    tensors = [first] if first is not None else []
-    tensors += [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+    tensors = ([first] if first is not None else []) + Inputs(args, kwargs).tensors()
     dev = next((d for d in map(device_of, tensors) if d is not None), None)
     if dev is None:
         return "an unknown amount"
@@ -230,26 +230,6 @@ def _traced_advice(how: str) -> str:
             f"applies no saved-tensor hooks inside compiled graphs, so its activations stay on the GPU. Compile "
             f"first, then patch the compiled module: model = cswap.patch(torch.compile(model)); cswap then "
             f"offloads what each compiled graph saves for backward")
-
-
-def _not_ours(what: str) -> str | None:
-    """Why the saves of a forward beginning here are not cswap's to move (cswap.runtime.
-    hook_context): a warning to give, "" to leave them quietly, or None: they are cswap's."""
-    if hooks_turned_off():
-        return (f"cswap: {what} where PyTorch turns saved-tensor hooks off (inside torch.func.grad, vjp, jacrev "
-                f"or hessian, or torch.autograd.graph.disable_saved_tensors_hooks), so what it saves for backward "
-                f"there stays on the device; outside, cswap offloads as before")
-    if in_backward():  # (a reentrant checkpoint's recomputation: backward reads its saves at once)
-        return ""
-    pack = enclosing_hooks()
-    if pack is None:
-        return None
-    if getattr(pack, TRACER, False):
-        return ""
-    return (f"cswap: {what} inside another saved-tensor hooks context ({pack.__module__}.{pack.__qualname__}: "
-            f"torch.utils.checkpoint around the model's call, save_on_cpu or another offloader), which decides "
-            f"what happens to what the model saves there; cswap moves none of it. Patch a module inside that "
-            f"context, or call the model outside it")
 
 
 def _hooks(swapper: Swapper):
@@ -366,7 +346,7 @@ def offload(mode: str | None = None, policy=None, **options):
     swapper = Swapper(mode, policy, layer=tracker.where, **options)
     tracker.attach_global()
     swapper.begin_pass()
-    why = _not_ours("a cswap.offload() region began")
+    why = why_not_ours("a cswap.offload() region began")
     if why:
         warnings.warn(why, RuntimeWarning, stacklevel=3)
     try:

@@ -161,8 +161,8 @@ def test_save_on_cpu_around_a_patched_model_keeps_its_say_and_a_cswap_region_nes
 
 
 def test_the_planners_trace_a_patched_model_as_the_same_model_unpatched():
-    """cswap-plan's tracer copies the model and counts what it saves under hooks of its own
-    (marked TRACER): a patched model's copy is unpatched, and the tracer sees every save."""
+    """cswap-plan's tracer counts what a copy of the model saves under hooks of its own: a
+    patched model's copy is unpatched (cswap.runtime.module_hooks), so the tracer sees every save."""
     from cswap.plan.fake_gpu import trace_step
 
     x = torch.randn(32, 4)

@@ -46,7 +46,6 @@ import torch
 from torch import nn
 
 from ..runtime.candidates import op_name, producer
-from ..runtime.hook_context import TRACER, mark
 from ..runtime.layers import LayerTracker
 from .attention import fused_attention_mode
 from .hf_masks import as_in_a_real_step
@@ -428,7 +427,7 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
         _no_grad_hooks_on_frozen(memory, fake)
         tracker.attach(fake)
         try:
-            with memory, recorder.mode, fused, masks, torch.autograd.graph.saved_tensors_hooks(mark(pack, TRACER), unpack):
+            with memory, recorder.mode, fused, masks, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 recorder.paused = True  # the batch is made in the tracker's sight, not as an op of the step
                 inputs = _fake_inputs(example_inputs, device, dtype)
                 recorder.paused = False

@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from ..runtime.candidates import SPARSE_PRODUCERS, is_activation, op_name, producer
-from ..runtime.hook_context import TRACER, mark
 from ..runtime.layers import LayerTracker
 from .profiler import sparsity_and_runs, zans_bits, zans_histograms
 from .inputs import Inputs, default_loss
@@ -142,7 +141,7 @@ def measure(model: nn.Module, batches, steps: int = 3, lr: float = 0.01, what: s
             measuring[0] = step == steps - 1
             recorder.ops.clear()
             recorder.made.clear()
-            with recorder.mode, torch.autograd.graph.saved_tensors_hooks(mark(pack, TRACER), lambda t: t):
+            with recorder.mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = Inputs.of(inputs)(model)
             opt.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(out.float(), next(targets)) if targets is not None else \

@@ -9,8 +9,7 @@ already decides, where:
 - another saved-tensor hooks context encloses the forward: torch.utils.checkpoint
   around the model's call (installed as the innermost hooks, cswap's would keep
   what checkpoint means to recompute), save_on_cpu, another offloader. cswap's own
-  contexts (a swapper's, the emulated device's) are marked `OWN` and nest with it;
-  the planners' tracers are marked `TRACER`: they see the saves, and nobody is told;
+  contexts (a swapper's, the emulated device's) are marked (`mark`) and nest with it;
 - the forward runs inside a backward: a reentrant checkpoint's recomputation,
   whose saves that backward reads at once.
 """
@@ -19,15 +18,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["OWN", "TRACER", "enclosing_hooks", "hooks_turned_off", "in_backward", "mark"]
+__all__ = ["hooks_turned_off", "mark", "why_not_ours"]
 
-OWN = "_cswap_own_hooks"
-TRACER = "_cswap_tracer_hooks"
+_OWN = "_cswap_own_hooks"
 
 
-def mark(pack, kind: str = OWN):
-    """Mark a pack hook (a function; a method's function marks its bound methods too)."""
-    setattr(pack, kind, True)
+def mark(pack):
+    """Mark a pack hook as cswap's own (a function; a method's function marks its bound
+    methods too)."""
+    setattr(pack, _OWN, True)
     return pack
 
 
@@ -36,14 +35,20 @@ def hooks_turned_off() -> bool:
     return torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is not None
 
 
-def enclosing_hooks():
-    """The pack hook of the innermost saved-tensor hooks context around this point, unless
-    it is cswap's own (None then, or with none at all)."""
+def why_not_ours(what: str) -> str | None:
+    """Why the saves of a forward beginning here (`what`: "this patched model ran") are not
+    cswap's to move: a warning to give, "" to leave them quietly, or None: they are cswap's."""
+    if hooks_turned_off():
+        return (f"cswap: {what} where PyTorch turns saved-tensor hooks off (inside torch.func.grad, vjp, jacrev "
+                f"or hessian, or torch.autograd.graph.disable_saved_tensors_hooks), so what it saves for backward "
+                f"there stays on the device; outside, cswap offloads as before")
+    if torch._C._current_graph_task_id() != -1:  # inside a backward: a reentrant checkpoint's recomputation
+        return ""
     top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    if top is None or getattr(top[0], OWN, False):
+    if top is None or getattr(top[0], _OWN, False):
         return None
-    return top[0]
-
-
-def in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
+    pack = top[0]
+    return (f"cswap: {what} inside another saved-tensor hooks context ({pack.__module__}.{pack.__qualname__}: "
+            f"torch.utils.checkpoint around the model's call, save_on_cpu or another offloader), which decides "
+            f"what happens to what the model saves there; cswap moves none of it. Patch a module inside that "
+            f"context, or call the model outside it")
