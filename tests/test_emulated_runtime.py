@@ -466,10 +466,13 @@ def test_new_pinned_memory_never_blocks_forward():
     gc.collect()
     gc.disable()  # a full collection in a long-lived test process pauses a pack too (CI saw 0.34 s once)
     try:
-        with cswap.testing.emulated_device(bandwidth_gbps=1.0, pin_latency_s=pin_s):
+        with cswap.testing.emulated_device(bandwidth_gbps=1.0, pin_latency_s=pin_s) as dev:
             for x, y in nets.batches(shape, 4):
                 passes.append(1)
                 gradients(model, x, y)
+                # (as loss.item() would: the buffers' last copies are over before the next pass
+                # asks for them; else, on a loaded machine, it may pin one more rather than wait)
+                dev.synchronize()
                 if len(passes) == 1:
                     allocated = sw.pool.allocations
         assert allocated > 0 and sw.pool.allocations == allocated  # later passes, compressed, reuse them
