@@ -29,11 +29,12 @@ import torch
 
 from .runtime.candidates import movable
 from .runtime.emulator import EmulatedDevice, activate
+from .runtime.twin import ComputeClock, TimedDevice, TwinSpec
 from .runtime.hook_context import mark
 from .runtime.items import Kept, modified_error
 from .runtime.swapper import held_for_backward
 
-__all__ = ["emulated_device", "EmulatedDevice"]
+__all__ = ["emulated_device", "timed_twin", "EmulatedDevice", "TimedDevice", "TwinSpec"]
 
 
 @contextmanager
@@ -51,6 +52,32 @@ def emulated_device(bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int
     """
     dev = EmulatedDevice(bandwidth_gbps=bandwidth_gbps, jitter=jitter, seed=seed, capacity_bytes=capacity_bytes,
                          pin_latency_s=pin_latency_s, compute_lag_s=compute_lag_s)
+    with _serving(dev):
+        yield dev
+
+
+@contextmanager
+def timed_twin(spec: TwinSpec | None = None, model: torch.nn.Module | None = None, seed: int = 0,
+               capacity_bytes: int | None = None):
+    """The emulated device on a GPU's virtual clock (cswap.runtime.twin): inside the
+    block, the model's ops, cswap's copies and codec kernels and the host's own work
+    take the time they would on the GPU of `spec` (default TwinSpec.measured(): the
+    H200 measured on 2026-11-26), and `dev.now()` reads the calling thread's clock. With
+    spec.scale, a small batch stands for one `scale` times larger (`model`: whose
+    parameters do not grow with it). A step's time on that GPU:
+
+        with cswap.testing.timed_twin(TwinSpec.measured(scale=80), model) as dev:
+            ...; dev.synchronize(); t0 = dev.now(); step(); dev.synchronize(); seconds = dev.now() - t0
+    """
+    dev = TimedDevice(spec or TwinSpec.measured(), seed=seed, capacity_bytes=capacity_bytes)
+    with _serving(dev), ComputeClock(dev, model):
+        yield dev
+
+
+@contextmanager
+def _serving(dev: EmulatedDevice):
+    """`dev` serves the CPU tensors offloaded inside the block, and counts what autograd
+    saves outside cswap's hooks too; closed at the end."""
 
     def pack(t: torch.Tensor) -> Kept:  # saves outside cswap's hooks count too (an unpatched model's)
         if movable(t) and t.device.type == "cpu" and held_for_backward(t):

@@ -269,3 +269,19 @@ def test_the_in_process_ab_runs_a_commit_beside_the_working_tree():
     assert found, run.stdout
     base, new, change = map(float, found.groups())
     assert base > 0 and new > 0 and abs(change) < max(base, new)
+
+
+def test_twin_benchmark_replays_the_h200_runs(tmp_path):
+    bench = _load(BENCHMARKS / "twin.py")
+    rows = bench.main(["--runs", "cifar", "--modes", "vdnn", "sc", "--warmup", "1", "--steps", "1",
+                       "--out", str(tmp_path)])
+    by = {r["mode"]: r for r in rows}
+    assert set(by) == {"unpatched", "vdnn", "sc"}
+    # compute calibrated on the H200's unpatched step (41.3 ms), which is compute-bound
+    assert by["unpatched"]["step_ms"] == pytest.approx(41.3, rel=0.05)
+    assert by["vdnn"]["h200_x_unpatched"] == pytest.approx(122.6 / 41.3)
+    assert by["unpatched"]["step_ms"] < by["sc"]["step_ms"] < by["vdnn"]["step_ms"]
+    assert by["sc"]["moved_mib_per_step"] < 0.7 * by["vdnn"]["moved_mib_per_step"]
+    assert all(r["hazards"] == 0 for r in rows)
+    saved = json.loads((tmp_path / "twin-today.json").read_text())
+    assert saved["rows"] == rows

@@ -349,21 +349,21 @@ def test_compression_of_one_tensor_overlaps_the_copy_of_the_previous():
     model = cswap.patch(make(), mode="sc", min_bytes=0, stash_bytes=1 << 30)  # the worker's pipeline alone
     try:
         with cswap.testing.emulated_device(**CRAWL) as dev:
-            work = []
+            calls = []
             call = dev.call
 
-            def timed_call(stream, fn, reads=(), writes=(), scratch_bytes=0):
+            def timed_call(stream, fn, reads=(), writes=(), scratch_bytes=0, work=None):
                 start = time.perf_counter()
                 try:
-                    return call(stream, fn, reads, writes, scratch_bytes)
+                    return call(stream, fn, reads, writes, scratch_bytes, work)
                 finally:
-                    work.append((stream.name, start, time.perf_counter()))
+                    calls.append((stream.name, start, time.perf_counter()))
 
             dev.call = timed_call
             x, y = nets.batches(shape, 1)[0]
             gradients(model, x, y)
         copies = sorted((start, end) for name, _, start, end in dev.copies if name == "d2h")
-        compressions = sorted((start, end) for name, start, end in work if name == "compress")
+        compressions = sorted((start, end) for name, start, end in calls if name == "compress")
         assert len(compressions) >= 3 and len(copies) == len(compressions)
         # The k-th tensor's compression starts before the copy out of the one before it has
         # ended. (Whether they also overlap in time depends on when the emulated copy thread

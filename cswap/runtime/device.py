@@ -29,15 +29,28 @@ import contextlib
 import ctypes
 import functools
 import threading
-from typing import Callable
+import time
+from typing import Callable, NamedTuple
 
 import torch
 
 from . import sync
 
-__all__ = ["Device", "CudaDevice", "device_of"]
+__all__ = ["Device", "CudaDevice", "Work", "device_of"]
 
 SIDE_STREAMS = ("compress", "d2h", "h2d")
+
+
+class Work(NamedTuple):
+    """What a `launch` or `call` does, for a device that times device work (the timed
+    twin, cswap.runtime.twin; the others ignore it): `kind` is "encode" or "decode"
+    (of `codec`), "gather" (a copy on the device) or "checksum"; `nbytes` are the
+    tensor's own bytes (encode's input, decode's output), of elements of `itemsize`."""
+
+    kind: str
+    codec: str | None
+    nbytes: int
+    itemsize: int = 4
 
 
 class Device:
@@ -95,6 +108,10 @@ class Device:
         """The host waits for every stream of this device."""
         raise NotImplementedError
 
+    def host_time(self) -> float:
+        """The calling thread's clock in seconds, for timing its waits (the timed twin's is virtual)."""
+        return time.perf_counter()
+
     def capturing(self) -> bool:
         """The compute stream is being captured into a CUDA graph: nothing may be queued
         on other streams, recorded or waited for, so saved tensors stay in place."""
@@ -116,14 +133,16 @@ class Device:
         for dst, src in zip(dsts, srcs):
             self.copy(dst, src, stream)
 
-    def launch(self, stream, fn: Callable[[], object], reads=(), writes=()) -> None:
-        """Run device work `fn` on `stream` asynchronously; `reads`/`writes`: the tensors it touches."""
+    def launch(self, stream, fn: Callable[[], object], reads=(), writes=(), work: Work | None = None) -> None:
+        """Run device work `fn` on `stream` asynchronously; `reads`/`writes`: the tensors it touches;
+        `work`: what it does (Work)."""
         raise NotImplementedError
 
-    def call(self, stream, fn: Callable[[], object], reads=(), writes=(), scratch_bytes: int = 0):
+    def call(self, stream, fn: Callable[[], object], reads=(), writes=(), scratch_bytes: int = 0,
+             work: Work | None = None):
         """Run `fn` on `stream` and return its value; fn may wait for its own work on the stream.
         `scratch_bytes`: at most what fn allocates on the device beside its outputs (CUDA's
-        allocator counts it itself; the emulator charges it while fn runs)."""
+        allocator counts it itself; the emulator charges it while fn runs); `work` as launch's."""
         raise NotImplementedError
 
     # -- memory ----------------------------------------------------------------------------
@@ -277,11 +296,11 @@ class CudaDevice(Device):
         with _Current(self.index, stream):
             torch._foreach_copy_(dsts, srcs, non_blocking=True)
 
-    def launch(self, stream, fn, reads=(), writes=()) -> None:
+    def launch(self, stream, fn, reads=(), writes=(), work=None) -> None:
         with _Current(self.index, stream):
             fn()
 
-    def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0):
+    def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0, work=None):
         with _Current(self.index, stream):
             return fn()
 

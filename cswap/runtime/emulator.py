@@ -117,7 +117,7 @@ class EmulatedStream:
 class EmulatedEvent:
     """An event: done once its stream reached it; carries the stream's clock and error."""
 
-    __slots__ = ("dev", "stream", "vc", "done", "time", "error", "timing")
+    __slots__ = ("dev", "stream", "vc", "done", "time", "error", "timing", "at", "issued_at")
 
     def __init__(self, dev: "EmulatedDevice", stream: EmulatedStream, timing: bool = False):
         self.dev, self.stream, self.timing = dev, stream, timing
@@ -125,6 +125,9 @@ class EmulatedEvent:
         self.done = threading.Event()
         self.time: float | None = None
         self.error: BaseException | None = None
+        # The timed twin's virtual clock (cswap.runtime.twin): when the event completes, and the
+        # recording thread's time when it was recorded.
+        self.at = self.issued_at = 0.0
 
     def query(self) -> bool:
         return self.dev.event_query(self, None)
@@ -450,10 +453,10 @@ class EmulatedDevice(Device):
             if done.error is not None:  # (a synchronous copy reports its failure itself)
                 raise done.error
 
-    def launch(self, stream: EmulatedStream, fn, reads=(), writes=()) -> None:
+    def launch(self, stream: EmulatedStream, fn, reads=(), writes=(), work=None) -> None:
         self._work(stream, fn, reads, writes, blocking=False)
 
-    def call(self, stream: EmulatedStream, fn, reads=(), writes=(), scratch_bytes: int = 0):
+    def call(self, stream: EmulatedStream, fn, reads=(), writes=(), scratch_bytes: int = 0, work=None):
         with self._lock:  # the host waits for the stream (a codec reading sizes back)
             self.host_syncs[threading.current_thread().name, f"call on {stream.name}"] += 1
         op = self._work(stream, fn, reads, writes, blocking=True, scratch=scratch_bytes)

@@ -102,10 +102,10 @@ class ImmediateDevice(Device):
     def copy_all(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream) -> None:
         torch._foreach_copy_(dsts, srcs)
 
-    def launch(self, stream, fn, reads=(), writes=()) -> None:
+    def launch(self, stream, fn, reads=(), writes=(), work=None) -> None:
         fn()
 
-    def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0):
+    def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0, work=None):
         return fn()
 
     # -- memory: plain CPU tensors, nothing counted --------------------------------------------------

@@ -61,6 +61,7 @@ import torch
 
 from .. import codecs
 from . import integrity
+from .device import Work
 from .items import ISSUED, HostBlock, Item, Signal, drop_storage, flat_bytes
 
 __all__ = ["Offloader"]
@@ -437,8 +438,10 @@ class Offloader:
             dev.wait_event(compress, item.ready, at="offload.compress_after_ready")
             scratch = codecs.get(item.codec).encode_scratch_bytes(src.numel(), src.element_size()) \
                 if item.codec is not None else 0
+            work = Work("encode", item.codec, item.info.nbytes, item.info.dtype.itemsize) if item.codec is not None else \
+                Work("gather", None, item.info.nbytes)
             data, header = dev.call(compress, lambda: self._prepare(item, src, compress), reads=[src],
-                                    scratch_bytes=scratch)
+                                    scratch_bytes=scratch, work=work)
             data_ready = dev.record_event(compress)
         else:
             data, header = item.flat_src(), None
@@ -482,7 +485,7 @@ class Offloader:
         if sw.checksum:  # of the bytes sent, taken on the device before they leave
             total = dev.empty(8, d2h)
             dev.launch(d2h, lambda: total.view(torch.int64).copy_(integrity.checksum(data).view(1)),
-                       reads=[data], writes=[total])
+                       reads=[data], writes=[total], work=Work("checksum", None, nbytes))
             dev.copy(host[tail: tail + 8], total, d2h)
         done = dev.record_event(d2h)
         with sw.lock:

@@ -49,6 +49,7 @@ from .. import codecs
 from ..codecs.container import Compressed, unpack_header
 from ..errors import CorruptDataError
 from . import integrity
+from .device import Work
 from .items import Handle, Item, Pass, flat_bytes, is_identity, restore_strides
 
 __all__ = ["Restorer"]
@@ -318,7 +319,8 @@ class Restorer:
                 words[0] = check.bad
                 words[1] = integrity.checksum(payload) if sw.checksum else 0
 
-            dev.launch(h2d, decode, reads=[payload], writes=[y_bytes, verdict])
+            dev.launch(h2d, decode, reads=[payload], writes=[y_bytes, verdict],
+                       work=Work("decode", item.codec, info.nbytes, info.dtype.itemsize))
             dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
             item.verdict_pending = True
         else:
@@ -331,7 +333,7 @@ class Restorer:
                     words[0] = 0
                     words[1] = integrity.checksum(y_bytes)
 
-                dev.launch(h2d, check, reads=[y_bytes], writes=[verdict])
+                dev.launch(h2d, check, reads=[y_bytes], writes=[verdict], work=Work("checksum", None, info.nbytes))
                 dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
                 item.verdict_pending = True
         dev.record_stream(y, h2d, at="restore.record_restored")

@@ -406,11 +406,11 @@ class Swapper:
                         self.stats.peak("peak_offload_bytes", self._offload_bytes)
                     break
                 oldest = self.inflight[0]
-            waited_since = waited_since or time.perf_counter()
+            waited_since = waited_since or item.device.host_time()
             self._wait_released(oldest, at="pack.stash_full")
         pass_.nbytes += nbytes
         if waited_since is not None:
-            self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
+            self.stats.add("offload_stall_s", item.device.host_time() - waited_since)
 
     def _wait_within(self, limit: int, dev: Device) -> None:
         """Over the memory budget: wait for the oldest copies out to complete and release
@@ -422,10 +422,10 @@ class Swapper:
                 if not self.inflight:
                     break
                 oldest = self.inflight[0]
-            waited_since = waited_since or time.perf_counter()
+            waited_since = waited_since or dev.host_time()
             self._wait_released(oldest, at="pack.stash_full")
         if waited_since is not None:
-            self.stats.add("offload_stall_s", time.perf_counter() - waited_since)
+            self.stats.add("offload_stall_s", dev.host_time() - waited_since)
 
     def _wait_released(self, item: Item, at: str) -> None:
         """Wait for the item's copy out, then release it."""

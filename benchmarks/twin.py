@@ -1,0 +1,341 @@
+"""The H200's training runs replayed on this CPU by the timed twin (cswap.runtime.twin).
+
+The one GPU measurement of training (benchmarks/results/nvidia-h200/, 2026-11-26) ran VGG16,
+fp32, SGD, in two shapes:
+
+    cifar     CIFAR-10 shape, batch 2560 (benchmarks/train.py; session-final.log)
+    imagenet  ImageNet shape, batch 64   (benchmarks/runtime.py; runtime.csv)
+
+Here each runs at a batch this CPU can train (`--scale`: 80 and 32 times smaller) on the
+timed twin of that H200 (cswap.testing.timed_twin with TwinSpec.measured(): its link and
+codecs as measured there, compute by the roofline, every device byte and FLOP counted
+`scale` times). Compute is calibrated once per run: the roofline's op times are scaled so
+that the unpatched step takes what the H200 measured. Then every mode trains a few steps,
+and its step time is reported as a multiple of unpatched, beside the H200's multiple;
+"exposed ms" is the step time less unpatched's (the swapping compute did not hide).
+
+    python benchmarks/twin.py                       # this tree's cswap, both runs
+    python benchmarks/twin.py --commit c01d24c      # the runtime the H200 measured, on the same twin
+    python benchmarks/twin.py --runs cifar --modes vdnn sc --steps 2
+    python benchmarks/twin.py --table               # cswap/data/twin-nvidia-h200.json from codecs.csv
+
+With --commit, the commit's cswap is extracted (git archive) and run in a subprocess, with
+this tree's emulator, seam and twin put in its place (the seam's calls are the same; where
+the commit's runtime does not say what its device work is, `LegacyTimedDevice` reads it off
+the work itself). Results: a table, and CSV + JSON under benchmarks/results/twin/.
+Every figure the twin prints is a prediction of the twin, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import warnings
+from io import BytesIO
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "twin"
+H200 = ROOT / "benchmarks" / "results" / "nvidia-h200"
+TABLE = ROOT / "cswap" / "data" / "twin-nvidia-h200.json"
+MODES = ("none", "vdnn", "sc", "cswap")
+
+# What the H200 measured, ms per step (benchmarks/results/nvidia-h200/: the cifar rows are
+# benchmarks/train.py's table in session-final.log, lines 94-98, at commit c01d24c; the
+# imagenet rows runtime.csv, at 8439791, whose runtime is c01d24c's but for the CUDA seam).
+RUNS = {
+    "cifar": dict(model="vgg16", dataset="cifar10", batch=2560, scale=80, measured_commit="c01d24c",
+                  measured_ms={"unpatched": 41.3, "vdnn": 122.6, "sc": 117.3, "cswap": 117.1}),
+    "imagenet": dict(model="vgg16", dataset="imagenet", batch=64, scale=32, measured_commit="8439791",
+                     measured_ms={"unpatched": 47.64, "none": 47.66, "vdnn": 142.76, "sc": 146.71,
+                                  "cswap": 139.76}),
+}
+
+
+def make_table(out: Path = TABLE) -> dict:
+    """The twin's figures for the H200 from its measured codec sweep: the pinned link's
+    bandwidth and latency (a line through the copies timed at the smallest and largest
+    size) and each codec's compress and decompress times (fp32 and bf16, blocky zeros;
+    CSR's low-sparsity points, which the sweep missed, from csr-check/)."""
+    rows = list(csv.DictReader(open(H200 / "codecs.csv")))
+    rows += [r for r in csv.DictReader(open(H200 / "csr-check" / "codecs.csv"))]
+    env = json.loads((H200 / "codecs.json").read_text())["environment"]
+    good = [r for r in rows if not r.get("error") and r.get("compress_ms")]
+    link = {}
+    for direction in ("d2h", "h2d"):
+        timed = sorted({(int(r["bytes"]), float(r[f"{direction}_ms"]) / 1e3) for r in good})
+        (b0, t0), (b1, t1) = timed[0], timed[-1]
+        rate = (b1 - b0) / (t1 - t0)
+        link[f"{direction}_bytes_per_s"] = round(rate)
+        link.setdefault("latency_s", [])
+        link["latency_s"].append(t0 - b0 / rate)
+    link["latency_s"] = round(statistics.mean(link["latency_s"]), 9)
+    codecs = [{"codec": r["provider"], "itemsize": 2 if r["dtype"] == "bf16" else 4, "pattern": r["pattern"],
+               "sparsity": float(r["sparsity"]), "bytes": int(r["bytes"]),
+               "compress_ms": float(r["compress_ms"]), "decompress_ms": float(r["decompress_ms"])}
+              for r in good]
+    doc = {"what": "the timed twin's figures for this GPU (cswap.runtime.twin.TwinSpec.measured)",
+           "gpu": "h200", "device": env["device"], "date": env["date"][:10],
+           "versions": {k: env[k] for k in ("torch", "triton", "cuda")},
+           "source": "benchmarks/results/nvidia-h200/codecs.csv and csr-check/codecs.csv, by benchmarks/twin.py --table",
+           "link": link, "codecs": codecs}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"# wrote {out}: link {link}, {len(codecs)} codec rows")
+    return doc
+
+
+def scaled_profile(cswap, scale: float):
+    """The device profile the advisor reads, for tensors `scale` times smaller than the
+    run's: bandwidths divided and per-byte coefficients multiplied by scale (the fixed time
+    per call unchanged), so it decides on a small tensor as on the one it stands for."""
+    profile = cswap.load_profile()
+    doc = json.loads(profile.to_json())
+    for name in ("d2h_gbps", "h2d_gbps"):
+        doc["bandwidth"][name] /= scale
+    for codec in doc["codecs"].values():
+        for direction in ("compress", "decompress"):
+            model = codec[direction]
+            if model.get("kind") != "piecewise_linear":
+                raise SystemExit(f"twin: cannot scale a {model.get('kind')} time model")
+            for sub in model["submodels"]:
+                sub["coef"] = [c * scale for c in sub["coef"]]
+    path = Path(tempfile.mkdtemp()) / "profile-scaled.json"
+    path.write_text(json.dumps(doc))
+    return cswap.load_profile(path)
+
+
+def legacy_device():
+    """A TimedDevice for a runtime that does not say what its device work is (before
+    cswap.runtime.device.Work): the work is read off the function the runtime queues (its
+    closure holds the item being compressed, or the decoder and header)."""
+    from cswap.runtime.twin import TimedDevice
+
+    from cswap.runtime.device import Work
+
+    def cells(fn) -> dict:
+        return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+
+    def read_off(fn, work):
+        if work is not None:
+            return work
+        found = cells(fn)
+        item = found.get("item")
+        if item is not None:  # offload: _prepare(item, src, stream)
+            info = item.info
+            kind = "encode" if item.codec is not None else "gather"
+            return Work(kind, item.codec, info.nbytes, info.dtype.itemsize)
+        header = found.get("header")
+        if header is not None:  # restore: the decoder
+            return Work("decode", header.codec, header.shape.numel() * header.dtype.itemsize, header.dtype.itemsize)
+        if "check" in fn.__code__.co_name or "checksum" in str(fn.__code__.co_names):
+            return None
+        return None
+
+    class LegacyTimedDevice(TimedDevice):
+        def launch(self, stream, fn, reads=(), writes=(), work=None) -> None:
+            super().launch(stream, fn, reads, writes, read_off(fn, work))
+
+        def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0, work=None):
+            return super().call(stream, fn, reads, writes, scratch_bytes, read_off(fn, work))
+
+    return LegacyTimedDevice
+
+
+def train(run: dict, mode: str, compute_factor: float, args) -> dict:
+    """Steps of one mode on a fresh twin: virtual ms per step and what the twin saw."""
+    import cswap
+    from cswap.models import build
+    from cswap.runtime.emulator import activate
+    from cswap.runtime.twin import ComputeClock, TwinSpec
+
+    scale = run["scale"]
+    spec = TwinSpec.measured(TABLE_IN_TREE, scale=scale, compute_factor=compute_factor, sm_share=args.sm_share)
+    dev = legacy_device()(spec)
+    torch.manual_seed(0)
+    model = build(run["model"], dataset=run["dataset"])
+    if mode != "unpatched":
+        options = dict(mode=mode, verbose=False, min_bytes=max(1, (1 << 20) // scale))
+        if mode == "cswap":
+            options["profile"] = scaled_profile(cswap, scale)
+        cswap.patch(model, **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    size, classes = (224, 1000) if run["dataset"] == "imagenet" else (32, 10)
+    batch = run["batch"] // scale
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    y = torch.randint(0, classes, (batch,), generator=gen)
+    times, phases, busy, blocked = [], [], [], []
+    with activate(dev), ComputeClock(dev, model):
+        for i in range(args.warmup + args.steps):
+            if i == args.warmup and mode != "unpatched":
+                cswap.stats(model).reset()
+            dev.synchronize()
+            t0, busy0, blocked0 = dev.now(), dict(dev.busy_s), dict(dev.blocked_s)
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            forward = dev.record_event(dev.compute_stream())  # (when compute finishes the forward)
+            loss.backward()
+            backward = dev.record_event(dev.compute_stream())
+            optimizer.step()
+            dev.synchronize()
+            if i >= args.warmup:
+                times.append(dev.now() - t0)
+                phases.append((forward.at - t0, backward.at - forward.at))
+                busy.append({k: v - busy0.get(k, 0.0) for k, v in dev.busy_s.items()})
+                blocked.append({k: v - blocked0.get(k, 0.0) for k, v in dev.blocked_s.items()})
+        stats = dict(cswap.stats(model)) if mode != "unpatched" else {}
+    dev.close()
+    middle = times.index(statistics.median_low(times))
+    row = {"run": args.run_name, "mode": mode, "batch": run["batch"], "twin_batch": batch, "scale": scale,
+           "step_ms": 1e3 * times[middle], "steps_ms": [round(1e3 * t, 2) for t in times],
+           "forward_ms": 1e3 * phases[middle][0], "backward_ms": 1e3 * phases[middle][1],
+           "compute_ms": 1e3 * busy[middle].get("compute", 0.0), "d2h_ms": 1e3 * busy[middle].get("d2h", 0.0),
+           "h2d_ms": 1e3 * busy[middle].get("h2d", 0.0), "compress_ms": 1e3 * busy[middle].get("compress", 0.0),
+           "host_blocked_ms": 1e3 * blocked[middle].get("MainThread", 0.0),
+           "worker_blocked_ms": 1e3 * blocked[middle].get("cswap-offload", 0.0),
+           "hazards": len(dev.hazards)}
+    if stats:
+        steps = args.steps
+        row.update(moved_mib_per_step=stats["transferred_bytes"] * scale / steps / 2**20,
+                   compressed_per_step=stats["compressed_tensors"] / steps,
+                   offloaded_per_step=stats["offloaded_tensors"] / steps,
+                   on_demand_per_step=stats.get("on_demand", 0) / steps,
+                   served_from_device_per_step=stats.get("served_from_device", 0) / steps)
+        if _stalls_on_device_clock():  # (else the runtime timed its stalls on this CPU's clock: meaningless)
+            row.update(offload_stall_ms_per_step=1e3 * stats["offload_stall_s"] / steps,
+                       prefetch_stall_ms_per_step=1e3 * stats["prefetch_stall_s"] / steps)
+    return row
+
+
+def _stalls_on_device_clock() -> bool:
+    import inspect
+
+    import cswap.runtime.swapper
+
+    return "host_time" in inspect.getsource(cswap.runtime.swapper)
+
+
+def replay(args) -> list[dict]:
+    nan = float("nan")
+    rows = []
+    for name in args.runs:
+        run = RUNS[name]
+        args.run_name = name
+        base = train(run, "unpatched", 1.0, args)  # the roofline's own step, to calibrate compute on
+        factor = run["measured_ms"]["unpatched"] / base["compute_ms"]
+        print(f"# {name}: VGG16 {run['dataset']} batch {run['batch']} as {run['batch'] // run['scale']} x "
+              f"{run['scale']}; compute calibrated: the roofline's {base['compute_ms']:.1f} ms x {factor:.3f} = "
+              f"the H200's unpatched {run['measured_ms']['unpatched']} ms", flush=True)
+        print(f"{'mode':<10} {'twin ms':>8} {'x unp.':>7} {'H200 x':>7} {'error':>7} {'exposed':>8} {'fwd':>6} "
+              f"{'bwd':>6} {'d2h':>6} {'h2d':>6} {'compr':>6} {'fwd st':>6} {'bwd st':>6} {'moved MiB':>9}",
+              flush=True)
+        unpatched = None
+        for mode in ["unpatched", *args.modes]:
+            row = train(run, mode, factor, args)
+            row["compute_factor"] = factor
+            unpatched = unpatched or row["step_ms"]
+            row["x_unpatched"] = row["step_ms"] / unpatched
+            row["exposed_ms"] = row["step_ms"] - unpatched
+            measured = run["measured_ms"].get(mode)
+            if measured is not None:
+                row["h200_ms"] = measured
+                row["h200_x_unpatched"] = measured / run["measured_ms"]["unpatched"]
+                row["x_error"] = row["x_unpatched"] / row["h200_x_unpatched"] - 1
+            rows.append(row)
+            print(f"{mode:<10} {row['step_ms']:8.1f} {row['x_unpatched']:7.2f} "
+                  f"{row.get('h200_x_unpatched', nan):7.2f} {row.get('x_error', nan):+7.1%} "
+                  f"{row['exposed_ms']:8.1f} {row['forward_ms']:6.1f} {row['backward_ms']:6.1f} {row['d2h_ms']:6.1f} "
+                  f"{row['h2d_ms']:6.1f} {row['compress_ms']:6.1f} {row.get('offload_stall_ms_per_step', nan):6.1f} "
+                  f"{row.get('prefetch_stall_ms_per_step', nan):6.1f} {row.get('moved_mib_per_step', 0.0):9.0f}",
+                  flush=True)
+    return rows
+
+
+def extract(commit: str, into: Path) -> Path:
+    """The commit's cswap laid out as installed (kernels and models inside it), with this
+    tree's emulator, seam, twin and the twin's table put in."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "cswap", "kernels", "models"],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    for sub in ("kernels", "models"):
+        (into / sub).rename(into / "cswap" / sub)
+    for path in ("cswap/runtime/device.py", "cswap/runtime/emulator.py", "cswap/runtime/twin.py",
+                 "cswap/data/twin-nvidia-h200.json"):
+        shutil.copy(ROOT / path, into / path)
+    return into
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--sm-share", type=float, default=0.0,
+                   help="of a codec kernel's time, what compute running beside it loses (0: none, 1: all)")
+    p.add_argument("--commit", help="replay this commit's runtime instead of this tree's")
+    p.add_argument("--label", help="results file name (default: 'today' or the commit)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--table", action="store_true", help="rebuild cswap/data/twin-nvidia-h200.json and stop")
+    args = p.parse_args(argv)
+    if args.table:
+        make_table()
+        return []
+    if args.commit and not os.environ.get("CSWAP_TWIN_TREE"):
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = extract(args.commit, Path(tmp))
+            env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{Path(__file__).parent}",
+                   "CSWAP_TWIN_TREE": str(tree)}
+            argv = [a for a in (argv if argv is not None else sys.argv[1:])]
+            subprocess.run([sys.executable, "-P", __file__, *argv, "--label", args.label or args.commit],
+                           env=env, check=True, cwd=tmp)
+        return []
+    import cswap
+
+    global TABLE_IN_TREE
+    TABLE_IN_TREE = Path(cswap.__file__).parent / "data" / "twin-nvidia-h200.json"
+    print(f"# the timed twin of the H200 (predicted, not measured) on {cswap.__file__}; torch {torch.__version__}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="cswap: offloading CPU tensors")
+        warnings.filterwarnings("ignore", message=".*default profile")
+        rows = replay(args)
+    label = args.label or "today"
+    args.out.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for row in rows for k in row})
+    with open(args.out / f"twin-{label}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    config = {k: v for k, v in vars(args).items() if not isinstance(v, Path)}
+    code = args.commit or subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                                         capture_output=True, text=True).stdout.strip()
+    (args.out / f"twin-{label}.json").write_text(json.dumps(
+        {"environment": {"what": "predicted by the timed twin of the H200 on a CPU, not measured",
+                         "torch": torch.__version__, "runtime": code, "date": _today()},
+         "args": config, "rows": rows}, indent=1))
+    print(f"# wrote {args.out / f'twin-{label}'}.csv and .json")
+    return rows
+
+
+def _today() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+TABLE_IN_TREE = TABLE
+
+if __name__ == "__main__":
+    main()
