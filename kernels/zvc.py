@@ -23,7 +23,8 @@ import triton.language as tl
 
 from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements
 
-__all__ = ["TILE", "layout", "nonzero_offsets", "zvc_compress", "zvc_decompress", "zvc_compress_ref", "zvc_decompress_ref"]
+__all__ = ["TILE", "layout", "nonzero_offsets", "zvc_compress", "zvc_launch", "zvc_decompress", "zvc_compress_ref",
+           "zvc_launch_ref", "zvc_decompress_ref"]
 
 # TILE = 4096 elements (128 mask words): untuned default, pending a sweep on
 # H100; any multiple of 32 decodes.
@@ -174,6 +175,50 @@ def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     return nnz
 
 
+def reserve_nbytes(n: int, tile: int, itemsize: int) -> int:
+    """The bytes zvc_launch writes into: the largest payload of n elements (every one
+    non-zero), and 16 more for the scatter that zeroes the values' padding (below)."""
+    return layout(n, tile, n, itemsize)[3] + _ALIGN
+
+
+def _zero_padding(reserved: torch.Tensor, n: int, tile: int, nnz: torch.Tensor, itemsize: int) -> None:
+    """Zero the padding bytes of a payload written into `reserved` before its size is
+    known on the host: between the sections (known offsets) and after the last value
+    (an offset on the device: a scatter of zeros, whose unused lanes go to the last
+    byte of `reserved`, past any payload)."""
+    num_tiles = -(-n // tile)
+    _, off_masks, off_values, _ = layout(n, tile, n, itemsize)
+    reserved[8 * (num_tiles + 1): off_masks].zero_()
+    reserved[off_masks + 4 * (-(-n // 32)): off_values].zero_()
+    first = off_values + nnz * itemsize  # 0-d int64 on the device
+    lanes = first + torch.arange(_ALIGN, dtype=torch.int64, device=reserved.device)
+    end = off_values + (nnz * itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
+    reserved.scatter_(0, torch.where(lanes < end, lanes, reserved.numel() - 1), 0)
+
+
+def zvc_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
+               tile: int = TILE) -> torch.Tensor:
+    """zvc_compress without the host sync: the payload is written into `reserved`
+    (reserve_nbytes bytes, 16-byte aligned), byte for byte what zvc_compress writes
+    for the same input, in the first layout(n, tile, nnz, itemsize)[3] bytes. Returns
+    nnz as a 1-element int64 tensor on the device, for the caller to read back when
+    the work has run."""
+    n = words.numel()
+    itemsize = words.element_size()
+    num_tiles = -(-n // tile)
+    tile_offsets = nonzero_offsets(words, tile, config)
+    nnz = tile_offsets[num_tiles:]
+    offsets, masks, values = _sections(reserved, n, tile, n, words.dtype)
+    offsets.copy_(tile_offsets)
+    if num_tiles:
+        grid, warps = launch_grid(config, num_tiles, words.device)
+        sub = step_elements(tile, warps, itemsize)
+        _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile, SUB=sub,
+                                      num_warps=warps, maxnreg=max_registers(warps))
+    _zero_padding(reserved, n, tile, nnz[0], itemsize)
+    return nnz
+
+
 def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype,
                    config: LaunchConfig | None = None, out: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,6 +276,22 @@ def zvc_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> int:
     offsets[1:].copy_(torch.cumsum(_tile_counts(nz, tile), 0))
     masks.copy_(_mask_words(nz))
     out_values.copy_(values)
+    return nnz
+
+
+def zvc_launch_ref(words: torch.Tensor, reserved: torch.Tensor, tile: int = TILE) -> torch.Tensor:
+    """zvc_launch's reference: the same bytes in `reserved`, nnz as a 1-element int64 tensor."""
+    n = words.numel()
+    nz = words != 0
+    counts = _tile_counts(nz, tile)
+    nnz = counts.sum().reshape(1)
+    offsets, masks, values = _sections(reserved, n, tile, n, words.dtype)
+    offsets[0] = 0
+    offsets[1:].copy_(torch.cumsum(counts, 0))
+    masks.copy_(_mask_words(nz))
+    found = words[nz]  # (the reference may read sizes on the host: on a GPU the Triton launch does not)
+    values[: found.numel()].copy_(found)
+    _zero_padding(reserved, n, tile, nnz[0], words.element_size())
     return nnz
 
 

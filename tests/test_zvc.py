@@ -202,3 +202,38 @@ def test_gpu_more_than_2_31_elements():
     assert blob.meta[1] == 10
     y = ZVC.decompress(blob)
     assert torch.equal(y, x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape,dtype,sparsity", [((0,), torch.float32, 0.5), ((1,), torch.int8, 0.0),
+                                                  ((33,), torch.bfloat16, 1.0), ((kz.TILE + 5,), torch.float32, 0.5),
+                                                  ((2, kz.TILE + 77), torch.float64, 0.9),
+                                                  ((3, 5, 7), torch.int16, 0.3)], ids=str)
+def test_a_launch_without_its_size_writes_what_compress_writes(shape, dtype, sparsity, backend):
+    """Codec.launch: the payload goes into a buffer reserved for the largest one, and
+    nnz stays on the device; read back, it gives compress's payload and header byte
+    for byte (padding included: the buffer starts poisoned)."""
+    x = random_bits(shape, dtype, sparsity=sparsity)
+    reserved = []
+
+    def alloc(n):
+        reserved.append(torch.full((n,), 0xA5, dtype=torch.uint8))
+        return reserved[0]
+
+    pending = ZVC.launch(x, backend=backend, alloc=alloc)
+    assert not pending.deferred and pending.reserved is reserved[0]
+    assert reserved[0].numel() >= kz.layout(x.numel(), kz.TILE, x.numel(), x.element_size())[3]
+    payload, header = pending.finish(pending.sizes.tolist())
+    blob = ZVC.compress(x, backend=backend)
+    assert header == blob._header and torch.equal(payload, blob.payload)
+    assert payload.data_ptr() == reserved[0].data_ptr()
+
+
+def test_codecs_that_size_their_buffer_on_the_host_defer_their_encode():
+    rle = cswap.codecs.get("rle")
+    x = random_bits((500,), torch.float32, sparsity=0.6)
+    pending = rle.launch(x, backend="torch")
+    assert pending.deferred and pending.sizes is None
+    payload, header = pending.finish()
+    blob = rle.compress(x, backend="torch")
+    assert header == blob._header and torch.equal(payload, blob.payload)

@@ -4,7 +4,9 @@ Besides `compress`/`decompress` (one self-describing buffer), `encode` and
 `decode` serve the runtime: the payload alone on the device and the header on
 the host (the runtime writes the header bytes into host memory itself, so no
 host-to-device copy or stream sync is spent on them), and decoding into an
-output the caller allocated where the tensor will be used.
+output the caller allocated where the tensor will be used. `launch` starts an
+encode without reading its size back (a `Pending`: the runtime reads the sizes
+later, on another thread, while the next tensor compresses).
 
 A codec subclass implements three things on 1-D integer "word" tensors
 (int8/16/32/64, the bit pattern of the user's tensor):
@@ -35,7 +37,7 @@ from ..errors import CorruptDataError
 from ..kernels.launch import LaunchConfig, check_triton_device
 from .container import SUPPORTED_DTYPES, Compressed, Header, header_size
 
-__all__ = ["Codec", "DecodeCheck", "WORD_DTYPES"]
+__all__ = ["Codec", "DecodeCheck", "Pending", "WORD_DTYPES"]
 
 WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 BACKENDS = ("auto", "triton", "torch")
@@ -91,6 +93,31 @@ class DecodeCheck:
             self._codec._raise_on_status(self._status, self._payload, self._header)
             raise CorruptDataError(f"cswap.codecs.{self._codec.name}: the payload is inconsistent; it was "
                                    f"altered or corrupted after compression")
+
+
+class Pending:
+    """A compression launched on the device whose size the host has not read back (Codec.launch).
+
+    `reserved`: the device buffer the payload is being written into (room for the
+    largest payload of this tensor); `sizes`: a small int64 tensor on the device that
+    holds what the host needs to know (ZVC: the number of non-zeros), to be copied
+    back once the launch has run. `finish(words)` then gives the payload (the first
+    bytes of `reserved`) and its header. A codec whose encoder must size its buffer on
+    the host gives a deferred Pending (`deferred`: no reserved buffer, no sizes), and
+    `finish()` runs the whole encode, with its host read, when called."""
+
+    __slots__ = ("reserved", "sizes", "_finish")
+
+    def __init__(self, finish, reserved: torch.Tensor | None = None, sizes: torch.Tensor | None = None):
+        self.reserved, self.sizes, self._finish = reserved, sizes, finish
+
+    @property
+    def deferred(self) -> bool:
+        return self.sizes is None
+
+    def finish(self, words=None) -> tuple[torch.Tensor, Header]:
+        """(payload, header): from the sizes read back (a sequence of ints), or, deferred, by encoding now."""
+        return self._finish(words)
 
 
 SMALL_TEMPORARIES = 16 * 512  # see Codec.encode_scratch_bytes
@@ -162,6 +189,32 @@ class Codec:
         header = Header(self.name, x.dtype, torch.Size(shape), meta, header_size(len(shape), self.n_meta),
                         payload.numel())
         return payload, header
+
+    def launch(self, x: torch.Tensor, config: LaunchConfig | None = None, backend: str = "auto",
+               alloc: Callable[[int], torch.Tensor] | None = None) -> Pending:
+        """Start compressing `x` without reading anything back on the host: the kernels
+        write into a buffer from `alloc` (room for the largest payload), and the sizes
+        the header needs stay on the device (see Pending). The payload and header that
+        `Pending.finish` gives equal `encode`'s, byte for byte. Codecs whose encoder
+        sizes its buffer on the host return a deferred Pending."""
+        where = f"cswap.codecs.{self.name}.compress"
+        _check_input(x, where)
+        backend = resolve_backend(backend, x.device, where)
+        words = as_words(x)
+        shape, dtype, n, itemsize = tuple(x.shape), x.dtype, words.numel(), words.element_size()
+        nbytes = self._reserve_nbytes(n, itemsize)
+        if nbytes is None:
+            return Pending(lambda _words=None: self.encode(x, config, backend, alloc))
+        reserved = alloc(nbytes) if alloc is not None else torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+        sizes = self._launch(words, shape, config, backend, reserved)
+
+        def finish(read) -> tuple[torch.Tensor, Header]:
+            meta, payload_nbytes = self._meta_from(tuple(int(w) for w in read), n, itemsize)
+            header = Header(self.name, dtype, torch.Size(shape), meta, header_size(len(shape), self.n_meta),
+                            payload_nbytes)
+            return reserved[:payload_nbytes], header
+
+        return Pending(finish, reserved, sizes)
 
     def decompress(self, blob: Compressed, config: LaunchConfig | None = None, backend: str = "auto",
                    check: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -242,6 +295,21 @@ class Codec:
         raise NotImplementedError
 
     def _check_meta(self, header: Header) -> None:
+        raise NotImplementedError
+
+    # Codecs that launch without a host read (Codec.launch) implement these three:
+    def _reserve_nbytes(self, numel: int, itemsize: int) -> int | None:
+        """The buffer _launch writes into for a tensor of `numel` words; None: the codec
+        cannot launch without reading sizes back (Codec.launch defers its encode)."""
+        return None
+
+    def _launch(self, words: torch.Tensor, shape: tuple[int, ...], config, backend: str,
+                reserved: torch.Tensor) -> torch.Tensor:
+        """Write the payload into `reserved`; return the int64 device words the host needs."""
+        raise NotImplementedError
+
+    def _meta_from(self, words: tuple[int, ...], numel: int, itemsize: int) -> tuple[tuple[int, ...], int]:
+        """(meta fields, payload bytes) from the words _launch left, read back."""
         raise NotImplementedError
 
     def _decode(self, payload: torch.Tensor, header: Header, word_dtype: torch.dtype, config,

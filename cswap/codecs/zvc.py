@@ -27,6 +27,20 @@ class ZVC(Codec):
             nnz = kernels.zvc_compress_ref(words, alloc)
         return kernels.TILE, nnz
 
+    def _reserve_nbytes(self, numel, itemsize):
+        return kernels.reserve_nbytes(numel, kernels.TILE, itemsize)
+
+    def _launch(self, words, shape, config, backend, reserved):
+        if backend == "triton":
+            return kernels.zvc_launch(words, reserved, config)
+        return kernels.zvc_launch_ref(words, reserved)
+
+    def _meta_from(self, words, numel, itemsize):
+        (nnz,) = words
+        if not 0 <= nnz <= numel:  # (what the kernels counted: never outside [0, numel])
+            raise RuntimeError(f"cswap.codecs.zvc: the device counted {nnz} non-zeros in {numel} elements")
+        return (kernels.TILE, nnz), kernels.layout(numel, kernels.TILE, nnz, itemsize)[3]
+
     def _check_meta(self, header):
         tile, nnz = header.meta
         n = header.shape.numel()
