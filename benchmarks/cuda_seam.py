@@ -76,7 +76,7 @@ def cases(dev: CudaDevice):
         ("query a done event", "CudaDevice.event_query", lambda: dev.event_query(done, "release.copy_done")),
         ("stream waits on an event", "CudaDevice.wait_event", lambda: dev.wait_event(side, done, "offload.copy_after_ready")),
         ("stream waits on a stream", "CudaDevice.wait_stream",
-         lambda: dev.wait_stream(side, dev.compute_stream(), "restore.copy_in_after_compute")),
+         lambda: dev.wait_stream(side, dev.compute_stream(), "restore.decode_after_copy_in")),
         ("record_stream", "CudaDevice.record_stream", lambda: dev.record_stream(small, side, "restore.record_restored")),
         ("capturing?", "CudaDevice.capturing", dev.capturing),
     ]

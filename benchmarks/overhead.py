@@ -244,10 +244,9 @@ class LeanOffload:
 
     def _restore(self, item: _LeanItem, dev) -> None:
         compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
-        y = dev.empty(item.info.nbytes, compute)
-        dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
+        y = dev.empty(item.info.nbytes, h2d)  # (on the stream that writes it: no wait for compute)
         dev.copy(y, item.host, h2d)
-        dev.record_stream(y, h2d, at="restore.record_restored")
+        dev.record_stream(y, compute, at="restore.record_restored")
         item.h2d = dev.record_event(h2d)
         item.restored = y.view(item.info.dtype).view(item.info.shape)
         self.stats.add("restored_tensors")

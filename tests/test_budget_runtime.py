@@ -42,8 +42,19 @@ def unpatched_peak(make, shape) -> int:
 
 
 def offload_all_peak(make, shape, device=SLOW) -> int:
-    """The device's peak with every saved activation offloaded raw: what no budget gets below."""
-    model = cswap.patch(make(), mode="vdnn", candidates="all", min_bytes=0)
+    """The device's peak with every saved activation offloaded raw, within the windows a
+    memory budget keeps (an eighth of a pass ahead, one tensor at least, strictly: not the
+    two tensors at least that mode vdnn admits without a budget): what no budget gets below."""
+    probe = cswap.patch(make(), mode="vdnn", candidates="all", min_bytes=0)
+    try:
+        with cswap.testing.emulated_device(**device):
+            gradients(probe, *batch(shape, 0))
+        items = _PATCHED[probe].swapper._pass.items
+        per_pass, largest = sum(it.info.nbytes for it in items), max(it.info.nbytes for it in items)
+    finally:
+        cswap.unpatch(probe)
+    model = cswap.patch(make(), mode="vdnn", candidates="all", min_bytes=0,
+                        stash_bytes=max(largest, per_pass // 8), prefetch_bytes=per_pass // 8)
     try:
         with cswap.testing.emulated_device(**device) as dev:
             for i in range(3):

@@ -88,7 +88,9 @@ def test_the_profiled_step_times_the_models_compute_not_cswaps_waits(tmp_path):
     the same pass's wall time, so a slow moment of the machine shows in both."""
     x = torch.randn(1024, 256, generator=torch.Generator().manual_seed(0))
     gbps = 0.02  # 1 MiB in 52 ms: 4 tensors ~ 0.2 s each way, against milliseconds of compute
-    model = cswap.patch(Chain(), profile=profile_with_link(tmp_path, gbps), min_bytes=0, verbose=False)
+    # (prefetch_bytes=0: backward restores each tensor when it asks, and its waits are timed)
+    model = cswap.patch(Chain(), profile=profile_with_link(tmp_path, gbps), min_bytes=0, prefetch_bytes=0,
+                        verbose=False)
     try:
         with cswap.testing.emulated_device(bandwidth_gbps=gbps, jitter=0.0) as dev:
             model.zero_grad()  # the timed pass

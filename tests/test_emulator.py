@@ -81,7 +81,7 @@ def test_compute_reading_before_its_wait_is_a_hazard(dev):
     assert y[:4].tolist() == [POISON] * 4  # what compute may have read is garbage, as on a GPU
     dev.hazards.clear()
     y2 = dev.empty(4000, dev.compute_stream())
-    dev.wait_stream(h2d, dev.compute_stream(), at="restore.copy_in_after_compute")
+    dev.wait_stream(h2d, dev.compute_stream(), at="restore.decode_after_copy_in")
     dev.copy(y2, host, h2d)
     dev.wait_event(dev.compute_stream(), dev.record_event(h2d), at="unpack.compute_after_copy_in")
     dev.on_use(y2)
@@ -95,7 +95,7 @@ def test_freeing_memory_under_a_pending_copy_is_a_hazard_unless_recorded(dev):
     dev.launch(h2d, lambda: gate.wait(5))  # keeps the copy below pending
     host = dev.host_empty(4000, pinned=True)
     y = dev.empty(4000, dev.compute_stream())
-    dev.wait_stream(h2d, dev.compute_stream(), at="restore.copy_in_after_compute")
+    dev.wait_stream(h2d, dev.compute_stream(), at="restore.decode_after_copy_in")
     dev.copy(y, host, h2d)
     del y
     gc.collect()
@@ -106,7 +106,7 @@ def test_freeing_memory_under_a_pending_copy_is_a_hazard_unless_recorded(dev):
     gate.clear()
     dev.launch(h2d, lambda: gate.wait(5))
     z = dev.empty(4000, dev.compute_stream())
-    dev.wait_stream(h2d, dev.compute_stream(), at="restore.copy_in_after_compute")
+    dev.wait_stream(h2d, dev.compute_stream(), at="restore.decode_after_copy_in")
     dev.copy(z, host, h2d)
     dev.record_stream(z, h2d, at="restore.record_restored")
     del z

@@ -7,8 +7,8 @@ copy is always checked (its header bytes, then the decoder's consistency
 flags); checksum=True checks every byte of every copy. Either way backward
 raises CorruptDataError naming the layer, and the next iteration is clean.
 
-Out of memory is injected by making the swapper's copy-in raise
-torch.OutOfMemoryError, as the CUDA caching allocator would.
+Out of memory is injected by making the emulated device's allocations for restored
+tensors raise torch.OutOfMemoryError, as the CUDA caching allocator would.
 """
 
 from __future__ import annotations
@@ -176,84 +176,84 @@ def test_checksum_trains_exactly(mode, kwargs):
 
 # -- GPU out of memory while restoring ---------------------------------------------------------------------------
 
-def inject_oom(monkeypatch, model, fail):
-    """Make the swapper's copy-in raise torch.OutOfMemoryError on the calls for which
-    fail(call number, item) is true; returns the list of (call, item, failed)."""
-    restorer = _PATCHED[model].swapper.restorer
+def restores_failing(dev, fail):
+    """The emulated device runs out of memory allocating the tensors backward gets back for
+    which fail(restore number, nbytes) is true; returns the list of (restore number, nbytes,
+    failed)."""
     calls = []
-    original = restorer._copy_in
 
-    def copy_in(item, blob, host, timing):
-        failed = fail(len(calls), item)
-        calls.append((len(calls), item, failed))
-        if failed:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        return original(item, blob, host, timing)
+    def when(nbytes, stream):
+        failed = fail(len(calls), nbytes)
+        calls.append((len(calls), nbytes, failed))
+        return failed
 
-    monkeypatch.setattr(restorer, "_copy_in", copy_in)
+    dev.fail_allocations(when)
     return calls
 
 
-def test_prefetch_out_of_memory_falls_back_to_on_demand(monkeypatch):
+def test_prefetch_out_of_memory_falls_back_to_on_demand():
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
-    calls = inject_oom(monkeypatch, model, lambda n, item: n == 1)  # call 0 is on demand, 1 the first prefetch
-    loss, _ = forward(model)
-    loss.backward()
+    with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+        loss, items = forward(model)
+        calls = restores_failing(dev, lambda n, nbytes: n == 1)  # 0 is on demand, 1 the first prefetch
+        loss.backward()
+        dev.fail_allocations(None)
     stats = cswap.stats(model)
     assert stats["prefetch_oom"] == 1 and stats["oom_retries"] == 0
     assert stats["restored_tensors"] == stats["offloaded_tensors"]  # none dropped
-    failed_item = calls[1][1]
-    assert any(item is failed_item and not failed for _, item, failed in calls[2:])  # fetched later
-    monkeypatch.undo()
+    assert any(nbytes == calls[1][1] and not failed for _, nbytes, failed in calls[2:])  # fetched later
+    assert_grads_of_one_stock_step(model)
     assert_clean_afterwards(model)
 
 
-def test_on_demand_out_of_memory_retries(monkeypatch):
+def test_on_demand_out_of_memory_retries():
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
-    inject_oom(monkeypatch, model, lambda n, item: n == 0)  # call 0: the first unpack's, on demand
-    loss, _ = forward(model)
-    loss.backward()
-    monkeypatch.undo()
+    with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+        loss, _ = forward(model)
+        restores_failing(dev, lambda n, nbytes: n == 0)  # the first unpack's, on demand
+        loss.backward()
     assert cswap.stats(model)["oom_retries"] == 1
     assert_grads_of_one_stock_step(model)
 
 
-def test_the_retry_gives_back_unused_prefetches(monkeypatch):
+def test_the_retry_gives_back_unused_prefetches():
     """Prefetched tensors backward has not used yet are given back (their host copies
     stay) to make room; they are fetched again later and gradients stay exact."""
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
-    loss, items = forward(model)
-    swapper = _PATCHED[model].swapper
-    for item in items[:3]:  # as if an earlier prefetch had brought them back
-        swapper.restorer.restore(item)
-    last = items[-1]
-    seen_at_retry = []
+    with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+        loss, items = forward(model)
+        swapper = _PATCHED[model].swapper
+        for item in items[:3]:  # as if an earlier prefetch had brought them back
+            swapper.restorer.restore(item)
+        last = items[-1]
+        seen_at_retry = []
 
-    def fail(n, item):
-        if item is last and n == 1:
-            seen_at_retry.extend(other.restored for other in items[:3])
-        return item is last and n < 1
+        def fail(n, nbytes):
+            if n == 1:
+                seen_at_retry.extend(other.restored for other in items[:3])
+            return n == 0  # the last tensor's restore, on demand; its retry succeeds
 
-    calls = inject_oom(monkeypatch, model, fail)
-    loss.backward()
-    monkeypatch.undo()
-    assert [(item, failed) for _, item, failed in calls[:2]] == [(last, True), (last, False)]
+        calls = restores_failing(dev, fail)
+        loss.backward()
+    assert [(nbytes, failed) for _, nbytes, failed in calls[:2]] == [(last.info.nbytes, True),
+                                                                   (last.info.nbytes, False)]
     assert seen_at_retry == [None, None, None]  # given back before the retry
     assert cswap.stats(model)["oom_retries"] == 1
     assert_grads_of_one_stock_step(model)
 
 
-def test_persistent_out_of_memory_raises_naming_the_layer_and_keeps_the_copy(monkeypatch):
+def test_persistent_out_of_memory_raises_naming_the_layer_and_keeps_the_copy():
     model = cswap.patch(nets.vgg_like(), mode="sc", min_bytes=0)
-    inject_oom(monkeypatch, model, lambda n, item: True)
-    loss, _ = forward(model)
-    with pytest.raises(torch.OutOfMemoryError, match=r"classifier\.1 \(ReLU\).*prefetch_bytes"):
-        loss.backward()
-    item = _PATCHED[model].swapper._pass.items[-1]
-    assert item.host is not None and not item.freed  # nothing dropped
-    assert cswap.stats(model)["oom_retries"] == 1
-    monkeypatch.undo()
-    del loss
+    with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+        loss, _ = forward(model)
+        restores_failing(dev, lambda n, nbytes: True)
+        with pytest.raises(torch.OutOfMemoryError, match=r"classifier\.1 \(ReLU\).*prefetch_bytes"):
+            loss.backward()
+        item = _PATCHED[model].swapper._pass.items[-1]
+        assert item.host is not None and not item.freed  # nothing dropped
+        assert cswap.stats(model)["oom_retries"] == 1
+        dev.fail_allocations(None)
+        del loss
     assert_clean_afterwards(model)
 
 

@@ -29,6 +29,7 @@ A codec subclass implements three things on 1-D integer "word" tensors
 
 from __future__ import annotations
 
+import math
 from typing import Callable, ClassVar
 
 import torch
@@ -199,22 +200,41 @@ class Codec:
         sizes its buffer on the host return a deferred Pending."""
         where = f"cswap.codecs.{self.name}.compress"
         _check_input(x, where)
-        backend = resolve_backend(backend, x.device, where)
-        words = as_words(x)
-        shape, dtype, n, itemsize = tuple(x.shape), x.dtype, words.numel(), words.element_size()
-        nbytes = self._reserve_nbytes(n, itemsize)
+        nbytes = self.reserve_nbytes(x.numel(), x.element_size())
         if nbytes is None:
             return Pending(lambda _words=None: self.encode(x, config, backend, alloc))
         reserved = alloc(nbytes) if alloc is not None else torch.empty(nbytes, dtype=torch.uint8, device=x.device)
-        sizes = self._launch(words, shape, config, backend, reserved)
+        sizes = torch.empty(self.size_words, dtype=torch.int64, device=x.device)
+        self.launch_into(x, reserved, sizes, config, backend)
 
-        def finish(read) -> tuple[torch.Tensor, Header]:
-            meta, payload_nbytes = self._meta_from(tuple(int(w) for w in read), n, itemsize)
-            header = Header(self.name, dtype, torch.Size(shape), meta, header_size(len(shape), self.n_meta),
-                            payload_nbytes)
-            return reserved[:payload_nbytes], header
+        def finish(words) -> tuple[torch.Tensor, Header]:
+            header = self.launched(words, tuple(x.shape), x.dtype)
+            return reserved[: header.payload_nbytes], header
 
         return Pending(finish, reserved, sizes)
+
+    # The three steps of `launch`, for the runtime, which allocates and reads back itself.
+    size_words: ClassVar[int] = 1  # int64 words launch_into leaves for the host
+
+    def reserve_nbytes(self, numel: int, itemsize: int) -> int | None:
+        """The device bytes launch_into writes into for `numel` elements of `itemsize`
+        bytes; None: this codec cannot launch without reading sizes back (encode)."""
+        return self._reserve_nbytes(numel, itemsize)
+
+    def launch_into(self, x: torch.Tensor, reserved: torch.Tensor, sizes: torch.Tensor,
+                    config: LaunchConfig | None = None, backend: str = "auto") -> None:
+        """Queue the encode of `x` into `reserved` (reserve_nbytes bytes, 16-byte aligned, on
+        x's device), leaving `size_words` int64 words in `sizes` for launched(); no host sync."""
+        where = f"cswap.codecs.{self.name}.compress"
+        backend = resolve_backend(backend, x.device, where)
+        sizes.copy_(self._launch(as_words(x), tuple(x.shape), config, backend, reserved))
+
+    def launched(self, words, shape: tuple[int, ...], dtype: torch.dtype) -> Header:
+        """The header of what launch_into wrote, from its size words read back (ints); the
+        payload is the first header.payload_nbytes bytes of the reserved buffer."""
+        numel = math.prod(shape)
+        meta, payload_nbytes = self._meta_from(tuple(int(w) for w in words), numel, dtype.itemsize)
+        return Header(self.name, dtype, torch.Size(shape), meta, header_size(len(shape), self.n_meta), payload_nbytes)
 
     def decompress(self, blob: Compressed, config: LaunchConfig | None = None, backend: str = "auto",
                    check: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -36,6 +36,7 @@ import torch
 
 from ..kernels import zans as _zans
 from ..runtime.candidates import SwapInfo
+from ..runtime.items import Phase
 from .advisor import IterationProfile, TensorProfile
 
 __all__ = ["MemoryTrace", "TensorProfiler", "sparsity_and_runs", "zans_histograms", "zans_bits"]
@@ -254,7 +255,7 @@ class TensorProfiler:
         if pass_ is not None:
             records = p.records
             away = tuple(item.key for item in pass_.items
-                         if item.released and item.restored is None and item.weak() is None
+                         if item.phase == Phase.RELEASED and item.restored is None and item.weak() is None
                          and item.key in records and records[item.key].used is None)
         p.ticks.append((device.memory_allocated() + incoming, away))
         self.overhead_s += time.perf_counter() - start

@@ -38,7 +38,7 @@ from . import sync
 
 __all__ = ["Device", "CudaDevice", "Work", "device_of"]
 
-SIDE_STREAMS = ("compress", "d2h", "h2d")
+SIDE_STREAMS = ("compress", "d2h", "h2d", "decode")
 
 
 class Work(NamedTuple):
@@ -74,10 +74,13 @@ class Device:
         raise NotImplementedError
 
     def side_stream(self, role: str):
-        """The runtime's stream for `role` ("compress", "d2h" or "h2d"), made once per device."""
+        """The runtime's stream for `role` ("compress", "d2h", "h2d" or "decode"), made once per device."""
         raise NotImplementedError
 
-    def record_event(self, stream, timing: bool = False):
+    def record_event(self, stream, timing: bool = False, reuse=None):
+        """An event recorded on `stream` (`timing`: elapsed_s can time it); `reuse`: an
+        event of this device's, not timing, that nobody refers to any more, recorded anew
+        instead of a new one (cswap.runtime.lanes keeps a pool of them)."""
         raise NotImplementedError
 
     def wait_event(self, stream, event, at: str) -> None:
@@ -255,9 +258,9 @@ class CudaDevice(Device):
     def capturing(self) -> bool:
         return torch._C._cuda_isCurrentStreamCapturing()  # (torch.cuda.is_current_stream_capturing, one frame less)
 
-    def record_event(self, stream, timing: bool = False):
+    def record_event(self, stream, timing: bool = False, reuse=None):
         # blocking=True: a host thread waiting on it sleeps instead of spinning a core.
-        event = torch.cuda.Event(enable_timing=timing, blocking=True)
+        event = reuse if reuse is not None else torch.cuda.Event(enable_timing=timing, blocking=True)
         event.record(stream)
         return event
 

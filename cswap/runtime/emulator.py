@@ -145,7 +145,7 @@ class _Buffer:
     block ("device"), or a host block ("host")."""
 
     __slots__ = ("kind", "nbytes", "stream", "recorded", "accesses", "pending", "block", "storage",
-                 "counted", "free_vc", "frees_left", "pinned", "in_use")
+                 "counted", "free_vc", "frees_left", "pinned", "in_use", "guards")
 
     def __init__(self, kind: str, nbytes: int, stream: EmulatedStream, block=None, storage=None):
         self.kind, self.nbytes, self.stream = kind, nbytes, stream
@@ -158,6 +158,7 @@ class _Buffer:
         self.in_use = 0                                           # bytes allocated from a device block
         self.free_vc: _Clock | None = None
         self.frees_left = 0
+        self.guards: list = []  # events on caller streams it was recorded for, at its free: reused after them
         self.pinned = False
 
 
@@ -220,7 +221,8 @@ class _Free(_Op):
 
 class EmulatedDevice(Device):
     """See the module docstring. Public: live_bytes, peak_bytes, reset_peak(),
-    hazards, copies (a log), pinned_bytes, inject_failure(), close()."""
+    hazards, copies (a log), host_syncs, calls and timed_events (counters),
+    stream_of(), pinned_bytes, inject_failure(), close()."""
 
     kind = "emulated"
     observes = True
@@ -264,6 +266,10 @@ class EmulatedDevice(Device):
         self.hazards: list[str] = []
         # Times a host thread waited for the device: (thread name, sync point or "call on <stream>") -> count
         self.host_syncs: Counter = Counter()
+        self._failing_allocations = None  # fail_allocations()
+        self.calls: Counter = Counter()  # the runtime's calls of the seam, by name
+        self.timed_events: Counter = Counter()  # events recorded with timing=True, by stream name
+        self._depth = threading.local()
         # Logs for tests (off for the process-wide zero-delay device, which runs for ever):
         self.copies: deque = deque(maxlen=100_000 if log else 0)  # (stream, nbytes, start, end) per copy
         # (at, start, end, event time, by) per wait the caller sat through; by: "host" (a host
@@ -328,8 +334,18 @@ class EmulatedDevice(Device):
         self.host_vc[HOST] = self.host_vc.get(HOST, 0) + 1
         return self.host_vc[HOST]
 
-    def record_event(self, stream: EmulatedStream, timing: bool = False) -> EmulatedEvent:
-        event = EmulatedEvent(self, stream, timing)
+    def record_event(self, stream: EmulatedStream, timing: bool = False, reuse=None) -> EmulatedEvent:
+        return self._record(stream, timing, reuse)
+
+    def _record(self, stream: EmulatedStream, timing: bool = False, reuse=None) -> EmulatedEvent:
+        if timing:
+            with self._lock:
+                self.timed_events[stream.name] += 1
+        if reuse is not None:  # (nobody refers to it: not even a stream's queue)
+            reuse.__init__(self, stream, timing)
+            event = reuse
+        else:
+            event = EmulatedEvent(self, stream, timing)
         with self._lock:
             if stream.caller or self._closed:  # (closed: everything has completed)
                 self._tick(stream)
@@ -486,6 +502,19 @@ class EmulatedDevice(Device):
             raise ValueError(f"cswap emulated device: can inject failures into 'copy' or 'launch', got {op!r}")
         self._failures[op].append(error or RuntimeError(f"cswap emulated device: injected {op} failure"))
 
+    def fail_allocations(self, when) -> None:
+        """From now on the allocation of a tensor on a side stream (empty_as: a restored
+        tensor; not the runtime's byte buffers) raises torch.OutOfMemoryError where
+        `when(nbytes, stream name)` says so (None: stop), as the caching allocator would."""
+        self._failing_allocations = when
+
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream: EmulatedStream, stride=None) -> torch.Tensor:
+        when = self._failing_allocations
+        if when is not None and not stream.caller and when(int(nbytes), stream.name):
+            raise torch.OutOfMemoryError(f"cswap emulated device: out of memory allocating {nbytes} bytes on "
+                                         f"{stream.name} (injected)")
+        return super().empty_as(nbytes, dtype, shape, stream, stride)
+
     # -- the side streams' threads ------------------------------------------------------------
 
     def _enqueue(self, stream: EmulatedStream, op: _Op) -> None:
@@ -562,6 +591,7 @@ class EmulatedDevice(Device):
             self._execute_work(stream, op, tick)
         elif isinstance(op, _Free):
             with self._lock:
+                op.buf.free_vc.merge(stream.vc)  # (what the allocator learns when it finds the free done)
                 op.buf.frees_left -= 1
                 if op.buf.frees_left == 0:
                     self._reclaim(op.buf)
@@ -715,9 +745,8 @@ class EmulatedDevice(Device):
                 raise torch.OutOfMemoryError(
                     f"cswap emulated device: out of memory allocating {size} bytes ({self.live_bytes} of "
                     f"{self.capacity_bytes} bytes in use)")
-            free = self._free_blocks[(stream.sid, block)]
-            if free:
-                buf = free.pop()
+            buf = self._cached(stream, block)
+            if buf is not None:
                 self.cached_bytes -= block
             else:
                 buf = _Buffer("device", block, stream, block=np.full(block, POISON, dtype=np.uint8))
@@ -726,6 +755,24 @@ class EmulatedDevice(Device):
             buf.in_use = size
             self._grow(size)
         return self._wrap(buf, nbytes, self._freed)
+
+    def _cached(self, stream: EmulatedStream, block: int) -> _Buffer | None:
+        """A freed block of this size and stream's pool whose guards have completed (the
+        caching allocator queries the events record_stream put on other streams at its
+        free, and takes a block only once they are done: what it knows then is the host's).
+        Under the lock."""
+        free = self._free_blocks[(stream.sid, block)]
+        for i in range(len(free) - 1, -1, -1):
+            buf = free[i]
+            if all(event.done.is_set() for event in buf.guards):
+                for event in buf.guards:
+                    self.host_vc.merge(event.vc)
+                if buf.free_vc is not None:  # the streams that held it finished with it: the host knows
+                    self.host_vc.merge(buf.free_vc)
+                buf.guards = []
+                del free[i]
+                return buf
+        return None
 
     def _wrap(self, buf: _Buffer, nbytes: int, on_free) -> torch.Tensor:
         view = buf.block[:max(int(nbytes), 1)]
@@ -739,11 +786,14 @@ class EmulatedDevice(Device):
             self.live_bytes -= buf.in_use
             buf.free_vc = _Clock(self.host_vc)
             waits = set(buf.recorded)
+            callers = {s for s in waits if s.caller}  # (their work is the caller's: an event on each guards reuse)
+            waits -= callers
+            buf.guards = [self._record(s) for s in callers if s is not buf.stream]
             if buf.stream.caller:
                 buf.free_vc.merge(buf.stream.vc)
             else:
                 waits.add(buf.stream)
-            self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in waits})
+            self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in waits} | {s.sid for s in callers})
             buf.frees_left = len(waits)
             if not waits:
                 self._reclaim(buf)
@@ -836,6 +886,15 @@ class EmulatedDevice(Device):
             self.peak_bytes = self.live_bytes
             self.peak_reserved_bytes = self.live_bytes + self.cached_bytes
 
+    def stream_of(self, t: torch.Tensor) -> str | None:
+        """The name of the stream whose pool `t`'s memory came from (None: not this device's
+        allocation, e.g. a tensor autograd made)."""
+        with self._lock:
+            buf = self._buffers.get(t.untyped_storage().data_ptr())
+            if buf is None or buf.block is None or buf.kind != "device":
+                return None
+            return buf.stream.name
+
     # -- tracking ------------------------------------------------------------------------------
 
     def _track(self, t: torch.Tensor) -> _Buffer:
@@ -887,6 +946,34 @@ class EmulatedDevice(Device):
                 stream.cv.notify_all()
         for stream in streams:
             stream.thread.join(timeout=_DEADLOCK_S)
+
+
+# The seam's calls, counted per name in EmulatedDevice.calls (the outermost call of a thread
+# only: the emulator's own calls of its methods are not the runtime's).
+_COUNTED = ("compute_stream", "side_stream", "capturing", "record_event", "wait_event", "wait_stream",
+            "event_synchronize", "event_query", "elapsed_s", "record_stream", "synchronize", "copy", "copy_all",
+            "launch", "call", "empty", "empty_as", "host_empty", "empty_host_cache")
+
+
+def _counting(name: str, method):
+    def counted(self, *args, **kwargs):
+        depth = self._depth
+        outer = not getattr(depth, "n", 0)
+        if outer:
+            with self._lock:
+                self.calls[name] += 1
+        depth.n = getattr(depth, "n", 0) + 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            depth.n -= 1
+
+    counted.__name__, counted.__doc__, counted.__wrapped__ = method.__name__, method.__doc__, method
+    return counted
+
+
+for _name in _COUNTED:
+    setattr(EmulatedDevice, _name, _counting(_name, getattr(EmulatedDevice, _name)))
 
 
 class _HostView:

@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["HostPool", "size_class"]
+__all__ = ["HostPool", "idle", "size_class"]
 
 _REUSE_UP_TO = 4  # an idle buffer serves requests down to a quarter of its size
 _VIEWS_PER_BUFFER = 64  # (a buffer holding a group of tensors has a view per tensor, in two directions at most)
@@ -46,7 +46,7 @@ def size_class(nbytes: int) -> int:
     return 1 << (max(int(nbytes), 512) - 1).bit_length()
 
 
-def _idle(event, dev) -> bool:
+def idle(event, dev) -> bool:
     """The buffer's last copy is over: done, or failed (that failure was reported through
     the item that copied; the buffer holds nothing anyone waits for). Without this a pool
     buffer whose copy failed raised the old failure at every later use, in every step."""
@@ -128,7 +128,7 @@ class HostPool:
             bufs = self._free.get(fit)
             if bufs:
                 for i, (buf, event, dev) in enumerate(bufs):
-                    if _idle(event, dev):
+                    if idle(event, dev):
                         del bufs[i]
                         self._used.add(buf.data_ptr())
                         return buf
@@ -196,7 +196,7 @@ class HostPool:
         for cls in sorted(self._free, reverse=True):
             keep = []
             for buf, event, dev in self._free[cls]:
-                if select(buf) and _idle(event, dev):
+                if select(buf) and idle(event, dev):
                     self.reserved_bytes -= cls
                     self._views.pop(buf.data_ptr(), None)  # (they hold the buffer's memory)
                 else:

@@ -66,7 +66,10 @@ class ImmediateDevice(Device):
             raise ValueError(f"cswap.runtime: unknown stream role {role!r}")
         return stream
 
-    def record_event(self, stream, timing: bool = False):
+    def record_event(self, stream, timing: bool = False, reuse=None):
+        if reuse is not None:
+            reuse.time = time.perf_counter()
+            return reuse
         return _Event()
 
     def wait_event(self, stream, event, at: str) -> None:

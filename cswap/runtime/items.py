@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import threading
 import weakref
 
@@ -9,7 +10,7 @@ import torch
 
 from .candidates import SwapInfo
 
-__all__ = ["ISSUED", "Signal", "HostBlock", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass",
+__all__ = ["SET", "Signal", "Lease", "Phase", "is_identity", "Item", "Handle", "Kept", "KeptByPolicy", "Pass",
            "dense_permutation", "restore_strides", "inverse", "flat_bytes", "modified_error", "drop_storage"]
 
 
@@ -92,11 +93,12 @@ class Kept:
 class Pass:
     """The items offloaded during one forward pass, in pack order."""
 
-    __slots__ = ("items", "nbytes", "candidates", "cursor")
+    __slots__ = ("items", "nbytes", "footprint", "candidates", "cursor")
 
     def __init__(self):
         self.items: list[Item] = []
         self.nbytes = 0      # offloaded in this pass
+        self.footprint = 0   # the device bytes they held in flight (Item.footprint)
         self.candidates = 0  # tensors that could have left (offloaded or kept by the policy): keys' index
         self.cursor = None   # (round, step, index): where the last prefetch of a backward stopped
 
@@ -115,15 +117,22 @@ class KeptByPolicy:
         self.perm = perm
 
 
-class HostBlock:
-    """A host buffer holding a group's copies out (cswap.runtime.offload): each item of the
-    group holds a share, and the buffer goes back to the pool when the last share does,
-    once `last_read` (the latest copy touching any of them) has completed."""
+class Lease:
+    """A host buffer lent by the pool (cswap.runtime.host_pool), held by `shares` items (a
+    group's copies out share one buffer). Each holder gives its share back once; the
+    buffer goes back to the pool with the last share, to be reused once `last_use` (the
+    latest copy that read or wrote it) has completed."""
 
-    __slots__ = ("buffer", "left", "last_read")
+    __slots__ = ("pool", "buffer", "device", "shares", "last_use")
 
-    def __init__(self, buffer: torch.Tensor, shares: int, last_read):
-        self.buffer, self.left, self.last_read = buffer, shares, last_read
+    def __init__(self, pool, buffer: torch.Tensor, device, shares: int = 1):
+        self.pool, self.buffer, self.device, self.shares = pool, buffer, device, shares
+        self.last_use = None
+
+    def give_back(self) -> None:
+        self.shares -= 1
+        if self.shares == 0:
+            self.pool.release(self.buffer, self.last_use, self.device)
 
 
 class Signal:
@@ -152,24 +161,42 @@ class Signal:
                 pass
 
 
-ISSUED = Signal()  # the `issued` of items copied out by pack itself (and before offloading starts)
-ISSUED.set()
+SET = Signal()  # the `issued` of items copied out by pack itself (and before offloading starts)
+SET.set()
+
+
+class Phase(enum.IntEnum):
+    """How far an offloaded tensor's copy out has gone (Item.advance moves it on)."""
+
+    PACKED = 0    # admitted: on the device, its copy out not queued yet (in an open group, or queued for the worker)
+    LAUNCHED = 1  # its encode (or gather) is queued on the device; its size not read back yet
+    ISSUED = 2    # handled: its copy out queued (d2h_done), or kept on the device (fallback), or failed (failure)
+    HANDED = 3    # with the releaser thread, which releases it once its copy out completes
+    RELEASED = 4  # its copy out completed (or it was kept, or failed): its device memory is no longer the stash's
+
+
+_NEXT = {Phase.PACKED: (Phase.LAUNCHED, Phase.ISSUED), Phase.LAUNCHED: (Phase.ISSUED,),
+         Phase.ISSUED: (Phase.HANDED, Phase.RELEASED), Phase.HANDED: (Phase.RELEASED,), Phase.RELEASED: ()}
 
 
 class Item:
     """One offloaded tensor (one storage), shared by every save of it.
 
-    Its life: packed (src held, stashed) -> issued by the worker (copy out
-    queued, d2h_done) -> released once the copy completed (src dropped: the
-    device memory goes) -> restored for backward (restored, h2d_done) ->
-    served to every save in the round -> freed with its last save.
+    Its journey: PACKED (src held, counted in the stash) -> LAUNCHED (compressed: the
+    encode queued) -> ISSUED (its copy out queued, d2h_done) -> [HANDED to the releaser]
+    -> RELEASED (the copy out completed, src dropped: the device memory goes) ->
+    restored for backward (restored, h2d_done), once per round -> served to every save in
+    the round -> freed with its last save. Its host copy is a Lease, given back once,
+    when nothing needs it any more (Swapper.return_host). Every change of phase goes
+    through advance(), under the swapper's lock.
     """
 
     __slots__ = ("info", "codec", "device", "src", "counter", "weak", "version", "perm", "stride", "index",
-                 "ready", "sent", "header", "host", "host_view", "block", "offset", "moved", "tail", "host_blob",
-                 "busy", "d2h_done", "issued", "stashed", "released", "to_releaser", "fallback", "failure", "restored",
-                 "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted", "error", "expected_sum",
-                 "last_read", "handles", "unpacked", "round", "prefetched_round", "freed", "__weakref__")
+                 "phase", "issued", "ready", "encoded", "sizes", "pending", "sent", "header", "lease", "offset",
+                 "host_view", "moved", "tail", "host_blob", "busy", "d2h_done", "fallback", "failure",
+                 "footprint", "restored", "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted", "error",
+                 "expected_sum", "handles", "unpacked", "round", "prefetched_round", "freed", "pass_number",
+                 "__weakref__")
 
     # Slots, not a dict: pack makes one per offloaded tensor, and each dict is one more
     # object for the garbage collector to count and trace.
@@ -184,38 +211,57 @@ class Item:
         self.perm = perm                           # None: not dense, restored contiguous
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.index = index                         # in its pass's items (the pass is its handles')
-        # What changes over its life:
+        self.footprint = info.nbytes               # device bytes it holds while in flight (the stash counts them)
+        self.pass_number = 0                       # the swapper's count of forward passes when it was packed
+        # Its copy out:
+        self.phase = Phase.PACKED
+        self.issued: Signal = SET                  # set at Phase.ISSUED, for whoever waits for the worker
         self.ready = None                          # event on compute at pack: the tensor is computed
+        self.encoded = None                        # event: its encode (or gather) has run
+        self.sizes = None                          # the host words its encode's sizes are read back into
+        self.pending = None                        # (codec, reserved payload) of a launched encode
         self.sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
         self.header = None                         # the codec Header when sent compressed
-        self.host: torch.Tensor | None = None      # host buffer: [header] payload [checksum, verdict]
-        self.host_view: torch.Tensor | None = None  # its bytes in `host` typed and shaped, when sent in a group
-        self.block: HostBlock | None = None        # when `host` is a group's buffer: the item's share of it
-        self.offset = 0                            # where in `host` its bytes start
+        self.lease: Lease | None = None            # its host copy: [header] payload [checksum, verdict]
+        self.offset = 0                            # where in the lease's buffer its bytes start
+        self.host_view: torch.Tensor | None = None  # its bytes there typed and shaped, when sent in a group
         self.moved = 0                             # bytes sent over the link
-        self.tail = 0                              # offset of the checksum and verdict words in `host`
+        self.tail = 0                              # offset of the checksum and verdict words in the buffer
         self.host_blob = None                      # vdnnpp: the host copy, compressed on the CPU
-        self.busy = False                          # vdnnpp: a restore is reading `host`
+        self.busy = False                          # vdnnpp: a restore is reading the host copy
         self.d2h_done = None                       # event: the copy out has completed
-        self.issued: Signal = ISSUED               # the worker has handled it (copied, kept, or failed)
-        self.stashed = False                       # counted in the in-flight offload bytes
-        self.released = False                      # src dropped after the copy out
-        self.to_releaser = False                   # handed to the releaser thread (forward was over)
         self.fallback: torch.Tensor | None = None  # kept on the device (host memory limit)
         self.failure: BaseException | None = None  # its offload failed: unpack raises this
+        # Its restores, one per round (backward):
         self.restored: torch.Tensor | None = None  # for backward, this round
         self.h2d_done = None                       # event: the copy in (and decode) has completed
-        self.verdict_pending = False               # a decoder/checksum verdict waits in `host`
+        self.verdict_pending = False               # a decoder/checksum verdict waits in the host buffer
         self.verdict_unread = False                # served before its verdict landed: the restorer reads it later
         self.prefetch_counted = False              # counted in the in-flight restore bytes
         self.error: BaseException | None = None    # a prefetch found the host copy corrupt
         self.expected_sum: int | None = None       # vdnnpp: the checksum of the bytes sent, once host compressed
-        self.last_read = None                      # the latest copy reading `host`
         self.handles = 0                           # live saves (handles) of it
         self.unpacked = 0                          # of those, served in this round
         self.round = 0                             # one round = one backward's use
         self.prefetched_round = -1                 # the round whose first use of it prefetched the next items
         self.freed = False                         # its last save is gone
+
+    def advance(self, phase: Phase) -> bool:
+        """Move to `phase` (the swapper's lock held): False when it is there or past it
+        already; a step its journey does not have is a bug, and raises."""
+        if phase <= self.phase:
+            return False
+        if phase not in _NEXT[self.phase]:
+            raise RuntimeError(f"cswap.runtime: an offloaded tensor cannot go from {self.phase.name} to {phase.name}")
+        self.phase = phase
+        if phase == Phase.ISSUED:
+            self.issued.set()
+        return True
+
+    @property
+    def host(self) -> torch.Tensor | None:
+        """The host buffer its copy lives in (shared with its group's), or None."""
+        return self.lease.buffer if self.lease is not None else None
 
     @property
     def key(self) -> str:

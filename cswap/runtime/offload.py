@@ -1,57 +1,53 @@
-"""Copy out and release: the offload worker and the releaser.
+"""Copy out and release: an offloaded tensor's journey after pack.
 
-Dense tensors sent raw are copied out in groups. Consecutive such saves form a
-group (at most GROUP_TENSORS tensors and half the stash limit's bytes), sent
-when it is full: one ready event on compute, one copy call on the D2H stream (a
-foreach copy on CUDA) into one host buffer, one completion event shared by its
-items, and their release together. Pack sends it itself when the host pool has
-an idle buffer for it (every step after the first) and hands it to nobody,
-since a hand-off costs the training thread more than the calls; else the worker
-allocates the buffer and sends it. Whatever must wait for one of its items (the
-stash limit, synchronize, a restore during forward), forward's end, and a save
-that goes another way send the open group first. The profiled pass, a memory
-budget (which count each tensor's own copy) and vdnnpp (which compresses each
-host copy) send a raw tensor alone: by pack, into an idle buffer of its own.
-Everything else goes to the worker thread, so forward never waits for a
-compression, a pinned allocation or a copy (unless the bytes in flight reached
-the stash limit). Per item the worker:
+Stages, each on its own thread and stream (cswap.runtime.lanes has the streams and
+every wait between them):
 
-  1. prepares the bytes to send, on the compression stream after the item's
-     ready event: the codec's payload (a codec reads its output size back on
-     the host, which blocks this thread only), or a gathered copy of a
-     non-dense tensor; a dense raw tensor is sent as it is;
-  2. takes a host buffer from the pool (allocating outside any lock pack takes);
-  3. writes the header bytes on the host, and queues on the D2H stream, after
-     the preparation (or the ready event), the copy out and, when asked, the
-     checksum of the bytes sent;
-  4. records d2h_done and hands the item to the releaser.
+  pack      (training thread) admits the item (Swapper), records `ready` on compute
+            and either sends a dense raw tensor itself (below) or queues it for:
+  encode    (worker) queues on the compression stream, after `ready`, the codec's
+            encode (Codec.launch_into: into a device buffer reserved for the largest
+            payload, its sizes left on the device and copied to a small pinned slot)
+            or the gather of a tensor that is not dense. Nothing is read back, so the
+            next tensor's encode is queued at once, while this one's runs and the one
+            before it is copied out. A codec whose encoder must size its buffer on the
+            host (every one but ZVC today) is left to the next stage whole.
+  send      (sender) takes the items in order. For a launched encode it waits for its
+            sizes to land (the one blocking read, on this thread only), makes the
+            header, takes a host buffer from the pool (allocating outside any lock pack
+            takes), writes the header there on the host and queues the copy out on D2H
+            after the encode; for a deferred codec it first runs the encode, waiting
+            for it. The item is then ISSUED (d2h_done).
+  release   once its copy out has completed, the tensor's device memory goes (and the
+            reserved payload's): at the training thread's next save while forward
+            runs (one event query each, oldest first: D2H completes them in order),
+            by the releaser thread after it, which waits for each without polling,
+            and under a memory budget at once (the plan counts on memory going the
+            moment a copy completes). A copy already complete when issued (a device
+            whose work completes at once) is released there and then; pack with the
+            stash full, or over a memory budget, waits for the oldest and releases it.
 
-Compression of item i+1 (compression stream) thus overlaps the copy out of
-item i (D2H stream).
+Dense tensors sent raw skip the worker: consecutive such saves form a group (at most
+GROUP_TENSORS tensors and half the stash limit's bytes), sent when full with one
+ready event, one copy call on D2H into one pooled host buffer and one completion
+event shared by its items. Pack sends it itself when the pool has an idle buffer
+(every step after the first); else the worker allocates one and sends it. Whatever
+must wait for one of its items (the stash limit, synchronize, a restore during
+forward), forward's end and a save that goes another way send the open group
+first. The profiled pass, a memory budget (each tensor's own copy counted) and
+vdnnpp (each host copy compressed on its own) send a raw tensor alone.
 
-Release. While forward runs, the training thread releases: at each save, the
-oldest items in flight whose copies out have completed (one event query each;
-the D2H stream completes them in order) drop the saved tensor and the bytes
-sent. Waking a releaser thread per tensor would cost the training thread a GIL
-hand-off each time. When forward ends, the releaser thread takes what is still
-in flight and drops each as its copy completes, with no polling. Under a memory
-budget the releaser takes every item at once: memory then goes the moment its
-copy completes, not at the next save, which the plan's peak counts on. An item
-whose copy has already completed when it is issued (a device whose work
-completes at once: the CPU's) is released there and then. pack() with the stash
-full, or over a memory budget, waits for the oldest item and releases it itself.
-
-Failures. What is expected is handled: a compression that runs out of device
-memory sends the tensor uncompressed (compress_oom), and one not dense in
-memory with no room to be gathered, or a full host pool, keeps it on the
-device (gather_oom, kept_on_gpu). Anything else (a codec bug, a failed
-copy) is recorded on the item and the swapper and raised in the training step
-at the next pack or unpack. The threads catch everything, and a thread that
-stops anyway first fails what waits on it, so nothing waits forever.
+Failures. What is expected is handled: an encode or gather that runs out of device
+memory sends the tensor raw (compress_oom) or keeps it (gather_oom); a full host
+pool keeps it on the device (kept_on_gpu). Anything else (a codec bug, a failed
+copy) is recorded on the item and the swapper and raised in the training step at
+the next pack or unpack. The threads catch everything, and a thread that stops
+anyway first fails what waits on it, so nothing waits forever.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -62,7 +58,9 @@ import torch
 from .. import codecs
 from . import integrity
 from .device import Work
-from .items import ISSUED, HostBlock, Item, Signal, drop_storage, flat_bytes
+from .host_pool import idle
+from .items import Item, Lease, Phase, Signal, drop_storage
+from .lanes import lanes_of
 
 __all__ = ["Offloader"]
 
@@ -70,6 +68,7 @@ _STOP = object()
 GROUP_TENSORS = 16  # raw copies out queued together: at most this many (and half the stash limit's bytes)
 _SLOT_ALIGN = 256   # a group's tensors start 256-byte aligned in its host buffer, as CUDA's allocations do
 _TAIL = 24  # after the data, 8-byte aligned: the checksum of the bytes sent, then the restore's verdict (2 x int64)
+SLOT, SLOTS = 64, 256  # the pinned slots encodes' sizes are read back into: bytes each, and per block
 
 
 def tail_offset(nbytes: int) -> int:
@@ -77,25 +76,25 @@ def tail_offset(nbytes: int) -> int:
 
 
 class _Jobs:
-    """The worker's queue; closed when the worker stops, so that nothing is put where no
-    one will take it (a closed queue refuses, and the caller starts a new worker)."""
+    """A stage's queue; closed when its thread stops, so that nothing is put where no one
+    will take it (a closed queue refuses, and the caller starts new threads)."""
 
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._open = True
 
-    def put(self, item) -> bool:
+    def put(self, job) -> bool:
         with self._lock:
             if self._open:
-                self._queue.put(item)
+                self._queue.put(job)
             return self._open
 
     def get(self):
         return self._queue.get()
 
     def close(self) -> list:
-        """Refuse new items; the ones still queued."""
+        """Refuse new jobs; the ones still queued."""
         with self._lock:
             self._open = False
             left = []
@@ -106,36 +105,40 @@ class _Jobs:
                     return left
 
 
-def _work(swapper_ref, jobs: _Jobs, done: queue.SimpleQueue) -> None:
-    """The offload worker: issue the queued items in order."""
-    item = None
+def _run_stage(swapper_ref, jobs: _Jobs, stage: str, after: _Jobs | None, done: queue.SimpleQueue) -> None:
+    """A stage's thread: the worker ("encode") or the sender ("send"), each job in order.
+    Whatever is left when it stops (or dies) fails, so that nothing waits on it forever."""
+    job = None
     try:
         while True:
-            item = jobs.get()
-            if item is _STOP:
+            job = jobs.get()
+            if job is _STOP:
+                if after is not None:  # (the sender stops after what the worker gave it)
+                    after.put(_STOP)
                 return
             swapper = swapper_ref()
             if swapper is None:
                 return
-            if type(item) is _Group:
-                swapper.offloader.issue_group(item)
-            else:
-                swapper.offloader.issue(item)
-                swapper.offloader.settle(item)
-            item = swapper = None
-    finally:  # stopped, or died: whatever is still queued must not wait on this thread
-        stranded = [] if item is None or item is _STOP or item.issued.is_set() else [item]
-        stranded = [it for job in stranded + jobs.close()
-                    for it in (job.items if type(job) is _Group else [job])]  # (a group's items, each)
+            getattr(swapper.offloader, stage)(job)
+            job = swapper = None
+    finally:
+        left = [job] if job is not None and job is not _STOP else []
+        left += [j for j in jobs.close() if j is not _STOP]
+        if after is not None:  # (the sender sends what it was given, then stops)
+            after.put(_STOP)
+        stranded = [it for j in left for it in (j.items if type(j) is _Group else [j]) if not it.issued.is_set()]
         swapper = swapper_ref()
         for it in stranded:
-            if it is not _STOP:
-                stopped = RuntimeError("cswap: the offload worker stopped before copying this tensor")
-                if swapper is not None:
-                    swapper.fail(stopped, it)  # raised in the training step at its next pack or unpack
+            stopped = RuntimeError(f"cswap: the offload thread ({stage}) stopped before copying this tensor")
+            if swapper is not None:
+                swapper.fail(stopped, it)  # raised in the training step at its next pack or unpack
+                with swapper.lock:
+                    it.failure = it.failure or stopped
+                    it.advance(Phase.ISSUED)
+            else:
                 it.failure = it.failure or stopped
                 it.issued.set()
-                done.put(it)
+            done.put(it)
 
 
 def _release(swapper_ref, done: queue.SimpleQueue) -> None:
@@ -166,18 +169,52 @@ class _Group:
         self.size = 0                    # the host buffer's, each tensor from a _SLOT_ALIGN boundary
 
 
+class _Slots:
+    """A pooled host buffer cut into SLOT-byte slots (Offloader._slot)."""
+
+    __slots__ = ("buffer", "free", "out", "last_copy")
+
+    def __init__(self, buffer: torch.Tensor):
+        self.buffer = buffer
+        self.free = [(buffer[i * SLOT: (i + 1) * SLOT], None) for i in range(SLOTS)]
+        self.out = 0
+        self.last_copy = None
+
+    def take(self, dev) -> torch.Tensor | None:
+        for i, (slot, event) in enumerate(self.free):
+            if idle(event, dev):
+                del self.free[i]
+                self.out += 1
+                return slot
+        return None
+
+    def holds(self, slot: torch.Tensor) -> bool:
+        start = self.buffer.data_ptr()
+        return start <= slot.data_ptr() < start + self.buffer.numel()
+
+    def put(self, slot: torch.Tensor, last_copy) -> bool:
+        """Back; True when it was the last one out (the buffer can go back to the pool)."""
+        self.free.append((slot, last_copy))
+        self.out -= 1
+        if last_copy is not None:
+            self.last_copy = last_copy  # (the slots' copies complete in order: the compression stream's)
+        return self.out == 0
+
+
 class Offloader:
     """The copy-out half of a Swapper (see the module docstring)."""
 
     def __init__(self, swapper):
         self.sw = swapper
         self._group: _Group | None = None  # raw copies out not yet queued (the training thread's)
-        self._jobs: _Jobs | None = None
-        self._done: queue.SimpleQueue | None = None
+        self._jobs: _Jobs | None = None    # the worker's
+        self._sends: _Jobs | None = None   # the sender's
+        self._done: queue.SimpleQueue | None = None  # the releaser's
         self._threads: list[threading.Thread] = []
         self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
+        self._slots: dict = {}     # device -> [_Slots]: the buffers encodes' sizes are read back into
 
-    # -- threads ----------------------------------------------------------------------------
+    # -- pack's part --------------------------------------------------------------------------
 
     def offload(self, item: Item, grouped: bool) -> None:
         """Start the item's copy out (see the module docstring): a dense tensor sent raw
@@ -192,18 +229,34 @@ class Offloader:
             host = sw.pool.acquire(item.info.nbytes, item.device, allocate=False)
             if host is not None:
                 self.flush()  # (the copy stream completes copies in the order of the stash)
-                item.ready = item.device.record_event(item.device.compute_stream())
-                item.issued = ISSUED
+                item.ready = lanes_of(item.device).computed()
                 try:
-                    self._send(item, item.dense_src(), None, host)
+                    self._send(item, item.dense_src(), None, host, item.ready, prepared=False)
                 except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
-                    sw.fail(exc, item)
+                    self._failed(item, exc)
                 self.settle(item)
                 return
         self.flush()
-        item.ready = item.device.record_event(item.device.compute_stream())
+        item.ready = lanes_of(item.device).computed()
         item.issued = Signal()
         self._running().put_job(item)
+
+    def footprint(self, item: Item) -> int:
+        """Device bytes the item holds while in flight out: the tensor, and what is made to
+        send it (a payload reserved for the largest the codec can write, or a gathered copy)."""
+        nbytes = item.info.nbytes
+        if item.codec is not None:
+            reserve = self._reserve(item)
+            return nbytes + (reserve if reserve is not None else nbytes)
+        return nbytes if item.perm is not None else 2 * nbytes
+
+    def _reserve(self, item: Item) -> int | None:
+        """The bytes an encode launched without its size reserves, or None: the sender
+        encodes it, reading its size back first (a codec that must, or a memory budget,
+        whose plan counts each payload at its size, not the largest it could have)."""
+        if self.sw.memory_limit is not None:
+            return None
+        return codecs.get(item.codec).reserve_nbytes(math.prod(item.info.shape), item.info.dtype.itemsize)
 
     # -- groups: raw copies out queued together, into one host buffer -------------------------
 
@@ -243,7 +296,7 @@ class Offloader:
             return
         dev = group.device
         try:
-            group.ready = dev.record_event(group.stream)
+            group.ready = lanes_of(dev).record(group.stream)
         except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
             self._group_failed(group, exc)
             return
@@ -251,9 +304,9 @@ class Offloader:
         if block is None:  # (pinning blocks: the worker's job)
             self._running().put_job(group)
         else:
-            self.issue_group(group, block)
+            self.send_group(group, block)
 
-    def issue_group(self, group: "_Group", block: torch.Tensor | None = None) -> None:
+    def send_group(self, group: _Group, block: torch.Tensor | None = None) -> None:
         """Queue the group's copies out into `block` (None: allocate one; at the host
         memory limit the tensors stay on the device): one wait for the ready event, one
         copy call, one completion event for all. Then its items are issued and settled;
@@ -266,40 +319,271 @@ class Offloader:
                     with sw.lock:
                         for item in items:
                             item.fallback = item.src.detach()  # (src itself lets its memory go at release)
-                        group.issued.set()
+                            item.advance(Phase.ISSUED)
+                    group.issued.set()
                     sw.stats.add("kept_on_gpu", len(items))
                     self.settle_all(items)
                     return
-            d2h = dev.side_stream("d2h")
-            dev.wait_event(d2h, group.ready, at="offload.copy_after_ready")
             view = sw.pool.view
             dsts = [view(block, src.dtype, src.shape, offset) for src, offset in zip(group.srcs, group.offsets)]
-            dev.copy_all(dsts, group.srcs, d2h)
-            done = dev.record_event(d2h)
+            done = lanes_of(dev).copy_out(dsts, group.srcs, group.ready, prepared=False)
         except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
             if block is not None:
                 sw.pool.release(block)  # no copy was queued into it
             self._group_failed(group, exc)
             return
-        shared = HostBlock(block, len(items), done)
+        lease = Lease(sw.pool, block, dev, shares=len(items))
+        lease.last_use = done
         with sw.lock:
             for item, src, offset, dst in zip(items, group.srcs, group.offsets, dsts):
-                item.d2h_done, item.sent, item.moved, item.block, item.offset = done, src, item.info.nbytes, \
-                    shared, offset
+                item.d2h_done, item.sent, item.moved, item.offset = done, src, item.info.nbytes, offset
                 item.ready = group.ready
-                item.host, item.host_view = block, dst  # (the restore copies back from that view)
-                if item.freed:  # every save died meanwhile: its share goes back after the copy
-                    sw.give_back_host(item)
+                item.lease, item.host_view = lease, dst  # (the restore copies back from that view)
+                item.advance(Phase.ISSUED)
+                sw.return_host(item)  # (its every save died meanwhile: its share goes back)
             group.issued.set()  # (under the lock: a handle dropped from now on gives its share back itself)
         sw.stats.add_all(("offloaded_tensors", len(items)), ("offloaded_bytes", group.nbytes),
                          ("transferred_bytes", group.nbytes))
         self.settle_all(items)
 
-    def _group_failed(self, group: "_Group", exc: BaseException) -> None:
+    def _group_failed(self, group: _Group, exc: BaseException) -> None:
         for item in group.items:
-            self.sw.fail(exc, item)
+            self._failed(item, exc)
         group.issued.set()
         self.settle_all(group.items)
+
+    def _failed(self, item: Item, exc: BaseException) -> None:
+        """The item's offload failed: raised in the training step; it is handled (ISSUED)."""
+        self.sw.fail(exc, item)
+        with self.sw.lock:
+            item.advance(Phase.ISSUED)
+
+    # -- the worker: encode ---------------------------------------------------------------------
+
+    def encode(self, job) -> None:
+        """Queue the item's encode, or the gather of a tensor not dense, on the compression
+        stream, and hand it to the sender; a group: send it (allocating its buffer). Never
+        raises: failures are recorded."""
+        if type(job) is _Group:
+            self.send_group(job)
+            return
+        item = job
+        try:
+            if not item.freed:
+                self._launch(item)
+        except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
+            self._failed(item, exc)
+        self._sends_put(item)
+
+    def _launch(self, item: Item) -> None:
+        sw, dev = self.sw, item.device
+        lanes = lanes_of(dev)
+        src = item.src
+        dense = src.permute(item.perm) if item.perm is not None else src
+        if item.codec is not None:
+            codec = codecs.get(item.codec)
+            nbytes = self._reserve(item)
+            if nbytes is None:
+                return  # (the sender encodes it, reading its size back itself)
+            try:
+                reserved = dev.empty(nbytes, lanes.compress)
+                sizes = dev.empty(8 * codec.size_words, lanes.compress)
+            except torch.OutOfMemoryError:  # no room to compress into: sent as it is (or gathered)
+                sw.stats.add("compress_oom")
+                item.codec = None
+            else:
+                config = sw.codec_configs.get(item.codec)
+                slot = self._slot(dev)
+                work = Work("encode", item.codec, item.info.nbytes, item.info.dtype.itemsize)
+                item.encoded = lanes.encode(
+                    item.ready, lambda: codec.launch_into(dense, reserved, sizes.view(torch.int64), config),
+                    reads=[src], writes=[reserved, sizes], work=work, read_back=(slot[: sizes.numel()], sizes))
+                item.sizes, item.pending = slot, reserved
+                with sw.lock:
+                    item.advance(Phase.LAUNCHED)
+                return
+        if item.perm is None:  # not dense: gathered on the device, sent (and restored) contiguous
+            try:
+                gathered = dev.empty(item.info.nbytes, lanes.compress)
+            except torch.OutOfMemoryError:  # no room to gather it into: it stays on the device
+                sw.stats.add("gather_oom")
+                with sw.lock:
+                    item.fallback = src.detach()
+                    item.advance(Phase.ISSUED)
+                return
+            typed = gathered.view(src.dtype).view(src.shape)
+            item.encoded = lanes.encode(item.ready, lambda: typed.copy_(src), reads=[src], writes=[gathered],
+                                        work=Work("gather", None, item.info.nbytes))
+            item.sent = gathered
+            with sw.lock:
+                item.advance(Phase.LAUNCHED)
+
+    # -- the sender: copy out -----------------------------------------------------------------------
+
+    def send(self, item: Item) -> None:
+        """Copy the item out, in order (or keep it); never raises: failures are recorded."""
+        try:
+            if not item.freed and item.phase < Phase.ISSUED:
+                self._copy_out(item)
+        except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
+            self.sw.fail(exc, item)
+        finally:
+            with self.sw.lock:
+                item.advance(Phase.ISSUED)
+                self.sw.return_host(item)
+            self._drop_launch(item)
+        self.settle(item)
+
+    def _copy_out(self, item: Item) -> None:
+        sw, dev = self.sw, item.device
+        lanes = lanes_of(dev)
+        src = item.src
+        header, after, prepared = None, item.ready, False
+        if item.pending is not None:  # launched: its sizes land, then the header can be made
+            dev.event_synchronize(item.encoded, at="offload.sizes_landed")
+            words = item.sizes[: 8 * codecs.get(item.codec).size_words]
+            dev.host_access(words, write=False)
+            header = codecs.get(item.codec).launched(words.view(torch.int64).tolist(), item.info.shape,
+                                                     item.info.dtype)
+            data, after, prepared = item.pending[: header.payload_nbytes], item.encoded, True
+            if header.header_nbytes + header.payload_nbytes >= item.info.nbytes:  # it does not shrink: sent raw
+                header, data, after, prepared = None, *self._raw(item, src, item.encoded)
+        elif item.codec is not None:  # a codec that reads its size back itself: encoded now, this thread waiting
+            codec = codecs.get(item.codec)
+            scratch = codec.encode_scratch_bytes(src.numel(), src.element_size())
+            work = Work("encode", item.codec, item.info.nbytes, item.info.dtype.itemsize)
+            (data, header), after = lanes.encode_now(item.ready, lambda: self._encode(item, src, lanes.compress),
+                                                     reads=[src], scratch_bytes=scratch, work=work)
+            prepared = True
+            if data is None:  # (it does not shrink, or no room: as a raw tensor)
+                data, after, prepared = self._raw(item, src, after)
+        elif item.sent is not None:  # gathered
+            data, after, prepared = item.sent, item.encoded, True
+        else:
+            data, after, prepared = self._raw(item, src)
+        if data is None:  # (no room to gather it: it stays)
+            return
+        with sw.lock:
+            if item.freed:  # every save died before the copy: nothing to keep
+                return
+        sent = data.numel() * data.element_size() + (header.header_nbytes if header is not None else 0)
+        verdicts = header is not None or sw.checksum
+        host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
+        if host is None:  # host memory limit: the tensor stays where it is
+            sw.stats.add("kept_on_gpu")
+            if prepared:  # (read on the compression stream: not recycled before that read ends)
+                lanes.keep_while_read(src)
+            item.fallback = src.detach()  # (src itself lets its memory go at release)
+            return
+        self._send(item, data, header, host, after, prepared)
+
+    def _raw(self, item: Item, src: torch.Tensor, read=None):
+        """(bytes to send, the event they are ready at, prepared) for the tensor as it is:
+        its bytes if dense, else gathered now on the compression stream (None when there is
+        no room: it stays). `read`: the event after an encode that read it on the
+        compression stream, which its copy must follow too (its memory goes at release)."""
+        if item.perm is not None:
+            return item.flat_src(), (read or item.ready), read is not None
+        dev = item.device
+        lanes = lanes_of(dev)
+        try:
+            gathered = dev.empty(item.info.nbytes, lanes.compress)
+        except torch.OutOfMemoryError:
+            self.sw.stats.add("gather_oom")
+            item.fallback = src.detach()
+            return None, None, False
+        typed = gathered.view(src.dtype).view(src.shape)
+        event = lanes.encode(item.ready, lambda: typed.copy_(src), reads=[src], writes=[gathered],
+                             work=Work("gather", None, item.info.nbytes))
+        item.sent = gathered
+        return gathered, event, True
+
+    def _encode(self, item: Item, src: torch.Tensor, stream):
+        """On the compression stream, with a codec that sizes its buffer on the host:
+        (payload, header), or (None, None) when it does not shrink or has no room."""
+        dev = item.device
+        dense = src.permute(item.perm) if item.perm is not None else src
+        try:
+            payload, header = codecs.get(item.codec).encode(
+                dense, config=self.sw.codec_configs.get(item.codec), alloc=lambda n: dev.empty(n, stream))
+        except torch.OutOfMemoryError:  # no room to compress into: send it as it is
+            self.sw.stats.add("compress_oom")
+            return None, None
+        if header.header_nbytes + payload.numel() < item.info.nbytes:
+            return payload, header
+        return None, None  # compression that does not shrink is not sent
+
+    def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, after, prepared: bool) -> None:
+        """Queue the copy of [header] data into `host` on D2H after `after` (the item's
+        ready event, or, `prepared`, the encode or gather that made `data`)."""
+        sw, dev = self.sw, item.device
+        lanes = lanes_of(dev)
+        nbytes = data.numel() * data.element_size()
+        sent = nbytes + (header.header_nbytes if header is not None else 0)
+        tail = tail_offset(sent)
+        if header is not None:  # written here on the host: no copy, no stream sync for it
+            raw = header.to_bytes()
+            dev.host_access(host[: len(raw)], write=True)
+            host[: len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            dst = host[len(raw): len(raw) + nbytes]
+        else:  # raw: the tensor's own dtype and shape (or its bytes), a view the pool keeps
+            dst = sw.pool.view(host, data.dtype, data.shape)
+        try:
+            done = lanes.copy_out([dst], [data], after, prepared)
+            if sw.checksum:  # of the bytes sent, taken on the device before they leave
+                lanes.checksum_out(host[tail: tail + 8], data,
+                                   lambda total: total.view(torch.int64).copy_(integrity.checksum(data).view(1)))
+                done = lanes.record(lanes.d2h)
+        except BaseException:
+            sw.pool.release(host)  # (nothing was queued into it that matters)
+            raise
+        lease = Lease(sw.pool, host, dev)
+        lease.last_use = done
+        with sw.lock:
+            item.d2h_done = done
+            item.sent = data  # alive until the copy completes
+            item.header, item.moved, item.tail, item.lease = header, sent, tail, lease
+            item.advance(Phase.ISSUED)
+            sw.return_host(item)  # (every save died meanwhile: the buffer goes back after the copy)
+        counts = [("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", sent)]
+        if header is not None:
+            counts.append(("compressed_tensors", 1))
+        sw.stats.add_all(*counts)
+
+    def _slot(self, dev) -> torch.Tensor:
+        """A SLOT-byte pinned host buffer for the few words an encode's sizes are read back
+        into, cut from a buffer of the host pool (SLOTS slots); a slot is reused once the
+        copy into it has completed, and the buffer goes back to the pool when all its slots
+        are back (after each pass's encodes have been read)."""
+        with self.sw.lock:
+            for block in self._slots.get(dev, ()):
+                slot = block.take(dev)
+                if slot is not None:
+                    return slot
+        buffer = self.sw.pool.acquire(SLOT * SLOTS, dev)
+        if buffer is None:  # (host memory limit: one slot, pageable)
+            return dev.host_empty(SLOT, pinned=False)
+        block = _Slots(buffer)
+        with self.sw.lock:
+            self._slots.setdefault(dev, []).append(block)
+            return block.take(dev)
+
+    def _drop_launch(self, item: Item) -> None:
+        """The slot its sizes were read back into is read (or never will be): reusable once
+        the copy into it has completed."""
+        with self.sw.lock:
+            slot, item.sizes = item.sizes, None
+            if slot is None:
+                return
+            blocks = self._slots.get(item.device, [])
+            for block in blocks:
+                if block.holds(slot):
+                    if block.put(slot, item.encoded):
+                        blocks.remove(block)
+                        self.sw.pool.release(block.buffer, block.last_copy, item.device)
+                    return
+
+    # -- settling: who releases an issued item ---------------------------------------------------
 
     def settle(self, item: Item) -> None:
         """An issued item: released now if its copy has completed, else by the training
@@ -308,9 +592,8 @@ class Offloader:
             return
         sw = self.sw
         with sw.lock:
-            if sw.releases_at_saves or item.to_releaser:
+            if sw.releases_at_saves or not item.advance(Phase.HANDED):
                 return
-            item.to_releaser = True
         self._running().put_done(item)
 
     def settle_all(self, items: list[Item]) -> None:
@@ -335,20 +618,18 @@ class Offloader:
         """At a save in forward: release, oldest first, the items whose copies out have
         completed (the D2H stream completes them in order; a group's share one event,
         queried once)."""
-        sw = self.sw
-        inflight = sw.inflight
+        inflight = self.sw.inflight
         completed = None  # the item whose event was found complete last
         while inflight:
             item = inflight[0]
-            if not item.issued.is_set() or item.to_releaser:  # the worker has it still, or the releaser
+            if item.phase != Phase.ISSUED:  # the worker or sender has it still, or the releaser
                 return
-            if not item.released:
-                if completed is not None and item.d2h_done is completed.d2h_done:
-                    self._released_with(completed, [item])
-                elif self.released_at_once(item):
-                    completed = item if item.d2h_done is not None else None
-                else:
-                    return
+            if completed is not None and item.d2h_done is completed.d2h_done:
+                self._released_with(completed, [item])
+            elif self.released_at_once(item):
+                completed = item if item.d2h_done is not None else None
+            else:
+                return
             if inflight and inflight[0] is item:  # (released: unstashed already)
                 return
 
@@ -359,11 +640,11 @@ class Offloader:
         self.poll()
         with sw.lock:
             sw.in_forward = False
-            pending = [item for item in sw.inflight if item.issued.is_set() and not item.to_releaser]
+            pending = [item for item in sw.inflight if item.phase == Phase.ISSUED and item.advance(Phase.HANDED)]
+        if pending:
+            self._running()
             for item in pending:
-                item.to_releaser = True
-        for item in pending:
-            self._running().put_done(item)
+                self.put_done(item)
 
     def released_at_once(self, item: Item) -> bool:
         """Release the item now if its copy out has already completed (never raises)."""
@@ -381,151 +662,60 @@ class Offloader:
             self.sw.fail(exc, item)
             return True
 
+    # -- threads ----------------------------------------------------------------------------------
+
     def _running(self) -> "Offloader":
         if not (self._threads and all(t.is_alive() for t in self._threads)):
             self._start()  # first use, or a thread stopped: new ones (and new queues)
         return self
 
-    def put_job(self, item: Item) -> None:
-        if not self._jobs.put(item):  # the worker stopped meanwhile
+    def put_job(self, job) -> None:
+        if not self._jobs.put(job):  # the worker stopped meanwhile
             self._start()
-            self._jobs.put(item)
+            self._jobs.put(job)
+
+    def _sends_put(self, item: Item) -> None:
+        if not self._sends.put(item):  # the sender stopped: it fails what it was given, this too
+            stopped = RuntimeError("cswap: the offload thread (send) stopped before copying this tensor")
+            self.sw.fail(stopped, item)
+            with self.sw.lock:
+                item.failure = item.failure or stopped
+                item.advance(Phase.ISSUED)
+            self._drop_launch(item)
+            self.put_done(item)
 
     def put_done(self, item: Item) -> None:
         self._done.put(item)
 
     def _start(self) -> None:
-        jobs, done = _Jobs(), queue.SimpleQueue()
+        if self._jobs is not None:  # a thread stopped: the others finish what they have, then stop
+            _stop_queues(self._jobs, self._done)
+        jobs, sends, done = _Jobs(), _Jobs(), queue.SimpleQueue()
         ref = weakref.ref(self.sw)  # the threads hold the swapper weakly and stop when it is collected
-        self._threads = [threading.Thread(target=_work, args=(ref, jobs, done), name="cswap-offload", daemon=True),
-                         threading.Thread(target=_release, args=(ref, done), name="cswap-release", daemon=True)]
-        self._jobs, self._done = jobs, done
+        self._threads = [
+            threading.Thread(target=_run_stage, args=(ref, jobs, "encode", sends, done), name="cswap-offload",
+                             daemon=True),
+            threading.Thread(target=_run_stage, args=(ref, sends, "send", None, done), name="cswap-send", daemon=True),
+            threading.Thread(target=_release, args=(ref, done), name="cswap-release", daemon=True)]
+        self._jobs, self._sends, self._done = jobs, sends, done
         weakref.finalize(self.sw, _stop_queues, jobs, done)
         for thread in self._threads:
             thread.start()
 
     def stop(self) -> None:
-        """Stop the worker after its queue, then the releaser after the worker's last item."""
+        """Stop the worker after its queue, the sender after the worker's last item, then the
+        releaser after the sender's."""
         if self._jobs is not None:
-            worker, releaser = self._threads
+            worker, sender, releaser = self._threads
             self._jobs.put(_STOP)
             worker.join()
+            sender.join()
             self._done.put(_STOP)
             releaser.join()
-        self._threads, self._jobs, self._done = [], None, None
+        self._threads, self._jobs, self._sends, self._done = [], None, None, None
         if self._host_threads is not None:
             self._host_threads.shutdown(wait=True)
             self._host_threads = None
-
-    # -- the worker's part --------------------------------------------------------------------
-
-    def issue(self, item: Item) -> None:
-        """Copy the item out (or keep it); never raises: failures are recorded."""
-        try:
-            if not item.freed:
-                self._copy_out(item)
-        except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
-            self.sw.fail(exc, item)
-        finally:
-            item.issued.set()
-
-    def _copy_out(self, item: Item) -> None:
-        sw, dev = self.sw, item.device
-        src = item.src
-        data_ready = None
-        if item.codec is not None or item.perm is None:  # prepared on the compression stream
-            compress = dev.side_stream("compress")
-            dev.wait_event(compress, item.ready, at="offload.compress_after_ready")
-            scratch = codecs.get(item.codec).encode_scratch_bytes(src.numel(), src.element_size()) \
-                if item.codec is not None else 0
-            work = Work("encode", item.codec, item.info.nbytes, item.info.dtype.itemsize) if item.codec is not None else \
-                Work("gather", None, item.info.nbytes)
-            data, header = dev.call(compress, lambda: self._prepare(item, src, compress), reads=[src],
-                                    scratch_bytes=scratch, work=work)
-            data_ready = dev.record_event(compress)
-        else:
-            data, header = item.flat_src(), None
-        with sw.lock:
-            if item.freed:  # every save died before the copy: nothing to keep
-                return
-        host = None
-        if data is not None:  # (else no device memory to gather it into)
-            sent = data.numel() + (header.header_nbytes if header is not None else 0)
-            verdicts = header is not None or sw.checksum
-            host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
-            if host is None:
-                sw.stats.add("kept_on_gpu")
-        if host is None:  # host memory limit, or no room to gather it: the tensor stays where it is
-            if data_ready is not None:  # (read on the compression stream: not recycled before that read ends)
-                dev.record_stream(src, compress, at="offload.record_kept")
-            item.fallback = src.detach()  # (src itself lets its memory go at release)
-            return
-        self._send(item, data, header, host, data_ready)
-
-    def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, data_ready=None) -> None:
-        """Queue the copy of [header] data into `host` on the D2H stream, after
-        `data_ready` (a preparation) or else the item's ready event."""
-        sw, dev = self.sw, item.device
-        nbytes = data.numel() * data.element_size()
-        sent = nbytes + (header.header_nbytes if header is not None else 0)
-        tail = tail_offset(sent)
-        if header is not None:  # written here on the host: no copy, no stream sync for it
-            raw = header.to_bytes()
-            dev.host_access(host[: len(raw)], write=True)
-            host[: len(raw)].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-            dst = host[len(raw): len(raw) + nbytes]
-        else:  # raw: the tensor's own dtype and shape (or its bytes), a view the pool keeps
-            dst = sw.pool.view(host, data.dtype, data.shape)
-        d2h = dev.side_stream("d2h")
-        if data_ready is not None:
-            dev.wait_event(d2h, data_ready, at="offload.copy_after_compress")
-        else:
-            dev.wait_event(d2h, item.ready, at="offload.copy_after_ready")
-        dev.copy(dst, data, d2h)
-        if sw.checksum:  # of the bytes sent, taken on the device before they leave
-            total = dev.empty(8, d2h)
-            dev.launch(d2h, lambda: total.view(torch.int64).copy_(integrity.checksum(data).view(1)),
-                       reads=[data], writes=[total], work=Work("checksum", None, nbytes))
-            dev.copy(host[tail: tail + 8], total, d2h)
-        done = dev.record_event(d2h)
-        with sw.lock:
-            item.d2h_done = done
-            item.sent = data  # alive until the copy completes
-            item.header, item.moved, item.tail = header, sent, tail
-            if item.freed:  # every save died meanwhile: the buffer goes back after the copy
-                sw.pool.release(host, done, dev)
-            else:
-                item.host = host
-            item.issued.set()  # (under the lock: a handle dropped from now on gives the buffer back itself)
-        counts = [("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", sent)]
-        if header is not None:
-            counts.append(("compressed_tensors", 1))
-        sw.stats.add_all(*counts)
-
-    def _prepare(self, item: Item, src: torch.Tensor, stream):
-        """On the compression stream: (bytes to send, header or None); (None, None) when a
-        tensor that is not dense finds no device memory to be gathered into."""
-        dev = item.device
-        dense = src.permute(item.perm) if item.perm is not None else src
-        if item.codec is not None:
-            try:
-                payload, header = codecs.get(item.codec).encode(
-                    dense, config=self.sw.codec_configs.get(item.codec), alloc=lambda n: dev.empty(n, stream))
-            except torch.OutOfMemoryError:  # no room to compress into: send it as it is
-                self.sw.stats.add("compress_oom")
-            else:
-                if header.header_nbytes + payload.numel() < item.info.nbytes:
-                    return payload, header
-                # compression that does not shrink is not sent
-        if item.perm is not None:
-            return flat_bytes(dense), None
-        try:
-            gathered = dev.empty(item.info.nbytes, stream)  # not dense: sent (and restored) contiguous
-        except torch.OutOfMemoryError:  # no room to gather it into: it stays on the device
-            self.sw.stats.add("gather_oom")
-            return None, None
-        gathered.view(src.dtype).view(src.shape).copy_(src)
-        return gathered, None
 
     # -- the releaser's part --------------------------------------------------------------------
 
@@ -539,33 +729,34 @@ class Offloader:
         self.release(item)
 
     def release(self, *items: Item) -> None:
-        """Their copies out are complete (or never happened): drop the device tensors."""
+        """Their copies out are complete (or never happened): drop the device tensors and
+        what was made to send them."""
         sw = self.sw
         compress = []
         with sw.lock:
             for item in items:
-                if item.released:
+                if not item.advance(Phase.RELEASED):
                     continue
-                item.released = True
                 src = item.src
-                item.src = item.sent = None
+                item.src = item.sent = item.pending = None
                 if src is not None:  # the device memory goes here (unless the user still holds the tensor)
                     drop_storage(src, item.device.nothing)
                 sw.unstash(item)  # with the memory gone: a pack waiting for memory sees it so
                 if sw.mode == "vdnnpp" and item.header is None and not item.freed and item.failure is None \
-                        and item.host is not None:
-                    compress.append((item, item.host))
-        for item, host in compress:
+                        and item.lease is not None:
+                    compress.append((item, item.lease))
+        for item, lease in compress:
             if self._host_threads is None:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._host_threads = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2),
                                                         thread_name_prefix="cswap-host-zvc")
-            self._host_threads.submit(self._host_compress, item, host)
+            self._host_threads.submit(self._host_compress, item, lease)
 
-    def _host_compress(self, item: Item, host: torch.Tensor) -> None:
+    def _host_compress(self, item: Item, lease: Lease) -> None:
         """vdnnpp: ZVC the host copy on the CPU and give the pinned buffer back."""
         sw = self.sw
+        host = lease.buffer
         try:
             words = host[: item.moved]
             item.device.host_access(words, write=False)
@@ -580,10 +771,10 @@ class Offloader:
                                   f"uncompressed host copy is kept")
             return
         with sw.lock:
-            if item.host is not host or item.freed or item.busy or item.verdict_pending or blob.nbytes >= item.moved:
+            if item.lease is not lease or item.freed or item.busy or item.verdict_pending or blob.nbytes >= item.moved:
                 return
             item.host_blob, item.expected_sum = blob, expected
-            sw.give_back_host(item)
+            sw.return_host(item)
         sw.stats.add("host_compressed_tensors")
 
 

@@ -1,33 +1,34 @@
 """Restore for backward: prefetch, copy in, decode, verify.
 
 Backward unpacks items in roughly reverse pack order. On the first unpack of
-item k, the copies in (and decoding) of items k-1, k-2, ... start on the H2D
-stream, up to the prefetch limit ahead; then item k's own verdict is checked,
-and compute waits for item k's copy only. An item not prefetched is fetched
-on demand, and the time compute waits for it is measured with events (no host
-sync just to time it).
+item k, the restores of items k-1, k-2, ... are queued, within the prefetch
+window ahead; then item k's own verdict is checked, and compute waits for item
+k's restore only. An item not prefetched is fetched on demand, and the time
+compute waits for it is measured with events (no host sync just to time it).
+
+Stages (cswap.runtime.lanes has the streams and waits): the copy in on the H2D
+stream, into memory allocated on that stream (nothing else on the device can be
+using it, so the copy waits for nothing); for a compressed item, the decode on
+the decode stream after the copy in of its payload, so that decoding item k and
+copying in item k-1 overlap; then compute waits for the restore it uses. What a
+side stream restored is recorded for compute, which uses and frees it: its
+memory is not recycled while compute may still read it.
 
 Prefetched raw copies go in groups: consecutive released raw tensors are
-restored with one wait for compute, one copy call and one completion event.
-So that groups form, the window is refilled once half of it has been served
-(or when the next item is not on its way), not one tensor per use.
+restored with one copy call and one completion event. So that groups form, the
+window is refilled once half of it has been served (or when the next item is
+not on its way), not one tensor per use. The window counts what a restore holds
+on the device while ahead of use (the tensor, and a compressed one's payload
+until decoded) and admits at least two restores (the largest included) unless a
+memory budget forbids it.
 
 An item whose tensor is still on the device (not yet released: the last
 tensors of forward) is served from it: no round trip.
 
-Memory. A restored tensor is allocated on the compute stream, where backward
-uses and frees it, so the caching allocator can give its memory to compute
-afterwards; the copy-in stream first waits for compute (the block may have
-been freed by compute work still queued), and the tensor is
-record_stream()ed to it, so a restore dropped unused (out of memory, an
-exception in backward) is not recycled while its copy runs. Staging buffers
-live on the copy-in stream only. Only released items are restored, and
-release waited for the copy out, so the copy in needs no wait for it.
-
 Integrity. A compressed host copy's header bytes must equal those written,
 and the decoder's consistency flag (and with checksum=True, the checksum of
 the bytes that came back) land in the host buffer with the restore. The host
-never waits for one per tensor: unpack reads the verdicts whose copies have
+never waits for one per tensor: unpack reads the verdicts whose restores have
 completed (an event query), and those still in flight when backward ends are
 waited for then, once (a final callback of autograd's engine). A corrupt copy
 raises CorruptDataError naming the layer before backward() returns, so no
@@ -51,6 +52,7 @@ from ..errors import CorruptDataError
 from . import integrity
 from .device import Work
 from .items import Handle, Item, Pass, flat_bytes, is_identity, restore_strides
+from .lanes import lanes_of
 
 __all__ = ["Restorer"]
 
@@ -62,8 +64,8 @@ class Restorer:
 
     def __init__(self, swapper):
         self.sw = swapper
-        self.unread: list = []        # (item, its copy in's event): served, verdict not landed yet
-        self.waited = self.waited_on = None  # the event of the latest wait for a copy in, and the stream waiting
+        self.unread: list = []        # (item, its restore's event): served, verdict not landed yet
+        self.waited = self.waited_on = None  # the event of the latest wait for a restore, and the stream waiting
         self.settling = False         # the end-of-backward read is queued
 
     def unpack(self, handle: Handle, at: int | None = None) -> torch.Tensor:
@@ -82,9 +84,9 @@ class Restorer:
                 f"{item.info.where} was offloaded by a forward outside the capture: a graph cannot replay a copy "
                 f"it did not capture. Capture forward and backward together (cswap then keeps saved tensors in "
                 f"place), or run backward uncaptured")
-        compute = dev.compute_stream()
-        if item.restored is None:  # not prefetched: backward waits for this copy
-            asked = dev.record_event(compute, timing=True)
+        lanes = lanes_of(dev)
+        if item.restored is None:  # not prefetched: backward waits for this restore
+            asked = lanes.record(dev.compute_stream(), timing=True)
             if self.on_demand(item, handle.pass_):
                 sw.stats.add("on_demand")
                 sw.note_stall(dev, asked, item.h2d_done)
@@ -101,8 +103,9 @@ class Restorer:
         if item.verdict_pending or self.unread:
             self.verify(item)
         out, done = item.restored, item.h2d_done
+        compute = dev.compute_stream()
         if done is not None and (done is not self.waited or compute is not self.waited_on):  # its own item only
-            dev.wait_event(compute, done, at="unpack.compute_after_copy_in")
+            lanes.use(done)
             self.waited, self.waited_on = done, compute  # (a group's next tensor: compute waits for it already)
         if dev.observes:
             dev.on_use(out)
@@ -115,14 +118,14 @@ class Restorer:
         return out if handle.view is None else out.as_strided(*handle.view)
 
     def prefetch(self, pass_: Pass, item: Item, round_: int) -> None:
-        """Start restoring the items backward will want next while the bytes restored
-        ahead and not yet served fit in the prefetch limit (prefetch_bytes=0 turns
-        prefetch off; an item that does not fit is fetched when backward asks),
-        skipping those already served in this backward (round_: item's round in it).
-        Eager backward unpacks in reverse pack order; a compiled graph's backward
-        unpacks its saved tensors in forward order: the direction follows what was
-        served. The pass keeps where the last call stopped (its cursor), so each item
-        is looked at once per backward, however large the window."""
+        """Start restoring the items backward will want next while what is restored ahead
+        and not yet served fits in the prefetch window (prefetch_bytes=0 turns prefetch off;
+        an item that does not fit is fetched when backward asks), skipping those already
+        served in this backward (round_: item's round in it). Eager backward unpacks in
+        reverse pack order; a compiled graph's backward unpacks its saved tensors in
+        forward order: the direction follows what was served. The pass keeps where the
+        last call stopped (its cursor), so each item is looked at once per backward,
+        however large the window."""
         sw, items = self.sw, pass_.items
         before = items[item.index - 1] if item.index > 0 else None
         step = 1 if before is not None and not before.freed and before.round != round_ else -1
@@ -142,7 +145,8 @@ class Restorer:
                 if other.freed or other.round != round_:  # gone, or already served in this backward
                     j += step
                     continue
-                if sw.prefetched_bytes + other.info.nbytes > limit:
+                held = restore_footprint(other)
+                if not sw.fits_prefetch(held, limit, sum(restore_footprint(it) for it in raw), len(raw)):
                     break
                 if memory_limit is not None and other.device.memory_allocated() + sum(it.info.nbytes for it in raw) \
                         + other.info.nbytes > memory_limit:  # (the group gathered so far is not allocated yet)
@@ -174,7 +178,7 @@ class Restorer:
         if not item.issued.is_set() or item.header is not None or sw.checksum:
             return False
         with sw.lock:
-            if item.host is None or item.host_blob is not None or item.src is not None or \
+            if item.lease is None or item.host_blob is not None or item.src is not None or \
                     item.fallback is not None or item.failure is not None:
                 return False
             item.busy = True
@@ -182,31 +186,28 @@ class Restorer:
         return True
 
     def restore_all(self, items: list[Item]) -> None:
-        """Restore released raw tensors of one device together, emptying `items`: one
-        wait for compute, one copy call and one completion event for all. Out of memory,
-        none is restored (backward fetches them when it needs them) and it raises."""
+        """Restore released raw tensors of one device together, emptying `items`: one copy
+        call and one completion event for all. Out of memory, none is restored (backward
+        fetches them when it needs them) and it raises."""
         if not items:
             return
-        sw, dev = self.sw, items[0].device
-        pool = sw.pool
-        compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
+        sw = self.sw
+        lanes = lanes_of(items[0].device)
         try:
             ys, hosts, restored = [], [], []
-            for item in items:  # where backward uses and frees them
-                info, perm, host, shape = item.info, item.perm, item.host_view, item.dense_shape()
+            for item in items:  # where their copies write them; compute uses and frees them
+                info, perm, shape = item.info, item.perm, item.dense_shape()
                 if perm is not None and is_identity(perm):  # with its own strides at once
-                    y = dev.empty_as(info.nbytes, info.dtype, shape, compute, item.stride)
+                    y = lanes.alloc_in(info.nbytes, info.dtype, shape, item.stride)
                     restored.append(y)
                 else:  # its bytes' order, then its strides
-                    y = dev.empty_as(info.nbytes, info.dtype, shape, compute)
+                    y = lanes.alloc_in(info.nbytes, info.dtype, shape)
                     restored.append(restore_strides(y, perm, item.stride) if perm is not None else y)
                 ys.append(y)
-                hosts.append(host if host is not None else pool.view(item.host, info.dtype, shape, item.offset))
-            dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
-            dev.copy_all(ys, hosts, h2d)
-            for y in ys:
-                dev.record_stream(y, h2d, at="restore.record_restored")
-            done = dev.record_event(h2d)
+                hosts.append(item.host_view if item.host_view is not None
+                             else sw.pool.view(item.host, info.dtype, shape, item.offset))
+            done = lanes.copy_in(ys, hosts)
+            lanes.hand_to_compute(ys)
         except BaseException:
             with sw.lock:
                 for item in items:
@@ -214,12 +215,11 @@ class Restorer:
                     sw.uncount_prefetch(item)
             items.clear()
             raise
-        for item, y in zip(items, restored):
-            item.restored = y
-            item.h2d_done = item.last_read = done
-            if item.block is not None:
-                item.block.last_read = done
-            item.busy = False
+        with sw.lock:
+            for item, y in zip(items, restored):
+                item.restored = y
+                item.h2d_done = item.lease.last_use = done
+                item.busy = False
         sw.stats.add_all(("restored_tensors", len(items)), ("prefetched", len(items)))
         items.clear()
 
@@ -250,15 +250,16 @@ class Restorer:
                     other.restored = other.h2d_done = None
                     if not other.verdict_unread:  # (an earlier round's verdict, unread, still needs the buffer)
                         other.verdict_pending = False
+                        sw.return_host(other)
 
     def restore(self, item: Item, timing: bool = False) -> bool:
         """Bring the item back into item.restored (asynchronously); False when no copy
-        was needed (kept on the device, or still there). `timing`: its copy-in event can be
+        was needed (kept on the device, or still there). `timing`: its last event can be
         timed (an on-demand restore's stall is measured; CUDA's timing events cost more)."""
         sw = self.sw
         if not item.issued.is_set():  # (pack copied it itself, or the worker did already: no wait)
             sw.offloader.flush()  # (it may wait in the open group)
-            item.issued.wait()  # the worker sets it whatever happens, even when it stops
+            item.issued.wait()  # the sender sets it whatever happens, even when it stops
         if item.failure is not None:
             raise sw.offload_failed(item, item.failure)
         if item.fallback is not None:
@@ -269,24 +270,23 @@ class Restorer:
                 item.restored = item.src.detach()  # (src itself lets its memory go at release)
                 sw.stats.add("served_from_device")
                 return False
-            blob, host = item.host_blob, item.host
+            blob = item.host_blob
             item.busy = True  # vdnnpp's host compression leaves this buffer alone for now
         try:
-            y = self._copy_in(item, blob, host, timing)
+            y = self._copy_in(item, blob, timing)
         finally:
-            item.busy = False
+            with sw.lock:
+                item.busy = False
         item.restored = y
         sw.stats.add("restored_tensors")
         return True
 
-    def _copy_in(self, item: Item, blob, host: torch.Tensor, timing: bool) -> torch.Tensor:
+    def _copy_in(self, item: Item, blob, timing: bool) -> torch.Tensor:
         sw, dev, info = self.sw, item.device, item.info
-        compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
-        shape = item.dense_shape()
-        y = dev.empty_as(info.nbytes, info.dtype, shape, compute)  # where backward uses and frees it
-        y_bytes = flat_bytes(y) if blob is not None or item.header is not None or sw.checksum else None
-        dev.wait_stream(h2d, compute, at="restore.copy_in_after_compute")
+        lanes = lanes_of(dev)
+        shape, host = item.dense_shape(), item.host
         if blob is not None:  # vdnnpp: decompress on the CPU into a pinned buffer, then copy up
+            y = lanes.alloc_in(info.nbytes, info.dtype, shape)
             staging = sw.pool.acquire(info.nbytes, dev)
             # At the host memory limit, pageable memory: the copy up then blocks until it is read.
             source = staging[: info.nbytes] if staging is not None else dev.host_empty(info.nbytes, pinned=False)
@@ -302,15 +302,16 @@ class Restorer:
                 if staging is not None:
                     sw.pool.release(staging)  # (no copy read it)
                 raise
-            dev.copy(y_bytes, source, h2d)
+            done = lanes.copy_in([flat_bytes(y)], [source], timing=timing)
             if staging is not None:
-                sw.pool.release(staging, dev.record_event(h2d), dev)
-        elif item.header is not None:
+                sw.pool.release(staging, done, dev)
+        elif item.header is not None:  # the payload in on H2D, decoded on the decode stream
             self.check_header(item, host)
             hsize = item.header.header_nbytes
-            payload = dev.empty(item.moved - hsize, h2d)
-            dev.copy(payload, host[hsize: item.moved], h2d)
-            verdict = dev.empty(16, h2d)
+            payload = dev.empty(item.moved - hsize, lanes.h2d)
+            landed = lanes.copy_in([payload], [host[hsize: item.moved]])
+            y = lanes.alloc_in(info.nbytes, info.dtype, shape, stream=lanes.decode)
+            y_bytes, verdict = flat_bytes(y), dev.empty(16, lanes.decode)
             codec, header, config = codecs.get(item.codec), item.header, sw.codec_configs.get(item.codec)
 
             def decode():
@@ -319,27 +320,29 @@ class Restorer:
                 words[0] = check.bad
                 words[1] = integrity.checksum(payload) if sw.checksum else 0
 
-            dev.launch(h2d, decode, reads=[payload], writes=[y_bytes, verdict],
-                       work=Work("decode", item.codec, info.nbytes, info.dtype.itemsize))
-            dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
+            done = lanes.decode_after(landed, decode, reads=[payload], writes=[y_bytes, verdict],
+                                      work=Work("decode", item.codec, info.nbytes, info.dtype.itemsize),
+                                      verdict=verdict, host_verdict=host[item.tail + 8: item.tail + 24], timing=timing)
             item.verdict_pending = True
         else:
-            dev.copy(y, sw.pool.view(host, info.dtype, shape, item.offset), h2d)  # (typed: the pool keeps its view)
+            y = lanes.alloc_in(info.nbytes, info.dtype, shape)
+            done = lanes.copy_in([y], [sw.pool.view(host, info.dtype, shape, item.offset)],  # (typed: a kept view)
+                                 timing=timing and not sw.checksum)
             if sw.checksum:
-                verdict = dev.empty(16, h2d)
+                y_bytes, verdict = flat_bytes(y), dev.empty(16, lanes.h2d)
 
                 def check():
                     words = verdict.view(torch.int64)
                     words[0] = 0
                     words[1] = integrity.checksum(y_bytes)
 
-                dev.launch(h2d, check, reads=[y_bytes], writes=[verdict], work=Work("checksum", None, info.nbytes))
-                dev.copy(host[item.tail + 8: item.tail + 24], verdict, h2d)
+                done = lanes.check_after(lanes.h2d, check, reads=[y_bytes], writes=[verdict], verdict=verdict,
+                                         host_verdict=host[item.tail + 8: item.tail + 24], timing=timing)
                 item.verdict_pending = True
-        dev.record_stream(y, h2d, at="restore.record_restored")
-        item.h2d_done = item.last_read = dev.record_event(h2d, timing=timing)
-        if item.block is not None:
-            item.block.last_read = item.last_read
+        lanes.hand_to_compute([y])
+        item.h2d_done = done
+        if item.lease is not None:
+            item.lease.last_use = done
         return restore_strides(y, item.perm, item.stride) if item.perm is not None else y
 
     # -- integrity ------------------------------------------------------------------------
@@ -357,11 +360,11 @@ class Restorer:
             raise self.corrupt(item, problem)
 
     def verify(self, item: Item) -> None:
-        """Read the verdicts that have landed, this item's included if its copy in has
+        """Read the verdicts that have landed, this item's included if its restore has
         completed; leave the others for later unpacks and the end of backward."""
         unread = self.unread
         if item.verdict_pending and not item.verdict_unread:
-            with self.sw.lock:  # (drop_handle reads the flag: the buffer stays until the verdict is read)
+            with self.sw.lock:  # (return_host reads the flag: the buffer stays until the verdict is read)
                 item.verdict_unread = True
             unread.append((item, item.h2d_done))
         landed = [entry for entry in unread if entry[0].device.event_query(entry[1], at="unpack.verdict_landed")]
@@ -376,14 +379,20 @@ class Restorer:
                 self.settle()
 
     def settle(self) -> None:
-        """At the end of backward: wait for the verdicts still in flight (once per
-        device: its copy-in stream runs in order) and read them."""
+        """At the end of backward: wait for the verdicts still in flight (once per device and
+        stream: decoded ones on the decode stream, checked raw copies on H2D; each stream
+        runs in order) and read them."""
         self.settling = False
         unread, self.unread = self.unread, []
         items = [item for item, _ in unread]
+        streams = {}
+        for item in items:
+            lanes = lanes_of(item.device)
+            stream = lanes.decode if item.header is not None else lanes.h2d
+            streams[id(lanes), id(stream)] = (lanes, stream)
         try:
-            for dev in {id(item.device): item.device for item in items}.values():
-                dev.event_synchronize(dev.record_event(dev.side_stream("h2d")), at="unpack.verdict_landed")
+            for lanes, stream in streams.values():
+                lanes.dev.event_synchronize(lanes.record(stream), at="unpack.verdict_landed")
         except BaseException:
             self.abandon(items)
             raise
@@ -406,7 +415,7 @@ class Restorer:
             self.done_reading(item)
 
     def read_verdict(self, item: Item) -> None:
-        """The verdict of the item's last copy in (landed) and raise on a corrupt copy."""
+        """The verdict of the item's last restore (landed) and raise on a corrupt copy."""
         if item.host is None:  # (cannot happen while verdict_pending holds the buffer; never read freed memory)
             return
         try:
@@ -424,8 +433,7 @@ class Restorer:
         sw = self.sw
         with sw.lock:
             item.verdict_pending = item.verdict_unread = False
-            if item.freed and item.host is not None:  # its last save died before the verdict was read
-                sw.give_back_host(item)
+            sw.return_host(item)  # (its last save died before the verdict was read)
 
     def diagnose(self, item: Item) -> str:
         """The decoder's own words on what is wrong, from decoding the host copy on the CPU."""
@@ -447,3 +455,10 @@ class Restorer:
             f"[{str(info.dtype).removeprefix('torch.')} {list(info.shape)}] is corrupt: {problem}. Backward "
             f"stops here rather than compute gradients from wrong values; the host memory or the PCIe link altered "
             f"it (check the machine: ECC errors, dmesg).{hint}")
+
+
+def restore_footprint(item: Item) -> int:
+    """Device bytes a restore holds while ahead of use: the tensor, and a compressed one's
+    payload until decoded."""
+    payload = item.moved if item.header is not None else 0
+    return item.info.nbytes + payload

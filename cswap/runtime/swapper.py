@@ -2,25 +2,36 @@
 
 `Swapper.pack` and `Swapper.unpack` are the two `saved_tensors_hooks`. This
 module decides, per saved tensor, whether and how it leaves the device (pack),
-and keeps the books; the work itself is in two halves:
+and keeps the books; the journey itself is in three modules:
 
-- cswap.runtime.offload: the copy out (by pack itself for a raw tensor with a
-  host buffer to reuse, else by the worker thread) and the release of the
-  device tensor once its copy has completed (at the next save while forward
-  runs, by the releaser thread after it and under a memory budget);
-- cswap.runtime.restore: prefetch, copy in, decode and verify for backward.
+- cswap.runtime.offload: the stages out (encode on the worker, copy out on the
+  sender, release), and raw copies out sent by pack itself in groups;
+- cswap.runtime.restore: prefetch, copy in, decode and verify for backward;
+- cswap.runtime.lanes: each device's side streams, and every wait and event
+  between the stages.
+
+An offloaded tensor is an Item (cswap.runtime.items) whose phase moves on in
+one place (Item.advance, under this swapper's lock), and whose host copy is a
+Lease given back in one place (Swapper.return_host).
 
 Every device operation goes through the device seam (cswap.runtime.device):
 CUDA, or the emulated asynchronous device on CPU. The code path is the same.
 
-In flight. An offloaded tensor stays on the device until its copy completes.
-pack() admits a tensor only while the bytes in flight stay within the stash
-limit (else it waits for the oldest copy; one tensor is always admitted), and
-prefetch restores ahead of backward only what fits in the prefetch limit (a
-tensor that does not fit is fetched when backward asks). By default each limit
-is an eighth of what a forward pass offloads (the stash: the previous pass's;
-prefetch: the pass being restored): the device holds that little more than
-what stays, at any model size, and the copies still overlap compute.
+In flight. An offloaded tensor stays on the device until its copy completes,
+and so does what was made to send it (a payload reserved for the largest its
+codec can write, or a gathered copy): its footprint. pack() admits a tensor
+only while the footprints in flight stay within the stash limit (else it
+waits for the oldest copy), and prefetch restores ahead of backward only what
+fits in the prefetch limit (a tensor and, compressed, its payload; one that
+does not fit is fetched when backward asks). By default each limit is an
+eighth of what a forward pass offloads (the stash: the previous pass's;
+prefetch: the pass being restored), and each admits at least two tensors
+whatever their size, the largest included: so that one tensor compresses
+while the one before it is copied out, and the next restore copies in while
+the one before it decodes. The device holds that little more than what stays,
+at any model size, and the copies still overlap compute. Under a memory
+budget, or with stash_bytes or prefetch_bytes given, the limits are kept
+exactly (at least one tensor), and compressions reserve only their real size.
 
 Dedup: a tensor saved by several ops is offloaded once; later saves of the
 same tensor object at the same version share the first item. A weak
@@ -56,9 +67,9 @@ from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, activa
 from .device import Device, device_of
 from .hook_context import mark
 from .host_pool import HostPool
-from .items import Handle, Item, KeptByPolicy, Pass, dense_permutation, modified_error
+from .items import Handle, Item, KeptByPolicy, Pass, Phase, dense_permutation, modified_error
 from .offload import Offloader
-from .restore import Restorer
+from .restore import Restorer, restore_footprint
 from .stats import SwapStats
 
 __all__ = ["Swapper", "check_policy", "default_max_host_bytes", "held_for_backward", "local_world_size"]
@@ -202,12 +213,15 @@ class Swapper:
         self._warmed: set[tuple[str, int]] = set()  # (codec, itemsize) pairs whose kernels are built
         self.inflight: deque[Item] = deque()  # admitted, not yet released, in pack order
         self.in_forward = False                # between begin_pass and end_pass: the training thread releases
-        self._offload_bytes = 0                # their bytes (the stash)
-        self.prefetched_bytes = 0              # restored ahead of use, not yet served
+        self._offload_bytes = 0                # the device bytes they hold (the stash)
+        self.prefetched_bytes = 0              # device bytes restored ahead of use, not yet served
+        self.prefetched_items = 0              # and how many restores
         self._peak_offload = self._peak_prefetch = 0  # the most of each since the stats' reset
-        self._largest = 0                      # the largest tensor offloaded so far
-        self._previous_pass_bytes = 0          # offloaded in the previous pass
+        self._largest = 0                      # the largest footprint of a tensor offloaded so far
+        self._previous_pass_bytes = 0          # the footprints of the previous pass's offloaded tensors
         self._failure: tuple[BaseException, Item | None] | None = None
+        self._passes = 0                       # forward passes begun (an item's pass_number)
+        self._stopped_pass = -1                # the pass whose step a failure stopped
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
         self.compiled_saves = 0                # saves recognised as a compiled graph's (patch checks it)
@@ -226,9 +240,10 @@ class Swapper:
         if self.restorer.unread:  # a backward that raised before its end read them
             self.restorer.abandon()
         self.in_forward = True
-        if self._pass is not None and self._pass.nbytes:
-            self._previous_pass_bytes = self._pass.nbytes
+        if self._pass is not None and self._pass.footprint:
+            self._previous_pass_bytes = self._pass.footprint
         self._pass = Pass()
+        self._passes += 1
         self._seen.clear()
         if self.observer is not None:
             self.observer.begin_pass()
@@ -265,15 +280,28 @@ class Swapper:
         return self.in_forward and self.memory_limit is None
 
     def stash_limit(self) -> int:
+        """Device bytes in flight out (tensors not yet released and the payloads made to send
+        them) that pack admits more tensors within; by default at least two are in flight
+        whatever their size (see _admit)."""
         if self.stash_bytes is not None:
             return self.stash_bytes
         return max(self._largest, self._previous_pass_bytes // AUTO_FRACTION)
 
     def prefetch_limit(self, pass_: Pass) -> int:
-        """Bytes restored ahead of backward's use, for the items of `pass_`."""
+        """Device bytes restored ahead of backward's use, for the items of `pass_`; by default
+        at least two restores are ahead whatever their size (fits_prefetch)."""
         if self.prefetch_bytes is not None:
             return self.prefetch_bytes
         return pass_.nbytes // AUTO_FRACTION
+
+    def fits_prefetch(self, nbytes: int, limit: int, pending_bytes: int = 0, pending: int = 0) -> bool:
+        """Whether one more restore holding `nbytes` fits ahead of backward (besides
+        `pending` restores of `pending_bytes` about to be queued with it): within `limit`,
+        or, by default (no prefetch_bytes, no memory budget), while fewer than two restores
+        are ahead."""
+        if self.prefetch_bytes is None and self.memory_limit is None and self.prefetched_items + pending < 2:
+            return True
+        return self.prefetched_bytes + pending_bytes + nbytes <= limit
 
     # -- pack -------------------------------------------------------------------------
 
@@ -362,6 +390,7 @@ class Swapper:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return t.detach(), t._version
         item = Item(t, info, codec, dense_permutation(t), len(pass_.items), dev)
+        item.footprint, item.pass_number = self.offloader.footprint(item), self._passes
         self.device, self.tensor_device = dev, dev.device
         self._admit(item, pass_)
         # At once: an admitted item is always on its way (pack may raise below). Raw copies go
@@ -386,20 +415,23 @@ class Swapper:
 
     def _admit(self, item: Item, pass_: Pass) -> None:
         """Count the item in flight; while that would exceed the stash limit, wait for
-        the oldest copy out to complete and release it (no polling). A failure found
-        while waiting is raised before the item is counted."""
-        nbytes = item.info.nbytes
+        the oldest copy out to complete and release it (no polling). By default two
+        tensors are always admitted, the largest included, so that one compresses while
+        the one before it is copied out (the stash_bytes option and a memory budget's plan
+        are kept exactly: at least one). A failure found while waiting is raised before the
+        item is counted."""
+        nbytes = item.footprint
         if nbytes > self._largest:
             self._largest = nbytes
         limit = self.stash_limit()
+        least = 2 if self.stash_bytes is None and self.memory_limit is None else 1
         waited_since = None
         while True:
             if self._notices or self._failure:
                 self.surface()
             with self.lock:
-                if not self.inflight or self._offload_bytes + nbytes <= limit:
+                if len(self.inflight) < least or self._offload_bytes + nbytes <= limit:
                     self._offload_bytes += nbytes
-                    item.stashed = True
                     self.inflight.append(item)
                     if self._offload_bytes > self._peak_offload:  # (a new peak: the stats see only those)
                         self._peak_offload = self._offload_bytes
@@ -408,7 +440,8 @@ class Swapper:
                 oldest = self.inflight[0]
             waited_since = waited_since or item.device.host_time()
             self._wait_released(oldest, at="pack.stash_full")
-        pass_.nbytes += nbytes
+        pass_.nbytes += item.info.nbytes
+        pass_.footprint += nbytes
         if waited_since is not None:
             self.stats.add("offload_stall_s", item.device.host_time() - waited_since)
 
@@ -438,8 +471,6 @@ class Swapper:
             except Exception as exc:  # noqa: BLE001 - the copy failed: raised by surface()
                 self.fail(exc, item)
         self.offloader.release(item)
-        if item.stashed:  # another thread is releasing it: let it finish (it unstashes last)
-            time.sleep(0)
 
     def warm_up(self, choices) -> None:
         """Build now the kernels for each (codec, itemsize) in `choices`, on the device
@@ -454,11 +485,9 @@ class Swapper:
             self._warmed.add((codec, itemsize))
 
     def unstash(self, item: Item) -> None:
-        """The item is released (called under the lock)."""
-        if item.stashed:
-            item.stashed = False
-            self._offload_bytes -= item.info.nbytes
-            self.inflight.remove(item)
+        """The item is released (called once, under the lock)."""
+        self._offload_bytes -= item.footprint
+        self.inflight.remove(item)
 
     def _already_offloaded(self, t: torch.Tensor, entry=_LOOK) -> Handle | tuple | None:
         """A handle on this pass's item for `t`, or for the tensor `t` is a view of
@@ -593,7 +622,8 @@ class Swapper:
         """A prefetch was issued (under the lock): in flight until served."""
         if not item.prefetch_counted:
             item.prefetch_counted = True
-            self.prefetched_bytes += item.info.nbytes
+            self.prefetched_items += 1
+            self.prefetched_bytes += restore_footprint(item)
             if self.prefetched_bytes > self._peak_prefetch:
                 self._peak_prefetch = self.prefetched_bytes
                 self.stats.peak("peak_prefetch_bytes", self.prefetched_bytes)
@@ -601,7 +631,8 @@ class Swapper:
     def uncount_prefetch(self, item: Item) -> None:
         if item.prefetch_counted:
             item.prefetch_counted = False
-            self.prefetched_bytes -= item.info.nbytes
+            self.prefetched_items -= 1
+            self.prefetched_bytes -= restore_footprint(item)
 
     def note_stall(self, dev: Device, asked, restored) -> None:
         """An on-demand restore: compute asked at `asked` and waits for `restored`
@@ -634,7 +665,9 @@ class Swapper:
                 if item.failure is exc:  # another waiter on the same event: reported already
                     return
                 item.failure = item.failure or exc
-            if self._failure is None:
+            # (more failures of a pass whose step already stopped on one are not raised again:
+            # the next step starts clean)
+            if self._failure is None and (item is None or item.pass_number != self._stopped_pass):
                 self._failure = (exc, item)
 
     def offload_failed(self, item: Item | None, exc: BaseException) -> RuntimeError:
@@ -666,6 +699,8 @@ class Swapper:
             warnings.warn(message, RuntimeWarning, stacklevel=4)
         if failure is not None:
             exc, item = failure
+            if item is not None:
+                self._stopped_pass = item.pass_number
             raise self.offload_failed(item, exc)
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -687,24 +722,23 @@ class Swapper:
             self.uncount_prefetch(item)
             item.restored = item.h2d_done = None
             item.fallback = None
-            item.host_blob = None
-            # Not yet issued: the worker may be copying into the buffer; it returns it. An unread
-            # verdict lies in the buffer: the restorer returns it once read.
-            if item.host is not None and item.issued.is_set() and not item.verdict_unread:
-                self.give_back_host(item)
+            self.return_host(item)
 
-    def give_back_host(self, item: Item) -> None:
-        """The item's host copy is no longer needed (under the lock): its buffer goes back
-        to the pool, to be reused once the last copy that read it completes; a group's
-        buffer, once every item in it has given its share back."""
-        host, item.host, item.host_view = item.host, None, None
-        block = item.block
-        if block is None:
-            self.pool.release(host, item.last_read or item.d2h_done, item.device)
+    def return_host(self, item: Item) -> None:
+        """The one place an item's host copy goes back to the pool (under the lock), when
+        nothing will read it any more: every save of it died (or vdnnpp keeps it compressed
+        on the CPU), it is handled (the sender has put its copy out in it: ISSUED), no
+        restore reads it on the host (busy) and no verdict waiting in it is unread. The
+        pool reuses the buffer once its last copy completes (Lease.last_use); a group's,
+        once every item in it has given its share back."""
+        lease = item.lease
+        if lease is None or not (item.freed or item.host_blob is not None) or item.phase < Phase.ISSUED \
+                or item.busy or item.verdict_unread:
             return
-        block.left -= 1
-        if block.left == 0:
-            self.pool.release(block.buffer, block.last_read, item.device)
+        item.lease = item.host_view = None
+        if item.freed:
+            item.host_blob = None
+        lease.give_back()
 
     def synchronize(self) -> None:
         """Wait until every admitted offload has been copied out and released, and

@@ -17,10 +17,13 @@ __all__ = ["POINTS", "active", "switched_off"]
 POINTS = {
     "offload.compress_after_ready":
         "the compression stream waits for the event recorded at pack: the tensor has been computed",
+    "offload.sizes_landed":
+        "the sender reads an encode's sizes (to size its copy out and write its header) only once their "
+        "copy to the host has completed",
     "offload.copy_after_ready":
         "the copy-out stream waits for the event recorded at pack before copying a raw tensor",
     "offload.copy_after_compress":
-        "the copy-out stream waits for the compression of the tensor it copies",
+        "the copy-out stream waits for the encode (or gather) of the bytes it copies",
     "offload.record_kept":
         "a tensor kept on the device at the host memory limit, after the compression stream read it (to "
         "compress or gather it), is record_stream()ed to that stream: its memory is not recycled while "
@@ -29,15 +32,18 @@ POINTS = {
         "the releaser drops a saved tensor only after its copy out has completed",
     "pack.stash_full":
         "pack, with the stash full, waits for the oldest copy out to complete before going on",
-    "restore.copy_in_after_compute":
-        "the copy-in stream waits for compute before writing memory allocated on compute (recycled blocks)",
+    "restore.decode_after_copy_in":
+        "the decode stream waits for the copy in of the payload it decodes",
+    "restore.record_payload":
+        "a payload copied in on the H2D stream is record_stream()ed to the decode stream that reads it: its "
+        "memory is not recycled by the next copy in while the decode runs",
     "restore.record_restored":
-        "a restored tensor is record_stream()ed to the copy-in stream, so one dropped unused is not "
-        "recycled while its copy runs",
+        "a tensor restored on a side stream is record_stream()ed to compute, which uses and frees it: its "
+        "memory is not recycled by the next restore while compute may still read it",
     "unpack.compute_after_copy_in":
-        "compute waits for the item's copy in before backward uses the tensor",
+        "compute waits for the item's restore (copy in, and decode) before backward uses the tensor",
     "unpack.verdict_landed":
-        "the host reads an item's decoder and checksum verdict only once its copy in has completed (queried "
+        "the host reads an item's decoder and checksum verdict only once its restore has completed (queried "
         "at later unpacks, waited for at the end of backward)",
     "host_pool.buffer_free":
         "a host buffer is reused only once the last copy that read or wrote it has completed",

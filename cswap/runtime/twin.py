@@ -369,10 +369,10 @@ class TimedDevice(EmulatedDevice):
         self._leave(self._enter(CALL_S["capture"]))
         return False
 
-    def record_event(self, stream, timing: bool = False) -> EmulatedEvent:
+    def record_event(self, stream, timing: bool = False, reuse=None) -> EmulatedEvent:
         clock = self._enter(CALL_S["record"])
         try:
-            event = super().record_event(stream, timing)
+            event = super().record_event(stream, timing, reuse)
             with self._lock:
                 event.issued_at = clock.t
                 event.at = max(self._tails.get(id(stream), 0.0), clock.t)
