@@ -155,26 +155,20 @@ def legacy_device():
 def train(run: dict, mode: str, compute_factor: float, args) -> dict:
     """Steps of one mode on a fresh twin: virtual ms per step and what the twin saw."""
     import cswap
-    from cswap.models import build
     from cswap.runtime.emulator import activate
     from cswap.runtime.twin import ComputeClock, TwinSpec
 
     scale = run["scale"]
     spec = TwinSpec.measured(TABLE_IN_TREE, scale=scale, compute_factor=compute_factor, sm_share=args.sm_share)
     dev = legacy_device()(spec)
-    torch.manual_seed(0)
-    model = build(run["model"], dataset=run["dataset"])
+    model, x, y = _model_and_batch(run)
+    batch = x.shape[0]
     if mode != "unpatched":
         options = dict(mode=mode, verbose=False, min_bytes=max(1, (1 << 20) // scale))
         if mode == "cswap":
             options["profile"] = scaled_profile(cswap, scale)
         cswap.patch(model, **options)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    size, classes = (224, 1000) if run["dataset"] == "imagenet" else (32, 10)
-    batch = run["batch"] // scale
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 3, size, size, generator=gen)
-    y = torch.randint(0, classes, (batch,), generator=gen)
     times, phases, busy, blocked = [], [], [], []
     with activate(dev), ComputeClock(dev, model):
         for i in range(args.warmup + args.steps):
@@ -226,6 +220,51 @@ def _stalls_on_device_clock() -> bool:
     return "host_time" in inspect.getsource(cswap.runtime.swapper)
 
 
+class _TwinProfile:
+    """The twin's GPU as a profile the planner takes (cswap.predict's `profile`): its link
+    and its codecs' measured times, so the plan and the twin agree on the machine."""
+
+    def __init__(self, spec):
+        self.bw_d2h, self.bw_h2d = spec.d2h_bytes_per_s, spec.h2d_bytes_per_s
+        self.codecs = ("zvc", "rle", "csr", "lz4", "zans")
+        self._seconds = spec.codec_seconds
+        self.source = f"measured: {spec.source}"
+
+    def seconds(self, codec, direction, size, sparsity):
+        return self._seconds(codec, direction, size, sparsity)
+
+
+def plan(run: dict, times: dict) -> dict:
+    """cswap-plan's prediction of each mode's step for the run (cswap.predict on the H200,
+    its measured link and codecs, compute as the twin's unpatched step: its forward and
+    backward times; sparsity measured on CPU steps of the twin's batch): {mode: ms}."""
+    import cswap
+    from cswap.plan.sparsity import measure
+    from cswap.runtime.twin import TwinSpec
+
+    model, x, y = _model_and_batch(run)
+    sparsity = measure(model, [(x,)] * 3, targets=[y] * 3)
+    size = x.shape[-1]
+    p = cswap.predict(model, torch.empty(run["batch"], 3, size, size, device="meta"), gpu="h200",
+                      profile=_TwinProfile(TwinSpec.measured(TABLE_IN_TREE)), sparsity=sparsity, times=times,
+                      recompute=False)
+    return {mode: 1e3 * p.step_seconds(mode) for mode in MODES if mode in p.modes}
+
+
+def _model_and_batch(run: dict):
+    """The run's model (seeded) and its batch at the twin's scale."""
+    from cswap.models import build
+
+    torch.manual_seed(0)
+    model = build(run["model"], dataset=run["dataset"])
+    size, classes = (224, 1000) if run["dataset"] == "imagenet" else (32, 10)
+    batch = run["batch"] // run["scale"]
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 3, size, size, generator=gen)
+    y = torch.randint(0, classes, (batch,), generator=gen)
+    return model, x, y
+
+
 def replay(args) -> list[dict]:
     nan = float("nan")
     rows = []
@@ -238,11 +277,17 @@ def replay(args) -> list[dict]:
               f"{run['scale']}; compute calibrated: the roofline's {base['compute_ms']:.1f} ms x {factor:.3f} = "
               f"the H200's unpatched {run['measured_ms']['unpatched']} ms", flush=True)
         print(f"{'mode':<10} {'twin ms':>8} {'x unp.':>7} {'H200 x':>7} {'error':>7} {'exposed':>8} {'fwd':>6} "
-              f"{'bwd':>6} {'d2h':>6} {'h2d':>6} {'compr':>6} {'fwd st':>6} {'bwd st':>6} {'moved MiB':>9}",
-              flush=True)
+              f"{'bwd':>6} {'d2h':>6} {'h2d':>6} {'compr':>6} {'fwd st':>6} {'bwd st':>6} {'moved MiB':>9} "
+              f"{'plan ms':>8} {'vs plan':>7}", flush=True)
         unpatched = None
+        planned = {}
         for mode in ["unpatched", *args.modes]:
             row = train(run, mode, factor, args)
+            if mode == "unpatched" and args.plan:
+                planned = plan(run, {"forward_s": row["forward_ms"] / 1e3, "backward_s": row["backward_ms"] / 1e3})
+            if mode in planned:
+                row["plan_ms"] = planned[mode]
+                row["vs_plan"] = row["step_ms"] / planned[mode] - 1
             row["compute_factor"] = factor
             unpatched = unpatched or row["step_ms"]
             row["x_unpatched"] = row["step_ms"] / unpatched
@@ -257,8 +302,8 @@ def replay(args) -> list[dict]:
                   f"{row.get('h200_x_unpatched', nan):7.2f} {row.get('x_error', nan):+7.1%} "
                   f"{row['exposed_ms']:8.1f} {row['forward_ms']:6.1f} {row['backward_ms']:6.1f} {row['d2h_ms']:6.1f} "
                   f"{row['h2d_ms']:6.1f} {row['compress_ms']:6.1f} {row.get('offload_stall_ms_per_step', nan):6.1f} "
-                  f"{row.get('prefetch_stall_ms_per_step', nan):6.1f} {row.get('moved_mib_per_step', 0.0):9.0f}",
-                  flush=True)
+                  f"{row.get('prefetch_stall_ms_per_step', nan):6.1f} {row.get('moved_mib_per_step', 0.0):9.0f} "
+                  f"{row.get('plan_ms', nan):8.1f} {row.get('vs_plan', nan):+7.1%}", flush=True)
     return rows
 
 
@@ -283,9 +328,11 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--sm-share", type=float, default=0.0,
-                   help="of a codec kernel's time, what compute running beside it loses (0: none, 1: all)")
+    p.add_argument("--sm-share", type=float, default=1.0,
+                   help="of a codec kernel's time, what compute running beside it loses (1: all, the default; 0: none)")
     p.add_argument("--commit", help="replay this commit's runtime instead of this tree's")
+    p.add_argument("--no-plan", dest="plan", action="store_false",
+                   help="skip cswap-plan's prediction of each mode (cswap.predict) beside the twin's")
     p.add_argument("--label", help="results file name (default: 'today' or the commit)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--table", action="store_true", help="rebuild cswap/data/twin-nvidia-h200.json and stop")

@@ -52,8 +52,9 @@ def test_modes_step_times_and_peaks_are_consistent(small, prediction):
     for mode in ("vdnn", "sc", "cswap"):
         m = p.modes[mode]
         assert m.offloaded > 0 and m.pcie_bytes > 0
-        assert m.step_seconds == pytest.approx(m.compute_seconds + m.exposed_seconds + m.codec_seconds +
-                                               m.host_seconds)
+        # (the kernels' time beside compute is in the exposed time; codec_seconds says how much they took)
+        assert m.step_seconds == pytest.approx(m.compute_seconds + m.exposed_seconds + m.host_seconds)
+        assert (m.codec_seconds > 0) == (m.compressed > 0)
         assert m.host_seconds == pytest.approx(m.offloaded * HOST_S_PER_TENSOR)  # the host's time per tensor
         assert m.step_seconds >= p.step_seconds("none")
     assert p.modes["vdnn"].compressed == 0 and p.modes["sc"].compressed == p.modes["sc"].offloaded

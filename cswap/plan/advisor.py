@@ -58,36 +58,42 @@ both PCIe links to itself.
 
 Timeline mode (a model of one iteration with shared links)
 ----------------------------------------------------------
-`simulate` replays one iteration against one serial D2H link and one serial H2D
-link (in the spirit of SwapAdvisor's simulator). It is a model built from the
+`simulate` replays one iteration as the runtime runs it (cswap.runtime.offload and
+restore), in the spirit of SwapAdvisor's simulator. It is a model built from the
 profiled timings, not a measurement:
 
-- Forward: offloads go in save order. Tensor i's offload starts at
-  max(save_s_i + Time_c_i, D2H link free) (compression runs on the offload side
-  stream before its copy; Time_c = 0 uncompressed) and holds the link for
-  S_c / BW_d2h. Forward stall = max(0, end of the last offload - forward_s):
-  backward cannot restore what has not left, so it starts only then.
-- Backward: tensors are used in reverse save order at use_s (measured from the
-  start of backward, shifted by the stalls so far). vDNN-style prefetch: the
-  restore of tensor i is issued when the tensor used just before it (i + 1 in
-  save order) is used; the first-used tensor's restore is issued when backward
-  starts. It starts at max(issue, H2D stream free, its offload's end) and holds
-  the H2D stream for S_c / BW_h2d + Time_dc_i (decompression runs on the H2D
-  stream after the copy). If it ends after the tensor's use time, the difference
-  is a stall, which delays every later backward event.
-- exposed_s = forward stall + the sum of backward stalls. Per tensor, the
-  forward stall is charged to the last offload (the one that ends late), each
-  backward stall to the tensor waited for. Compression and decompression are
-  assumed not to slow the compute stream; `Advisor` in timeline mode charges
-  their time separately (below).
+- Forward: tensors are packed in save order. Pack admits a tensor while the device
+  bytes in flight out (the tensor, and for a compressed one a payload reserved for the
+  largest its codec writes: twice its size) fit the stash window (an eighth of the
+  pass, at least the largest) or fewer than two tensors are in flight; else forward
+  waits for the oldest copy out to end, and every later save moves on by that wait.
+  Encodes run in order on the compression stream from the save (Time_c), copies in
+  order on the D2H link after their encode, or their save when raw (S_c / BW_d2h).
+  Forward stall = the sum of those waits, each charged to the tensor waited for.
+- Backward starts when forward's compute ends; a tensor whose copy out has not ended
+  when it is restored is served from the device. Tensors are used in reverse save
+  order at use_s (from the start of backward, shifted by the stalls so far). The
+  first is restored when backward asks for it; after each use, the next restores are
+  issued while the tensors restored ahead (each with its payload) fit the prefetch
+  window (an eighth of the pass's bytes) or fewer than two are ahead. Copies in run
+  in order on the H2D link (S_c / BW_h2d), decodes in order on the decode stream after
+  their copy in (Time_dc); if a tensor is ready after its use time, the difference is
+  a stall, which delays every later backward event.
+- The advisor's timeline mode scores its options without the device's shortcut:
+  every tensor leaves, and one whose copy out has not ended when backward asks for
+  it waits for it (else a slower option, leaving a tensor on the device longer,
+  would look better and save no memory).
+- A codec kernel running beside compute delays it by SM_SHARE of its time (all of
+  it: the kernels use every SM; the timed twin assumes the same): an encode in
+  forward delays every later save, a decode every later use.
+- exposed_s = forward stall + the sum of backward stalls, kernels included.
 
 Timeline decisions are greedy, one pass: start from all uncompressed; visit the
 tensors by decreasing size (ties in save order); for each, keep earlier choices
 and pick the option among {None, codecs...} minimising the simulated exposed_s
-plus the compute cost of compression (the sum of Time_c + Time_dc over chosen
-codecs, since the kernels compete with training compute on the GPU); an option
-must be strictly cheaper to replace the current one (None, then `codecs` order,
-wins ties). Finally the independent decisions are scored the same way and kept
+(the kernels' time beside compute included), and at equal time the fewer bytes
+moved; an option must be strictly better to replace the current one (None, then
+`codecs` order, wins ties). Finally the independent decisions are scored the same way and kept
 if strictly cheaper, so timeline mode never scores worse in its own model than
 all-uncompressed or the independent choices. Decisions in timeline mode still
 report T' and T_c from equations 1-4; only `codec` (and `t_best`) follow the
@@ -464,51 +470,125 @@ def _exposed(size: float, t: TensorProfile, bw_d2h: float, bw_h2d: float) -> flo
 # -- the timeline model -----------------------------------------------------------------------------------
 
 
+WINDOW_FRACTION = 8  # the runtime's default stash and prefetch windows: an eighth of a pass (Swapper)
+WINDOW_LEAST = 2     # and at least this many tensors in flight, the largest included
+# Of a codec kernel's time, what compute running beside it loses: the kernels use every SM, so
+# compute yields them for about as long (assumed, as the timed twin assumes by default,
+# cswap.runtime.twin.TwinSpec.sm_share; not measured: a GPU trace will tell).
+SM_SHARE = 1.0
+
+
 def _timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
-              bw_h2d: float) -> SimResult:
+              bw_h2d: float, served_from_device: bool = True) -> SimResult:
     tensors = iteration.tensors
     n = len(tensors)
     per = {t.key: 0.0 for t in tensors}
-    # forward: one serial D2H link, offloads in save order
-    link = 0.0
+    # The device bytes each holds while in flight out: the tensor, and for a compressed one the
+    # payload reserved for the largest its codec can write (cswap.runtime.offload.footprint).
+    footprint = [t.nbytes * (2 if k else 1) for t, k in zip(tensors, options)]
+    stash = max(max(footprint, default=0), sum(footprint) // WINDOW_FRACTION)
+    # forward: pack admits a tensor while the footprints in flight fit the stash (two at least),
+    # else it waits for the oldest copy out; encodes run in order on the compression stream,
+    # copies in order on the D2H link, each after its encode (or, raw, its save)
+    shift = compress = link = late = 0.0
     offload_end = [0.0] * n
+    inflight: list[int] = []
     for i, t in enumerate(tensors):
         c, k = costs[i], options[i]
-        start = max(t.save_s + c.t_c[k], link)
-        link = offload_end[i] = start + c.size[k] / bw_d2h
-    forward_stall = max(0.0, link - iteration.forward_s)
-    if n and forward_stall > 0:
-        per[tensors[-1].key] += forward_stall
-    # backward, in absolute time: starts once forward and every offload are done
+        save = t.save_s + shift
+        inflight = [j for j in inflight if offload_end[j] > save]  # (released at this save)
+        while len(inflight) >= WINDOW_LEAST and sum(footprint[j] for j in inflight) + footprint[i] > stash:
+            oldest = inflight.pop(0)
+            wait = offload_end[oldest] - save
+            if wait > 0:
+                per[tensors[oldest].key] += wait
+                shift += wait
+                save += wait
+        ready = save
+        if k is not None:
+            start = max(save, compress)
+            compress = ready = start + c.t_c[k]
+            if start < iteration.forward_s + shift:  # beside forward's compute, which yields the SMs
+                shift += SM_SHARE * c.t_c[k]
+                per[t.key] += SM_SHARE * c.t_c[k]
+            else:  # beside backward's
+                late += SM_SHARE * c.t_c[k]
+        link = offload_end[i] = max(ready, link) + c.size[k] / bw_d2h
+        inflight.append(i)
+    forward_stall = shift
+    # backward starts at once: a tensor whose copy out has not ended when it is restored is
+    # served from the device. Restores go ahead of use within the prefetch window (an eighth
+    # of the pass's bytes, two at least): copies in order on the H2D link, decodes in order on
+    # the decode stream after their copy in; compute waits for the one it uses
     b0 = iteration.forward_s + forward_stall
+    window = sum(t.nbytes for t in tensors) // WINDOW_FRACTION
     restore_start: dict[str, float] = {}
+    ready_at: dict[int, float] = {}
     used: dict[str, float] = {}
-    shift = 0.0
-    h2d = b0
-    issue = b0
-    for i in range(n - 1, -1, -1):
-        t, c, k = tensors[i], costs[i], options[i]
-        start = restore_start[t.key] = max(issue, h2d, offload_end[i])
-        h2d = end = start + c.size[k] / bw_h2d + c.t_dc[k]
-        use = b0 + t.use_s + shift
-        stall = max(0.0, end - use)
+    h2d = decode = b0
+    ahead: list[int] = []
+    order = list(range(n - 1, -1, -1))
+    issued = 0  # restores issued, in `order`
+
+    def restore(i: int, at: float) -> None:
+        nonlocal h2d, decode, back
+        c, k = costs[i], options[i]
+        if served_from_device and offload_end[i] > at:  # not yet released: served from the device
+            restore_start[tensors[i].key] = ready_at[i] = at
+            return
+        start = restore_start[tensors[i].key] = max(at, h2d, offload_end[i])
+        h2d = end = start + c.size[k] / bw_h2d
+        if k is not None:
+            decode = end = max(end, decode) + c.t_dc[k]
+            back += SM_SHARE * c.t_dc[k]  # (beside backward's compute, which yields the SMs)
+            per[tensors[i].key] += SM_SHARE * c.t_dc[k]
+        ready_at[i] = end
+
+    def held(i: int) -> int:  # what a restore ahead of use holds: the tensor and its payload
+        return tensors[i].nbytes + (costs[i].size[options[i]] if options[i] else 0)
+
+    back = late
+    if n:
+        per[tensors[-1].key] += late
+    for i in order:
+        t = tensors[i]
+        use = b0 + t.use_s + back
+        if i not in ready_at:  # not restored ahead: on demand
+            restore(i, use)
+            issued += 1
+        if i in ahead:
+            ahead.remove(i)
+        stall = max(0.0, ready_at[i] - use)
         if stall > 0:
             per[t.key] += stall
-            shift += stall
+            back += stall
             use += stall
         used[t.key] = use
-        issue = use  # the next restore (tensor i - 1) is issued when tensor i is used
-    return SimResult(exposed_s=forward_stall + shift, forward_stall_s=forward_stall, backward_stall_s=shift,
+        while issued < n:  # the next restores, within the window
+            j = order[issued]
+            if j in ready_at:
+                issued += 1
+                continue
+            if len(ahead) >= WINDOW_LEAST and sum(held(a) for a in ahead) + held(j) > window:
+                break
+            restore(j, use)
+            ahead.append(j)
+            issued += 1
+    return SimResult(exposed_s=forward_stall + back, forward_stall_s=forward_stall, backward_stall_s=back,
                      per_tensor_stall_s=per, offload_end_s={t.key: e for t, e in zip(tensors, offload_end)},
                      restore_start_s=restore_start, use_at_s=used)
 
 
 def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], profile,
-             codecs_sizes: Mapping[str, Mapping[str, int]] | None = None) -> SimResult:
+             codecs_sizes: Mapping[str, Mapping[str, int]] | None = None,
+             served_from_device: bool = True) -> SimResult:
     """Replay one iteration in the timeline model (module docstring) with each tensor's
     codec from `choices` (key -> codec or None; keys left out are offloaded
     uncompressed). codecs_sizes: optional key -> {codec: bytes} (e.g. Decision.sizes)
-    overriding `compressed_size`. A model, not a measurement."""
+    overriding `compressed_size`. served_from_device: a tensor whose copy out has not
+    ended when backward asks for it is served from the device, as the runtime does
+    (False: it is waited for, as the advisor scores its options). A model, not a
+    measurement."""
     if not isinstance(iteration, IterationProfile):
         _fail(f"simulate needs an IterationProfile, got {type(iteration).__name__}")
     bw_d2h, bw_h2d, available = _check_profile(profile)
@@ -521,11 +601,7 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     options = [choices.get(t.key) for t in iteration.tensors]
     sizes = codecs_sizes or {}
     costs = [_costs(t, profile, [k] if k else [], sizes.get(t.key)) for t, k in zip(iteration.tensors, options)]
-    return _timeline(iteration, options, costs, bw_d2h, bw_h2d)
-
-
-def _compute_cost(options: list[str | None], costs: list[_Costs]) -> float:
-    return sum(c.t_c[k] + c.t_dc[k] for k, c in zip(options, costs) if k is not None)
+    return _timeline(iteration, options, costs, bw_d2h, bw_h2d, served_from_device)
 
 
 # -- the advisor ------------------------------------------------------------------------------------------
@@ -590,9 +666,14 @@ class Advisor:
                                 t_codec=tc, sizes={name: c.size[name] for name in self.codecs})
                 for t, c, k, tp, tc in zip(tensors, costs, chosen, t_primes, t_codecs)}
 
-    def _score(self, iteration, options, costs) -> float:
-        sim = _timeline(iteration, options, costs, self.bw_d2h, self.bw_h2d)
-        return sim.exposed_s + _compute_cost(options, costs)
+    def _score(self, iteration, options, costs) -> tuple[float, int]:
+        """(exposed time, the kernels' included, bytes moved): at equal time, the option that
+        moves fewer bytes (which frees the device and the link sooner) wins."""
+        # (every tensor leaves: one served from the device because its copy out is slow would
+        # make the slower option look better, and save no memory)
+        sim = _timeline(iteration, options, costs, self.bw_d2h, self.bw_h2d, served_from_device=False)
+        moved = sum(c.size[k] for k, c in zip(options, costs))
+        return sim.exposed_s, moved
 
     def _greedy(self, iteration: IterationProfile, costs: list[_Costs],
                 independent: list[str | None]) -> list[str | None]:

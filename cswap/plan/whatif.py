@@ -25,11 +25,12 @@ The pieces, each saying where its figures come from:
 - sparsity: measured on real CPU steps, a file, or one number (cswap.plan.sparsity).
   Measured sparsity also gives ZANS's size per tensor (from its byte histograms,
   for the trace's dtype); otherwise the advisor takes ZANS's upper bound.
-- the timeline: the advisor's (shared D2H and H2D links, prefetch one tensor
-  ahead, a stall when a copy is late), with compute per op from above. Step
-  time = compute + exposed transfer time + codec kernel time (charged in full:
-  the kernels share the GPU with training, as the advisor's timeline mode
-  assumes).
+- the timeline: the runtime's, as cswap.plan.advisor.simulate models it (the
+  stash and prefetch windows, compression and decoding on their own streams, the
+  D2H and H2D links, a stall when a restore is late, codec kernels delaying the
+  compute they run beside), with compute per op from above. Step time = compute +
+  exposed time (transfers and kernels) + the training thread's time per
+  offloaded tensor.
 
 Modes are cswap.patch's: none, vdnn (every candidate raw), sc (ZVC on every
 candidate), cswap (the advisor's choice per tensor, paper eq. 1-4); candidates
@@ -335,7 +336,7 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
             first = g.records[0]  # and the encoder's temporaries, while it runs
             curve[g.saved_at] += codecs.get(codec).encode_scratch_bytes(prod(first.shape), first.dtype.itemsize)
     host_s = host_seconds(profile) * len(moved)
-    step = compute + sim.exposed_s + codec_s + host_s
+    step = compute + sim.exposed_s + host_s  # (the kernels' time beside compute is in exposed_s)
     return ModePrediction(name, int(curve.max()), step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),
                           sum(1 for c in keyed.values() if c), starts.tolist(), curve.astype(np.int64).tolist(),
                           host_s)

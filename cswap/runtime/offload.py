@@ -378,7 +378,10 @@ class Offloader:
     def _launch(self, item: Item) -> None:
         sw, dev = self.sw, item.device
         lanes = lanes_of(dev)
-        src = item.src
+        # An alias of the saved tensor, which the work queued below reads: release empties
+        # item.src itself (its storage goes, its version counter stays), while work on a
+        # stream may still be to run (the emulator's run later; a GPU's kernels took the address).
+        src = item.src.detach()
         dense = src.permute(item.perm) if item.perm is not None else src
         if item.codec is not None:
             codec = codecs.get(item.codec)
@@ -428,6 +431,11 @@ class Offloader:
         except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
             self.sw.fail(exc, item)
         finally:
+            src = item.src
+            if item.encoded is not None and item.d2h_done is None and src is not None:
+                # read by an encode or gather that no copy out waits for (it stays, or its saves
+                # died, or it failed): its memory is not recycled before that read ends
+                lanes_of(item.device).keep_while_read(src)
             with self.sw.lock:
                 item.advance(Phase.ISSUED)
                 self.sw.return_host(item)
@@ -454,7 +462,7 @@ class Offloader:
             work = Work("encode", item.codec, item.info.nbytes, item.info.dtype.itemsize)
             (data, header), after = lanes.encode_now(item.ready, lambda: self._encode(item, src, lanes.compress),
                                                      reads=[src], scratch_bytes=scratch, work=work)
-            prepared = True
+            item.encoded, prepared = after, True
             if data is None:  # (it does not shrink, or no room: as a raw tensor)
                 data, after, prepared = self._raw(item, src, after)
         elif item.sent is not None:  # gathered
@@ -469,10 +477,8 @@ class Offloader:
         sent = data.numel() * data.element_size() + (header.header_nbytes if header is not None else 0)
         verdicts = header is not None or sw.checksum
         host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
-        if host is None:  # host memory limit: the tensor stays where it is
+        if host is None:  # host memory limit: the tensor stays where it is (see send: what read it)
             sw.stats.add("kept_on_gpu")
-            if prepared:  # (read on the compression stream: not recycled before that read ends)
-                lanes.keep_while_read(src)
             item.fallback = src.detach()  # (src itself lets its memory go at release)
             return
         self._send(item, data, header, host, after, prepared)
@@ -492,9 +498,10 @@ class Offloader:
             self.sw.stats.add("gather_oom")
             item.fallback = src.detach()
             return None, None, False
+        src = src.detach()  # (an alias the queued work reads: see _launch)
         typed = gathered.view(src.dtype).view(src.shape)
-        event = lanes.encode(item.ready, lambda: typed.copy_(src), reads=[src], writes=[gathered],
-                             work=Work("gather", None, item.info.nbytes))
+        event = item.encoded = lanes.encode(item.ready, lambda: typed.copy_(src), reads=[src], writes=[gathered],
+                                            work=Work("gather", None, item.info.nbytes))
         item.sent = gathered
         return gathered, event, True
 

@@ -40,8 +40,11 @@ end, bytes), so tests can check the pipeline's shape: what overlaps what, what
 waited for what. `busy_s` sums each stream's work and `blocked_s` each thread's
 virtual waits.
 
-Not modelled: kernels on side streams slowing compute (they share SMs and HBM
-on a GPU; `sm_share` is a first guess at it, off by default), the GIL (threads
+A codec kernel queued on a side stream while compute has work queued delays that
+work by `sm_share` of its time (default all of it: the kernels use every SM;
+assumed, as cswap-plan assumes, not measured).
+
+Not modelled: the GIL (threads
 run their Python side by side on their own clocks), a thread woken by another
 through a Python lock or queue rather than an event (it keeps its own time), the
 caching allocator's own synchronisations and cudaMalloc, a bounded launch queue
@@ -153,7 +156,7 @@ class TwinSpec:
     compute_factor: float = 1.0        # times the roofline's op time (calibrated on a measured step)
     precision: str = "fp32"
     host_scale: float = 1.0            # times this CPU's host time
-    sm_share: float = 0.0              # of a kernel's time on a side stream, what compute running then loses
+    sm_share: float = 1.0              # of a kernel's time on a side stream, what compute running then loses
     source: str = ""                   # where the figures come from
 
     @classmethod
