@@ -18,6 +18,7 @@ and its step time is reported as a multiple of unpatched, beside the H200's mult
     python benchmarks/twin.py --commit c01d24c      # the runtime the H200 measured, on the same twin
     python benchmarks/twin.py --runs cifar --modes vdnn sc --steps 2
     python benchmarks/twin.py --table               # cswap/data/twin-nvidia-h200.json from codecs.csv
+    python benchmarks/twin.py --gpu                 # on a GPU: the runs measured there (the headline stage)
 
 With --commit, the commit's cswap is extracted (git archive) and run in a subprocess, with
 this tree's emulator, seam and twin put in its place (the seam's calls are the same; where
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import warnings
 from io import BytesIO
 from pathlib import Path
@@ -212,6 +214,103 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
     return row
 
 
+def measure_gpu(run: dict, mode: str, args) -> dict:
+    """Steps of one mode at the run's full batch on this GPU: ms per step (median), the
+    forward and backward phases on compute (CUDA events), peak memory, cswap's counters."""
+    import cswap
+
+    device = torch.device("cuda")
+    model, x, y = _model_and_batch(dict(run, scale=1))
+    model, x, y = model.to(device), x.to(device), y.to(device)
+    if mode != "unpatched":
+        cswap.patch(model, mode=mode, verbose=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    times, phases = [], []
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            torch.cuda.reset_peak_memory_stats(device)
+            if mode != "unpatched":
+                cswap.stats(model).reset()
+        torch.cuda.synchronize(device)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        start = time.perf_counter()
+        marks[0].record()
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        marks[1].record()
+        loss.backward()
+        marks[2].record()
+        optimizer.step()
+        torch.cuda.synchronize(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+            phases.append((marks[0].elapsed_time(marks[1]), marks[1].elapsed_time(marks[2])))
+    middle = times.index(statistics.median_low(times))
+    row = {"run": args.run_name, "mode": mode, "batch": run["batch"], "step_ms": 1e3 * times[middle],
+           "steps_ms": [round(1e3 * t, 2) for t in times], "forward_ms": phases[middle][0],
+           "backward_ms": phases[middle][1],
+           "peak_allocated_mib": torch.cuda.max_memory_allocated(device) / 2**20,
+           "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20}
+    if mode != "unpatched":
+        stats, steps = dict(cswap.stats(model)), args.steps
+        row.update(moved_mib_per_step=stats["transferred_bytes"] / steps / 2**20,
+                   compressed_per_step=stats["compressed_tensors"] / steps,
+                   offloaded_per_step=stats["offloaded_tensors"] / steps,
+                   on_demand_per_step=stats["on_demand"] / steps,
+                   served_from_device_per_step=stats["served_from_device"] / steps,
+                   offload_stall_ms_per_step=1e3 * stats["offload_stall_s"] / steps,
+                   prefetch_stall_ms_per_step=1e3 * stats["prefetch_stall_s"] / steps)
+        cswap.unpatch(model)
+    del model, optimizer, x, y
+    torch.cuda.empty_cache()
+    return row
+
+
+def headline(args) -> list[dict]:
+    """The twin's runs measured on this GPU (at their full batch), beside the H200's
+    measurement of 2026-11-26 and the twin's prediction committed in twin-today.json."""
+    import cswap
+
+    twin_rows = {}
+    committed = RESULTS / "twin-today.json"
+    if committed.exists():
+        twin_rows = {(r["run"], r["mode"]): r for r in json.loads(committed.read_text())["rows"]}
+    nan = float("nan")
+    rows = []
+    for name in args.runs:
+        run, args.run_name = RUNS[name], name
+        print(f"# {name}: VGG16 {run['dataset']} batch {run['batch']} on {torch.cuda.get_device_name()} (measured)",
+              flush=True)
+        print(f"{'mode':<10} {'ms':>8} {'x unp.':>7} {'H200 x':>7} {'twin x':>7} {'fwd':>7} {'bwd':>7} "
+              f"{'fwd st':>7} {'bwd st':>7} {'moved MiB':>9} {'peak MiB':>9} {'plan ms':>8}", flush=True)
+        unpatched, planned = None, {}
+        for mode in ["unpatched", *args.modes]:
+            row = measure_gpu(run, mode, args)
+            unpatched = unpatched or row["step_ms"]
+            if mode == "unpatched" and args.plan:
+                try:
+                    planned = plan(run, {"forward_s": row["forward_ms"] / 1e3, "backward_s": row["backward_ms"] / 1e3},
+                                   gpu=torch.cuda.get_device_name())
+                except ValueError as exc:  # (a GPU the table does not have)
+                    print(f"# no plan: {exc}")
+            row["x_unpatched"] = row["step_ms"] / unpatched
+            if mode in run["measured_ms"]:
+                row["h200_x_unpatched"] = run["measured_ms"][mode] / run["measured_ms"]["unpatched"]
+            twin = twin_rows.get((name, mode))
+            if twin is not None:
+                row["twin_x_unpatched"] = twin["x_unpatched"]
+            if mode in planned:
+                row["plan_ms"] = planned[mode]
+                row["vs_plan"] = row["step_ms"] / planned[mode] - 1
+            rows.append(row)
+            print(f"{mode:<10} {row['step_ms']:8.1f} {row['x_unpatched']:7.2f} {row.get('h200_x_unpatched', nan):7.2f} "
+                  f"{row.get('twin_x_unpatched', nan):7.2f} {row['forward_ms']:7.1f} {row['backward_ms']:7.1f} "
+                  f"{row.get('offload_stall_ms_per_step', nan):7.1f} {row.get('prefetch_stall_ms_per_step', nan):7.1f} "
+                  f"{row.get('moved_mib_per_step', 0.0):9.0f} {row['peak_allocated_mib']:9.0f} "
+                  f"{row.get('plan_ms', nan):8.1f}", flush=True)
+    return rows
+
+
 def _stalls_on_device_clock() -> bool:
     import inspect
 
@@ -234,10 +333,10 @@ class _TwinProfile:
         return self._seconds(codec, direction, size, sparsity)
 
 
-def plan(run: dict, times: dict) -> dict:
-    """cswap-plan's prediction of each mode's step for the run (cswap.predict on the H200,
-    its measured link and codecs, compute as the twin's unpatched step: its forward and
-    backward times; sparsity measured on CPU steps of the twin's batch): {mode: ms}."""
+def plan(run: dict, times: dict, gpu: str = "h200") -> dict:
+    """cswap-plan's prediction of each mode's step for the run (cswap.predict on `gpu`, with
+    the H200's measured link and codecs, compute as the unpatched step measured: its forward
+    and backward times; sparsity measured on CPU steps of the twin's batch): {mode: ms}."""
     import cswap
     from cswap.plan.sparsity import measure
     from cswap.runtime.twin import TwinSpec
@@ -245,7 +344,7 @@ def plan(run: dict, times: dict) -> dict:
     model, x, y = _model_and_batch(run)
     sparsity = measure(model, [(x,)] * 3, targets=[y] * 3)
     size = x.shape[-1]
-    p = cswap.predict(model, torch.empty(run["batch"], 3, size, size, device="meta"), gpu="h200",
+    p = cswap.predict(model, torch.empty(run["batch"], 3, size, size, device="meta"), gpu=gpu,
                       profile=_TwinProfile(TwinSpec.measured(TABLE_IN_TREE)), sparsity=sparsity, times=times,
                       recompute=False)
     return {mode: 1e3 * p.step_seconds(mode) for mode in MODES if mode in p.modes}
@@ -336,10 +435,28 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--label", help="results file name (default: 'today' or the commit)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--table", action="store_true", help="rebuild cswap/data/twin-nvidia-h200.json and stop")
+    p.add_argument("--gpu", action="store_true",
+                   help="measure the runs on this GPU at their full batch instead (the GPU session's headline stage): "
+                        "headline.csv/.json under benchmarks/results/<device>/")
     args = p.parse_args(argv)
     if args.table:
         make_table()
         return []
+    if args.gpu:
+        from common import device_slug, environment
+
+        device = torch.device("cuda")
+        rows = headline(args)
+        out = ROOT / "benchmarks" / "results" / device_slug(device)
+        out.mkdir(parents=True, exist_ok=True)
+        keys = sorted({k for row in rows for k in row})
+        with open(out / "headline.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        (out / "headline.json").write_text(json.dumps({"environment": environment(device), "rows": rows}, indent=1))
+        print(f"# wrote {out / 'headline'}.csv and .json")
+        return rows
     if args.commit and not os.environ.get("CSWAP_TWIN_TREE"):
         with tempfile.TemporaryDirectory() as tmp:
             tree = extract(args.commit, Path(tmp))

@@ -8,7 +8,8 @@
 #   bash scripts/gpu_session.sh wheels                 # here, once: .whl/ for Python 3.12 x86-64
 #   bash scripts/gpu_session.sh tests                  # there: the gpu-marked tests
 #   bash scripts/gpu_session.sh tests:150 overhead:60 codecs:90   # several stages, each with a time limit (s)
-#   stages: smoke tests fuzz overhead overhead-ab seam pyspy codecs runtime soak tune tune-quick train sanitize
+#   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs runtime soak tune tune-quick train
+#           sanitize
 #   overhead-ab: the overhead benchmark on the GPU, alternating between this tree's cswap and the one in
 #   .base/ (an older checkout, e.g. `git archive REV | tar -x -C .base`, named in the run's carry).
 #
@@ -69,6 +70,10 @@ for spec in "$@"; do
     stage=${spec%%:*}; limit=0
     [ "$stage" != "$spec" ] && limit=${spec#*:}
     case "$stage" in
+        # the twin's runs measured here, beside the H200's and the twin's figures and cswap-plan's (issue 38)
+        headline) run "$limit" "$PY" benchmarks/twin.py --gpu || status=$? ;;
+        # one profiled step per mode of the same runs: Chrome traces with cswap's stages, memory snapshots
+        trace)    run "$limit" "$PY" benchmarks/trace.py || status=$? ;;
         smoke)    run "$limit" "${PYTEST[@]}" -x tests/test_runtime_gpu.py -k gradients_equal || status=$? ;;
         tests)    run "$limit" "${PYTEST[@]}" -n "${WORKERS:-8}" -m gpu "${GPU_TESTS[@]}" || status=$? ;;
         # the decoders' fuzzing against the compiled kernels (test_fuzz runs Triton on the GPU where there is one)

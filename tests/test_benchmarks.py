@@ -1,6 +1,7 @@
 """Smoke tests: the benchmarks run end to end in quick mode on CPU."""
 
 import contextlib
+import gzip
 import importlib.util
 import json
 import sys
@@ -285,3 +286,15 @@ def test_twin_benchmark_replays_the_h200_runs(tmp_path):
     assert all(r["hazards"] == 0 for r in rows)
     saved = json.loads((tmp_path / "twin-today.json").read_text())
     assert saved["rows"] == rows
+
+
+def test_trace_benchmark_quick_run_writes_a_trace_per_mode(tmp_path):
+    bench = _load(BENCHMARKS / "trace.py")
+    rows = bench.main(["--quick", "--runs", "cifar", "--modes", "unpatched", "sc", "--out", str(tmp_path)])
+    assert [r["mode"] for r in rows] == ["unpatched", "sc"]
+    assert rows[0]["ranges"] == [] and {"cswap.pack", "cswap.encode", "cswap.unpack"} <= set(rows[1]["ranges"])
+    assert rows[1]["stats"]["compressed_tensors"] > 0
+    for mode in ("unpatched", "sc"):
+        with gzip.open(tmp_path / f"trace-cifar-{mode}.json.gz") as f:
+            assert json.load(f)["traceEvents"]
+    assert json.loads((tmp_path / "trace.json").read_text())["rows"][1]["mode"] == "sc"

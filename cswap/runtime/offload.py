@@ -61,6 +61,7 @@ from .device import Work
 from .host_pool import idle
 from .items import Item, Lease, Phase, Signal, drop_storage
 from .lanes import lanes_of
+from .trace import stage
 
 __all__ = ["Offloader"]
 
@@ -231,7 +232,8 @@ class Offloader:
                 self.flush()  # (the copy stream completes copies in the order of the stash)
                 item.ready = lanes_of(item.device).computed()
                 try:
-                    self._send(item, item.dense_src(), None, host, item.ready, prepared=False)
+                    with stage("send"):
+                        self._send(item, item.dense_src(), None, host, item.ready, prepared=False)
                 except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
                     self._failed(item, exc)
                 self.settle(item)
@@ -311,6 +313,10 @@ class Offloader:
         memory limit the tensors stay on the device): one wait for the ready event, one
         copy call, one completion event for all. Then its items are issued and settled;
         never raises (failures are recorded on each item)."""
+        with stage("send"):
+            self._send_group(group, block)
+
+    def _send_group(self, group: _Group, block: torch.Tensor | None) -> None:
         sw, dev, items = self.sw, group.device, group.items
         try:
             if block is None:
@@ -368,11 +374,12 @@ class Offloader:
             self.send_group(job)
             return
         item = job
-        try:
-            if not item.freed:
-                self._launch(item)
-        except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
-            self._failed(item, exc)
+        with stage("encode"):
+            try:
+                if not item.freed:
+                    self._launch(item)
+            except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
+                self._failed(item, exc)
         self._sends_put(item)
 
     def _launch(self, item: Item) -> None:
@@ -427,7 +434,8 @@ class Offloader:
         """Copy the item out, in order (or keep it); never raises: failures are recorded."""
         try:
             if not item.freed and item.phase < Phase.ISSUED:
-                self._copy_out(item)
+                with stage("send"):
+                    self._copy_out(item)
         except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
             self.sw.fail(exc, item)
         finally:
@@ -730,7 +738,8 @@ class Offloader:
         """Wait for the item's copy out, then release it; never raises."""
         try:
             if item.d2h_done is not None:
-                item.device.event_synchronize(item.d2h_done, at="release.copy_done")
+                with stage("copy_wait"):
+                    item.device.event_synchronize(item.d2h_done, at="release.copy_done")
         except Exception as exc:  # noqa: BLE001 - the copy failed: unpack raises it
             self.sw.fail(exc, item)
         self.release(item)
@@ -738,6 +747,10 @@ class Offloader:
     def release(self, *items: Item) -> None:
         """Their copies out are complete (or never happened): drop the device tensors and
         what was made to send them."""
+        with stage("release"):
+            self._release_all(items)
+
+    def _release_all(self, items) -> None:
         sw = self.sw
         compress = []
         with sw.lock:

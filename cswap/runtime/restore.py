@@ -53,6 +53,7 @@ from . import integrity
 from .device import Work
 from .items import Handle, Item, Pass, flat_bytes, is_identity, restore_strides
 from .lanes import lanes_of
+from .trace import stage
 
 __all__ = ["Restorer"]
 
@@ -87,7 +88,9 @@ class Restorer:
         lanes = lanes_of(dev)
         if item.restored is None:  # not prefetched: backward waits for this restore
             asked = lanes.record(dev.compute_stream(), timing=True)
-            if self.on_demand(item, handle.pass_):
+            with stage("restore"):
+                restored = self.on_demand(item, handle.pass_)
+            if restored:
                 sw.stats.add("on_demand")
                 sw.note_stall(dev, asked, item.h2d_done)
         with sw.lock:
@@ -99,7 +102,8 @@ class Restorer:
             if item.prefetch_counted:  # served now: no longer ahead of backward
                 sw.uncount_prefetch(item)
         if first:
-            self.prefetch(handle.pass_, item, round_)  # issue the next restores before checking this one
+            with stage("prefetch"):
+                self.prefetch(handle.pass_, item, round_)  # issue the next restores before checking this one
         if item.verdict_pending or self.unread:
             self.verify(item)
         out, done = item.restored, item.h2d_done

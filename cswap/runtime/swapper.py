@@ -71,6 +71,7 @@ from .items import Handle, Item, KeptByPolicy, Pass, Phase, dense_permutation, m
 from .offload import Offloader
 from .restore import Restorer, restore_footprint
 from .stats import SwapStats
+from .trace import stage
 
 __all__ = ["Swapper", "check_policy", "default_max_host_bytes", "held_for_backward", "local_world_size"]
 
@@ -340,10 +341,12 @@ class Swapper:
         if dev is None or dev.capturing():  # (a CUDA graph captures no copies on side streams: kept)
             return t.detach(), t._version
         if not observed:
-            return self._pack(t, dev, None, sys._getframe(1), entry)
+            with stage("pack"):
+                return self._pack(t, dev, None, sys._getframe(1), entry)
         at = observer.pause(dev)  # the timed pass: what follows is cswap's, not the model's
         try:
-            return self._pack(t, dev, at, sys._getframe(1))
+            with stage("pack"):
+                return self._pack(t, dev, at, sys._getframe(1))
         finally:
             observer.resume(at)
 
@@ -580,7 +583,8 @@ class Swapper:
                 raise modified_error(f"[{t.dtype} {list(t.shape)}]", version, t._version)
             return t
         if not observed and self.memory_limit is None:
-            return self.restorer.unpack(packed, None)
+            with stage("unpack"):
+                return self.restorer.unpack(packed, None)
         at = self._at_use(packed.item.device, observer if observed else None)
         try:
             return self.restorer.unpack(packed, at)
