@@ -12,7 +12,9 @@ codecs as measured there, compute by the roofline, every device byte and FLOP co
 `scale` times). Compute is calibrated once per run: the roofline's op times are scaled so
 that the unpatched step takes what the H200 measured. Then every mode trains a few steps,
 and its step time is reported as a multiple of unpatched, beside the H200's multiple;
-"exposed ms" is the step time less unpatched's (the swapping compute did not hide).
+"exposed ms" is the step time less unpatched's (the swapping compute did not hide); "peak
+MiB" the most device memory the twin saw held by saved activations and cswap's buffers
+(weights, gradients and the optimizer's state are not among them).
 
     python benchmarks/twin.py                       # this tree's cswap, both runs
     python benchmarks/twin.py --commit c01d24c      # the runtime the H200 measured, on the same twin
@@ -174,8 +176,10 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
     times, phases, busy, blocked = [], [], [], []
     with activate(dev), ComputeClock(dev, model):
         for i in range(args.warmup + args.steps):
-            if i == args.warmup and mode != "unpatched":
-                cswap.stats(model).reset()
+            if i == args.warmup:
+                dev.reset_peak()
+                if mode != "unpatched":
+                    cswap.stats(model).reset()
             dev.synchronize()
             t0, busy0, blocked0 = dev.now(), dict(dev.busy_s), dict(dev.blocked_s)
             optimizer.zero_grad(set_to_none=True)
@@ -200,7 +204,9 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
            "h2d_ms": 1e3 * busy[middle].get("h2d", 0.0), "compress_ms": 1e3 * busy[middle].get("compress", 0.0),
            "host_blocked_ms": 1e3 * blocked[middle].get("MainThread", 0.0),
            "worker_blocked_ms": 1e3 * blocked[middle].get("cswap-offload", 0.0),
-           "hazards": len(dev.hazards)}
+           "hazards": len(dev.hazards),
+           # the device bytes the twin tracks (saved activations, cswap's buffers), at full scale
+           "peak_saved_mib": dev.peak_bytes * scale / 2**20}
     if stats:
         steps = args.steps
         row.update(moved_mib_per_step=stats["transferred_bytes"] * scale / steps / 2**20,
@@ -377,7 +383,7 @@ def replay(args) -> list[dict]:
               f"the H200's unpatched {run['measured_ms']['unpatched']} ms", flush=True)
         print(f"{'mode':<10} {'twin ms':>8} {'x unp.':>7} {'H200 x':>7} {'error':>7} {'exposed':>8} {'fwd':>6} "
               f"{'bwd':>6} {'d2h':>6} {'h2d':>6} {'compr':>6} {'fwd st':>6} {'bwd st':>6} {'moved MiB':>9} "
-              f"{'plan ms':>8} {'vs plan':>7}", flush=True)
+              f"{'peak MiB':>8} {'plan ms':>8} {'vs plan':>7}", flush=True)
         unpatched = None
         planned = {}
         for mode in ["unpatched", *args.modes]:
@@ -402,7 +408,7 @@ def replay(args) -> list[dict]:
                   f"{row['exposed_ms']:8.1f} {row['forward_ms']:6.1f} {row['backward_ms']:6.1f} {row['d2h_ms']:6.1f} "
                   f"{row['h2d_ms']:6.1f} {row['compress_ms']:6.1f} {row.get('offload_stall_ms_per_step', nan):6.1f} "
                   f"{row.get('prefetch_stall_ms_per_step', nan):6.1f} {row.get('moved_mib_per_step', 0.0):9.0f} "
-                  f"{row.get('plan_ms', nan):8.1f} {row.get('vs_plan', nan):+7.1%}", flush=True)
+                  f"{row['peak_saved_mib']:8.0f} {row.get('plan_ms', nan):8.1f} {row.get('vs_plan', nan):+7.1%}", flush=True)
     return rows
 
 

@@ -505,6 +505,19 @@ def test_a_forward_that_outruns_the_link_waits_at_the_stash():
     assert sim.offload_end_s == pytest.approx({"a": 0.1, "b": 0.2, "c": 0.3})
     # charged to the copy waited for; then c, asked for first in backward, is fetched on demand
     assert sim.per_tensor_stall_s == pytest.approx({"a": 0.1, "b": 0.0, "c": 0.1})
+    # a's memory is gone by c's save at the latest (the wait), b's and c's by forward's end
+    assert sim.freed_by_save == {"a": 2, "b": 3, "c": 3}
+
+
+def test_under_a_memory_budget_one_tensor_in_flight_is_enough_to_wait():
+    """The runtime under a budget admits no second tensor the stash cannot hold: b waits for
+    a's copy, c for b's (0.1 s each), and each is gone by the next save."""
+    profile = FakeProfile(bw=1e9)
+    ts = [tensor(key=k, shape=(25_000_000,), save_s=0.0, use_s=use) for k, use in zip("abc", (1.5, 1.0, 0.5))]
+    sim = simulate(iteration(*ts, forward_s=1.0), {}, profile, budgeted=True)
+    assert sim.forward_stall_s == pytest.approx(0.2)
+    assert sim.offload_end_s == pytest.approx({"a": 0.1, "b": 0.2, "c": 0.3})
+    assert sim.freed_by_save == {"a": 1, "b": 2, "c": 3}
 
 
 def test_kernel_times_in_the_timeline_by_hand():

@@ -70,6 +70,8 @@ profiled timings, not a measurement:
   Encodes run in order on the compression stream from the save (Time_c), copies in
   order on the D2H link after their encode, or their save when raw (S_c / BW_d2h).
   Forward stall = the sum of those waits, each charged to the tensor waited for.
+  Under a memory budget (`budgeted`) one tensor in flight is enough to wait, and a
+  payload holds its compressed size (the runtime reads it before copying out).
 - Backward starts when forward's compute ends; a tensor whose copy out has not ended
   when it is restored is served from the device. Tensors are used in reverse save
   order at use_s (from the start of backward, shifted by the stalls so far). The
@@ -295,6 +297,9 @@ class SimResult:
     offload_end_s: dict[str, float] = field(default_factory=dict)    # its copy out is done
     restore_start_s: dict[str, float] = field(default_factory=dict)  # its copy back starts
     use_at_s: dict[str, float] = field(default_factory=dict)         # it is used (after any stall)
+    # per tensor, the index of the tensor at whose save its device memory is gone at the latest
+    # (the forward waits there for its copy out; len(tensors): by the end of forward)
+    freed_by_save: dict[str, int] = field(default_factory=dict)
 
 
 # -- compressed sizes -------------------------------------------------------------------------------------
@@ -479,26 +484,36 @@ SM_SHARE = 1.0
 
 
 def _timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
-              bw_h2d: float, served_from_device: bool = True) -> SimResult:
+              bw_h2d: float, served_from_device: bool = True, budgeted: bool = False) -> SimResult:
     tensors = iteration.tensors
     n = len(tensors)
     per = {t.key: 0.0 for t in tensors}
     # The device bytes each holds while in flight out: the tensor, and for a compressed one the
-    # payload reserved for the largest its codec can write (cswap.runtime.offload.footprint).
-    footprint = [t.nbytes * (2 if k else 1) for t, k in zip(tensors, options)]
+    # payload reserved for the largest its codec can write (cswap.runtime.offload.footprint);
+    # under a memory budget, the payload at its size, and one tensor in flight at least, not two
+    if budgeted:
+        footprint = [t.nbytes + (c.size[k] if k else 0) for t, k, c in zip(tensors, options, costs)]
+    else:
+        footprint = [t.nbytes * (2 if k else 1) for t, k in zip(tensors, options)]
+    least = 1 if budgeted else WINDOW_LEAST
     stash = max(max(footprint, default=0), sum(footprint) // WINDOW_FRACTION)
     # forward: pack admits a tensor while the footprints in flight fit the stash (two at least),
     # else it waits for the oldest copy out; encodes run in order on the compression stream,
     # copies in order on the D2H link, each after its encode (or, raw, its save)
     shift = compress = link = late = 0.0
     offload_end = [0.0] * n
+    freed_by = [n] * n
     inflight: list[int] = []
     for i, t in enumerate(tensors):
         c, k = costs[i], options[i]
         save = t.save_s + shift
-        inflight = [j for j in inflight if offload_end[j] > save]  # (released at this save)
-        while len(inflight) >= WINDOW_LEAST and sum(footprint[j] for j in inflight) + footprint[i] > stash:
+        for j in inflight:
+            if offload_end[j] <= save:  # (released by this save)
+                freed_by[j] = i
+        inflight = [j for j in inflight if offload_end[j] > save]
+        while len(inflight) >= least and sum(footprint[j] for j in inflight) + footprint[i] > stash:
             oldest = inflight.pop(0)
+            freed_by[oldest] = i
             wait = offload_end[oldest] - save
             if wait > 0:
                 per[tensors[oldest].key] += wait
@@ -569,26 +584,28 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
             if j in ready_at:
                 issued += 1
                 continue
-            if len(ahead) >= WINDOW_LEAST and sum(held(a) for a in ahead) + held(j) > window:
+            if len(ahead) >= least and sum(held(a) for a in ahead) + held(j) > window:
                 break
             restore(j, use)
             ahead.append(j)
             issued += 1
     return SimResult(exposed_s=forward_stall + back, forward_stall_s=forward_stall, backward_stall_s=back,
                      per_tensor_stall_s=per, offload_end_s={t.key: e for t, e in zip(tensors, offload_end)},
-                     restore_start_s=restore_start, use_at_s=used)
+                     restore_start_s=restore_start, use_at_s=used,
+                     freed_by_save={t.key: f for t, f in zip(tensors, freed_by)})
 
 
 def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], profile,
              codecs_sizes: Mapping[str, Mapping[str, int]] | None = None,
-             served_from_device: bool = True) -> SimResult:
+             served_from_device: bool = True, budgeted: bool = False) -> SimResult:
     """Replay one iteration in the timeline model (module docstring) with each tensor's
     codec from `choices` (key -> codec or None; keys left out are offloaded
     uncompressed). codecs_sizes: optional key -> {codec: bytes} (e.g. Decision.sizes)
     overriding `compressed_size`. served_from_device: a tensor whose copy out has not
     ended when backward asks for it is served from the device, as the runtime does
-    (False: it is waited for, as the advisor scores its options). A model, not a
-    measurement."""
+    (False: it is waited for, as the advisor scores its options). budgeted: the runtime
+    under a memory budget (windows admit one tensor at least, payloads held at their
+    size, not reserved for the largest). A model, not a measurement."""
     if not isinstance(iteration, IterationProfile):
         _fail(f"simulate needs an IterationProfile, got {type(iteration).__name__}")
     bw_d2h, bw_h2d, available = _check_profile(profile)
@@ -601,7 +618,7 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     options = [choices.get(t.key) for t in iteration.tensors]
     sizes = codecs_sizes or {}
     costs = [_costs(t, profile, [k] if k else [], sizes.get(t.key)) for t, k in zip(iteration.tensors, options)]
-    return _timeline(iteration, options, costs, bw_d2h, bw_h2d, served_from_device)
+    return _timeline(iteration, options, costs, bw_d2h, bw_h2d, served_from_device, budgeted)
 
 
 # -- the advisor ------------------------------------------------------------------------------------------

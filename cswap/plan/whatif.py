@@ -70,6 +70,7 @@ __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_B
            "Prediction", "TensorPrediction", "measured_times", "parse_bytes", "predict"]
 
 MODES = ("none", "vdnn", "sc", "cswap")
+BUDGETED = ("budget", "recompute")  # the modes that run under a memory budget (its windows)
 MIN_BYTES = 1 << 20  # the runtime's default min_bytes on CUDA
 # The CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation, which no trace
 # of tensors sees: about 0.5-1 GiB on recent GPUs with PyTorch. Assumed.
@@ -312,19 +313,22 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
                               starts.tolist(), live.astype(np.int64).tolist())
     iteration = _iteration(moved, starts, phase_s)
     keyed = {g.key: choices[g.storage] for g in moved}
-    sim = simulate(iteration, keyed, profile, {g.key: sizes[g.storage] for g in moved})
+    sim = simulate(iteration, keyed, profile, {g.key: sizes[g.storage] for g in moved},
+                   budgeted=name in BUDGETED)
     curve = live.copy()
     codec_s = pcie = 0.0
     forward_end = _op_index(starts, phase_s["forward"])
-    next_save = [h.saved_at for h in moved[1:]] + [forward_end]
-    for g, t, wait in zip(moved, iteration.tensors, next_save):
+    save_at = [h.saved_at for h in moved] + [forward_end]
+    for g, t in zip(moved, iteration.tensors):
+        wait = save_at[sim.freed_by_save[g.key]]
         codec = keyed[g.key]
         size = sizes[g.storage].get(codec, g.nbytes) if codec else g.nbytes
         pcie += 2 * size
         if codec:
             codec_s += profile.seconds(codec, "compress", g.nbytes, g.sparsity)
             codec_s += profile.seconds(codec, "decompress", g.nbytes, g.sparsity)
-        # back-pressure: a forward that outruns the link waits at the next save for this copy to end
+        # back-pressure: a forward that outruns the link waits for this copy to end at a later
+        # save (the one whose stash window it fills)
         gone = max(g.dropped_at, min(_op_index(starts, sim.offload_end_s[g.key]), max(wait, g.saved_at + 1)))
         lead = sim.use_at_s[g.key] - sim.restore_start_s[g.key]  # how long before its use it comes back
         back = min(max(_op_index(starts, float(starts[g.used_at]) - lead), forward_end), g.used_at)
@@ -574,7 +578,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         "compute": compute_source,
         "transfers": link_source,
         "sparsity": sparsity.source,
-        "timeline": f"predicted: cswap's advisor timeline (shared D2H/H2D links, prefetch one ahead), plus "
+        "timeline": f"predicted: cswap's staged timeline (two tensors in flight at least, compression and decode "
+                    f"on streams of their own beside compute, shared D2H/H2D links, prefetch window), plus "
                     f"{1e6 * host_seconds(link):.0f} us of the training thread per offloaded tensor ({host_source})",
     }
     if trace.attention:
