@@ -67,7 +67,8 @@ def profiled_step(run: dict, mode: str, device: torch.device, out: Path, quick: 
     name = f"{run['name']}-{mode}"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-        torch.cuda.memory._record_memory_history(max_entries=20_000)
+        # (Python stacks only, and a bounded history: the session brings back 16 MiB a file)
+        torch.cuda.memory._record_memory_history(max_entries=20_000, stacks="python")
     with torch.profiler.profile(activities=activities, experimental_config=config) as prof, on_every_thread():
         start = time.perf_counter()
         step()
