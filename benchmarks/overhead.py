@@ -87,9 +87,10 @@ from torch import nn
 import cswap
 from cswap.runtime import emulator
 from cswap.runtime.candidates import SwapInfo, movable, op_name, producer
-from cswap.runtime.device import device_of
+from cswap.runtime.device import CudaDevice, device_of
 from cswap.runtime.emulator import EmulatedDevice
 from cswap.runtime.immediate import ImmediateDevice
+from cswap.runtime.trace import per_tensor, seam_calls
 from cswap.tune.host_cost import GcClock, chain, time_steps, young_collections_only  # (cswap-tune's)
 from common import settle  # (a sibling: benchmarks/ is on the path, as for every script here)
 
@@ -491,6 +492,57 @@ def measure(args) -> list[dict]:
     return rows
 
 
+def count_calls(args) -> list[dict]:
+    """The seam calls each patched provider makes per offloaded tensor in steady state
+    (issue 39), on each device (the default device for CPU tensors, the emulated one with
+    CUDA's window floor, the lagging one, the GPU's): counted by cswap.runtime.trace.seam_calls
+    over `args.steps` steps after the warm-up (and the profiler's timed steps), with the
+    background threads' work included, by the stage that made them. `keep` (every save
+    kept) is counted per saved tensor. A count, not a time: the same on any machine."""
+    x_cpu = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(0))
+    rows = []
+    for device in args.devices:
+        where = "cuda" if device == "cuda" else "cpu"
+        x = x_cpu.to(where)
+        dev = make_device(device)
+        if isinstance(dev, EmulatedDevice):
+            dev.window_floor_bytes = CudaDevice.window_floor_bytes  # (as CUDA's; the emulator's own is none)
+        active = (lambda: emulator.activate(dev)) if dev is not None else contextlib.nullcontext
+        with warnings.catch_warnings(), active():
+            warnings.simplefilter("ignore")
+            seam = dev if dev is not None else device_of(x)
+            for name in (n for n in args.providers if n in PATCHED):
+                model, context = provider(name, chain(args.layers, args.width).to(where), where)
+                time_steps(model, context, x, max(args.warmup, 5))  # (the profiler times up to 4 steps)
+                settle(cswap, model)
+                cswap.stats(model).reset()
+                with seam_calls(seam) as counts:
+                    time_steps(model, context, x, args.steps)
+                    settle(cswap, model)
+                offloaded = cswap.stats(model)["offloaded_tensors"]
+                cswap.unpatch(model)
+                per = 3 * args.layers * args.steps if name in PER_SAVED else offloaded
+                if not per:
+                    continue
+                counted = per_tensor(counts, per)
+                by_call = counted.pop("by_call")
+                rows.append({"device": device, "provider": name, "per": "saved tensor" if name in PER_SAVED
+                             else "offloaded tensor", "tensors": per, **counted,
+                             **{f"{call}_per_tensor": n for call, n in by_call.items()}})
+        if isinstance(dev, EmulatedDevice):
+            dev.close()
+    print(f"{'device':9} {'provider':9} {'CUDA calls':>10} {'events':>7} {'pack':>6} {'send':>6} {'encode':>6} "
+          f"{'release':>7} {'unpack':>6} {'prefetch':>8} {'restore':>7} {'other':>6}  per")
+    for r in rows:
+        stages = [r.get(f"{k}_calls", 0.0) for k in ("pack", "send", "encode")] + \
+                 [r.get("release_calls", 0.0) + r.get("copy_wait_calls", 0.0)] + \
+                 [r.get(f"{k}_calls", 0.0) for k in ("unpack", "prefetch", "restore", "other")]
+        print(f"{r['device']:9} {r['provider']:9} {r['cuda_calls']:10.2f} {r['events']:7.2f} "
+              f"{stages[0]:6.2f} {stages[1]:6.2f} {stages[2]:6.2f} {stages[3]:7.2f} {stages[4]:6.2f} "
+              f"{stages[5]:8.2f} {stages[6]:7.2f} {stages[7]:6.2f}  {r['per']}")
+    return rows
+
+
 def collector_cost(args) -> list[dict]:
     """Python's garbage collector, every generation on, over `args.collector` steps of each
     provider alone on the CPU (a full collection comes every few hundred steps here, so the
@@ -566,6 +618,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--devices", nargs="+", choices=DEVICES, default=[d for d in DEVICES if d != "cuda"],
                    help="devices of the seam to run on (cuda: only on a GPU machine; not in the default)")
     p.add_argument("--busy", action="store_true", help="also with a copy in flight on another thread")
+    p.add_argument("--calls-only", action="store_true",
+                   help="only the seam calls per tensor (calls.csv/.json; a count: seconds on any machine)")
     p.add_argument("--collector", type=int, metavar="STEPS",
                    help="instead: the garbage collector's cost, every generation on, over STEPS steps of each "
                         "provider on the CPU (a few thousand to see full collections)")
@@ -580,11 +634,15 @@ def main(argv=None) -> list[dict]:
         env = environment(torch.device("cpu"), torch_threads=1, cpu_model=_cpu_model(), cores=os.cpu_count())
         write_results(rows, env, args, args.out, torch.device("cpu"), "overhead-collector")
         return rows
-    rows = measure(args)
-    show(rows)
     # Results go under the GPU's folder when it ran, else the CPU's; both are named in the environment.
     where = torch.device("cuda" if "cuda" in args.devices else "cpu")
     env = environment(where, torch_threads=1, cpu_model=_cpu_model(), cores=os.cpu_count())
+    calls = count_calls(args)
+    write_results(calls, env, args, args.out, where, "calls-quick" if args.quick else "calls")
+    if args.calls_only:
+        return calls
+    rows = measure(args)
+    show(rows)
     write_results(rows, env, args, args.out, where, "overhead-quick" if args.quick else "overhead")
     return rows
 

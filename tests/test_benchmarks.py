@@ -132,6 +132,13 @@ def test_overhead_benchmark_quick_run(tmp_path):
             assert by[name]["offloaded_per_step"] == 10 and "added_us_per_tensor" in by[name], by[name]
         assert by["keep"]["offloaded_per_step"] == 0
     assert json.loads((tmp_path / "overhead-quick.json").read_text())["rows"] == rows
+    # and the seam calls per tensor, counted on each device (issue 39)
+    calls = json.loads((tmp_path / "calls-quick.json").read_text())["rows"]
+    by = {(r["device"], r["provider"]): r for r in calls}
+    for device in devices:
+        # (the emulator is told of every save: a capture check per phase, as for offloaded ones)
+        assert by[(device, "keep")]["cuda_calls"] <= 0.05 and by[(device, "keep")]["per"] == "saved tensor"
+        assert 0 < by[(device, "vdnn")]["cuda_calls"] < by[(device, "sc")]["cuda_calls"]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

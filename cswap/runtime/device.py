@@ -61,6 +61,9 @@ class Device:
     # Whether the runtime tells it what the host and compute touch (on_saved, on_use,
     # host_access, uncounted_bytes): the emulator, whose accounting and race checks need it.
     observes: bool = False
+    # The least the default stash and prefetch windows hold: below it, what a group of copies
+    # costs the host per call (events, waits) matters more than the device memory it holds.
+    window_floor_bytes: int = 0
 
     @functools.cached_property
     def nothing(self) -> torch.Tensor:
@@ -220,6 +223,7 @@ class CudaDevice(Device):
     host, the CUDA path cost 3x its CPU stand-in per tensor)."""
 
     kind = "cuda"
+    window_floor_bytes = 16 << 20
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)

@@ -44,6 +44,7 @@ class _Event:
 
 class ImmediateDevice(Device):
     kind = "immediate"
+    window_floor_bytes = 16 << 20  # as CUDA's: it stands for the CUDA path's host cost
 
     def __init__(self, latency_s: float = 0.0):
         if not latency_s >= 0:

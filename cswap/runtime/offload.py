@@ -225,7 +225,7 @@ class Offloader:
         if item.codec is None and item.perm is not None and not sw.checksum and sw.pool.pinned:
             # (from pageable memory a copy blocks its caller until done: the worker's job)
             if grouped:
-                self._join(item)
+                self._join(item)  # (which polls when it sends the group)
                 return
             host = sw.pool.acquire(item.info.nbytes, item.device, allocate=False)
             if host is not None:
@@ -239,6 +239,7 @@ class Offloader:
                 self.settle(item)
                 return
         self.flush()
+        self.poll()
         item.ready = lanes_of(item.device).computed()
         item.issued = Signal()
         self._running().put_job(item)
@@ -285,6 +286,7 @@ class Offloader:
             full = len(group.items) >= GROUP_TENSORS or group.nbytes >= group.max_bytes
         if full:
             self.flush()
+            self.poll()  # (once a group: a copy completes per group, not per save)
 
     def flush(self) -> None:
         """Send the open group: its ready event is recorded on compute now, and its copies
@@ -444,10 +446,10 @@ class Offloader:
                 # read by an encode or gather that no copy out waits for (it stays, or its saves
                 # died, or it failed): its memory is not recycled before that read ends
                 lanes_of(item.device).keep_while_read(src)
+            self._drop_launch(item)  # (when not read above: before it is issued, as there)
             with self.sw.lock:
                 item.advance(Phase.ISSUED)
                 self.sw.return_host(item)
-            self._drop_launch(item)
         self.settle(item)
 
     def _copy_out(self, item: Item) -> None:
@@ -461,6 +463,7 @@ class Offloader:
             dev.host_access(words, write=False)
             header = codecs.get(item.codec).launched(words.view(torch.int64).tolist(), item.info.shape,
                                                      item.info.dtype)
+            self._drop_launch(item)  # (read: its slot goes back before the item is issued, and maybe released)
             data, after, prepared = item.pending[: header.payload_nbytes], item.encoded, True
             if header.header_nbytes + header.payload_nbytes >= item.info.nbytes:  # it does not shrink: sent raw
                 header, data, after, prepared = None, *self._raw(item, src, item.encoded)
@@ -603,23 +606,27 @@ class Offloader:
     def settle(self, item: Item) -> None:
         """An issued item: released now if its copy has completed, else by the training
         thread's polls while forward runs, else by the releaser."""
-        if self.released_at_once(item):
+        if not self.released_at_once(item):
+            self._hand(item)
+
+    def settle_all(self, items: list[Item]) -> None:
+        """`settle` for items whose copies out complete with the same event (a group): one query."""
+        if not items:
             return
+        if not self._copied(items[0]):
+            for item in items:
+                self._hand(item)
+            return
+        self._released_with(items[0], items)
+
+    def _hand(self, item: Item) -> None:
+        """An issued item whose copy is still running: the releaser's, unless the training
+        thread's polls release it (while forward runs)."""
         sw = self.sw
         with sw.lock:
             if sw.releases_at_saves or not item.advance(Phase.HANDED):
                 return
         self._running().put_done(item)
-
-    def settle_all(self, items: list[Item]) -> None:
-        """`settle` for items whose copies out complete with the same event (a group)."""
-        if not items:
-            return
-        if not self._copied(items[0]):
-            for item in items:
-                self.settle(item)
-            return
-        self._released_with(items[0], items)
 
     def _released_with(self, first: Item, items: list[Item]) -> None:
         """Release items whose copies completed with `first`'s event: a failure that event
@@ -630,9 +637,11 @@ class Offloader:
         self.release(*items)
 
     def poll(self) -> None:
-        """At a save in forward: release, oldest first, the items whose copies out have
-        completed (the D2H stream completes them in order; a group's share one event,
-        queried once)."""
+        """In forward, as a tensor or a group is sent: release, oldest first, the items
+        whose copies out have completed (the D2H stream completes them in order; a group's
+        share one event, queried once). Not at every save: each query is a CUDA call."""
+        if not self.sw.releases_at_saves:
+            return
         inflight = self.sw.inflight
         completed = None  # the item whose event was found complete last
         while inflight:
@@ -660,6 +669,15 @@ class Offloader:
             self._running()
             for item in pending:
                 self.put_done(item)
+
+    def release_with(self, item: Item) -> None:
+        """Release the item, whose copy out has completed, and the items after it in flight
+        whose copies completed with the same event (the rest of its group)."""
+        done, inflight = item.d2h_done, self.sw.inflight
+        with self.sw.lock:
+            rest = [] if done is None else [it for it in inflight if it is not item and it.d2h_done is done
+                                            and it.phase == Phase.ISSUED]
+        self._released_with(item, [item, *rest])
 
     def released_at_once(self, item: Item) -> bool:
         """Release the item now if its copy out has already completed (never raises)."""

@@ -58,6 +58,7 @@ from .trace import stage
 __all__ = ["Restorer"]
 
 MiB = 1 << 20
+BLOCK_ALIGN = 512  # where each tensor of a group's restore starts in its block (the allocator's own rounding)
 
 
 class Restorer:
@@ -79,7 +80,7 @@ class Restorer:
         if item.error is not None:  # a prefetch found its host copy corrupt
             raise item.error
         dev = item.device
-        if dev.capturing():
+        if sw.capturing(dev):
             raise RuntimeError(
                 f"cswap: backward is being captured into a CUDA graph, but the {item.info.op} output of "
                 f"{item.info.where} was offloaded by a forward outside the capture: a graph cannot replay a copy "
@@ -119,7 +120,10 @@ class Restorer:
                 item.unpacked += 1
             if item.unpacked >= item.handles:
                 sw.end_round_if_served(item)
-        return out if handle.view is None else out.as_strided(*handle.view)
+        if handle.view is None:
+            return out
+        size, stride, offset = handle.view  # (offset: from the saved base's own, which out may not start at)
+        return out.as_strided(size, stride, out.storage_offset() + offset)
 
     def prefetch(self, pass_: Pass, item: Item, round_: int) -> None:
         """Start restoring the items backward will want next while what is restored ahead
@@ -198,20 +202,31 @@ class Restorer:
         sw = self.sw
         lanes = lanes_of(items[0].device)
         try:
+            # One allocation for the group, each tensor a view of it (one allocator call and one
+            # record_stream, not one per tensor; the memory goes when the group's last tensor is
+            # freed), except under a memory budget, whose plan counts each tensor freed as used.
+            block = None
+            if len(items) > 1 and sw.memory_limit is None:
+                offsets = [0]
+                for item in items:
+                    offsets.append(offsets[-1] + -(-item.info.nbytes // BLOCK_ALIGN) * BLOCK_ALIGN)
+                block = lanes.alloc_in(offsets[-1], torch.uint8, (offsets[-1],))
             ys, hosts, restored = [], [], []
-            for item in items:  # where their copies write them; compute uses and frees them
+            for i, item in enumerate(items):  # where their copies write them; compute uses and frees them
                 info, perm, shape = item.info, item.perm, item.dense_shape()
-                if perm is not None and is_identity(perm):  # with its own strides at once
-                    y = lanes.alloc_in(info.nbytes, info.dtype, shape, item.stride)
-                    restored.append(y)
-                else:  # its bytes' order, then its strides
-                    y = lanes.alloc_in(info.nbytes, info.dtype, shape)
-                    restored.append(restore_strides(y, perm, item.stride) if perm is not None else y)
+                stride = item.stride if perm is not None and is_identity(perm) else None  # (own strides at once)
+                if block is not None:
+                    flat = block[offsets[i]: offsets[i] + info.nbytes].view(info.dtype)
+                    y = flat.view(shape) if stride is None else flat.as_strided(shape, stride)
+                else:
+                    y = lanes.alloc_in(info.nbytes, info.dtype, shape, stride)
+                # (else its bytes' order, then its strides)
+                restored.append(y if stride is not None or perm is None else restore_strides(y, perm, item.stride))
                 ys.append(y)
                 hosts.append(item.host_view if item.host_view is not None
                              else sw.pool.view(item.host, info.dtype, shape, item.offset))
             done = lanes.copy_in(ys, hosts)
-            lanes.hand_to_compute(ys)
+            lanes.hand_to_compute(ys if block is None else [block])
         except BaseException:
             with sw.lock:
                 for item in items:

@@ -225,11 +225,28 @@ class Swapper:
         self._stopped_pass = -1                # the pass whose step a failure stopped
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
+        self._phase = 0                        # forward passes and their ends so far (capture checks' epoch)
+        self._capture = None                   # (device, compute stream, phase, verdict): the last capture check
         self.compiled_saves = 0                # saves recognised as a compiled graph's (patch checks it)
         self._graph_inputs = None              # the latest compiled graph call's inputs, and their storages
         self._input_storages: frozenset[int] = frozenset()
         self._seen: dict[int, Item | KeptByPolicy] = {}  # id(tensor) -> its item this pass (weak, version)
         self.stats = SwapStats(self)
+
+    def capturing(self, dev: Device) -> bool:
+        """dev.capturing(), asked once per phase (forward, then what follows it) and compute
+        stream: a CUDA graph captures on a stream it makes current (torch.cuda.graph), so
+        a capture that begins mid-phase is seen when its stream is; one that begins on the
+        stream already current, mid-phase, is seen at the next phase (issue 39: the check
+        is a CUDA call, and a save and a use each asked it)."""
+        stream = dev.compute_stream()
+        cached = self._capture
+        phase = self._phase
+        if cached is not None and cached[0] is dev and cached[1] is stream and cached[2] == phase:
+            return cached[3]
+        verdict = dev.capturing()
+        self._capture = (dev, stream, phase, verdict)
+        return verdict
 
     # -- passes -------------------------------------------------------------------------
 
@@ -241,6 +258,7 @@ class Swapper:
         if self.restorer.unread:  # a backward that raised before its end read them
             self.restorer.abandon()
         self.in_forward = True
+        self._phase += 1
         if self._pass is not None and self._pass.footprint:
             self._previous_pass_bytes = self._pass.footprint
         self._pass = Pass()
@@ -254,6 +272,7 @@ class Swapper:
             self._settle_candidates()
         self._seen.clear()
         self._graph_inputs, self._input_storages = None, frozenset()  # holds no input batch past the pass
+        self._phase += 1  # (backward's first unpack asks again)
         self.offloader.hand_over()
         if self.observer is not None:
             self.observer.end_forward()
@@ -275,7 +294,7 @@ class Swapper:
 
     @property
     def releases_at_saves(self) -> bool:
-        """The training thread releases completed copies at its saves: while forward runs,
+        """The training thread releases completed copies as it sends more (Offloader.poll): while forward runs,
         without a memory budget (whose plan needs memory gone the moment a copy completes:
         the releaser thread's job). cswap.runtime.offload."""
         return self.in_forward and self.memory_limit is None
@@ -286,14 +305,20 @@ class Swapper:
         whatever their size (see _admit)."""
         if self.stash_bytes is not None:
             return self.stash_bytes
-        return max(self._largest, self._previous_pass_bytes // AUTO_FRACTION)
+        return max(self._largest, self._previous_pass_bytes // AUTO_FRACTION, self._window_floor())
+
+    def _window_floor(self) -> int:
+        """The least a default window holds on this device (Device.window_floor_bytes; none
+        under a memory budget, whose plan sets what the device may hold)."""
+        dev = self.device
+        return dev.window_floor_bytes if dev is not None and self.memory_limit is None else 0
 
     def prefetch_limit(self, pass_: Pass) -> int:
         """Device bytes restored ahead of backward's use, for the items of `pass_`; by default
         at least two restores are ahead whatever their size (fits_prefetch)."""
         if self.prefetch_bytes is not None:
             return self.prefetch_bytes
-        return pass_.nbytes // AUTO_FRACTION
+        return max(pass_.nbytes // AUTO_FRACTION, self._window_floor())
 
     def fits_prefetch(self, nbytes: int, limit: int, pending_bytes: int = 0, pending: int = 0) -> bool:
         """Whether one more restore holding `nbytes` fits ahead of backward (besides
@@ -321,7 +346,7 @@ class Swapper:
                 return t, t._version
             entry = self._live_entry(t, t._version)
             if type(entry) is Item and self.memory_limit is None and not entry.device.observes and \
-                    not entry.device.capturing():
+                    not self.capturing(entry.device):
                 handle = Handle(entry, self._pass, self)
                 if handle.item is not None:  # (else every save of it died meanwhile: offloaded anew below)
                     self.stats.add("deduplicated")  # saved again (the next op's input): on its way already
@@ -331,14 +356,13 @@ class Swapper:
                     t.nbytes < self._floor(t.is_cuda):  # never a candidate, no budget
                 dev = device_of(t)
                 if dev is not None and not dev.observes:  # (the emulator counts every save)
-                    self._release_completed()
                     return t.detach(), t._version
         if not movable(t):  # stays where it is, before anything reads its storage
             if not (t.is_leaf and t.requires_grad):
                 self.stats.add("kept_unmovable")
             return t.detach(), t._version
         dev = device_of(t)
-        if dev is None or dev.capturing():  # (a CUDA graph captures no copies on side streams: kept)
+        if dev is None or self.capturing(dev):  # (a CUDA graph captures no copies on side streams: kept)
             return t.detach(), t._version
         if not observed:
             with stage("pack"):
@@ -354,7 +378,6 @@ class Swapper:
         """`at`: the profiler's stamp of this save (timed pass); `caller`: the frame that saved t;
         `entry`: t's dedup entry, when pack looked it up already (_LOOK: not yet)."""
         observer = self.observer
-        self._release_completed()
         held = dev.observes and held_for_backward(t)  # (the emulator counts a first save)
         incoming = dev.uncounted_bytes(t) if held else 0
         if at is not None:
@@ -411,10 +434,6 @@ class Swapper:
         """min_bytes, or its default: 1 MiB for CUDA tensors, none for CPU ones."""
         return self.min_bytes if self.min_bytes is not None else (MiB if cuda else 0)
 
-    def _release_completed(self) -> None:
-        """At a save: copies completed since the last one release their tensors (while forward runs)."""
-        if self.inflight and self.releases_at_saves:
-            self.offloader.poll()
 
     def _admit(self, item: Item, pass_: Pass) -> None:
         """Count the item in flight; while that would exceed the stash limit, wait for
@@ -473,7 +492,7 @@ class Swapper:
                 item.device.event_synchronize(item.d2h_done, at=at)
             except Exception as exc:  # noqa: BLE001 - the copy failed: raised by surface()
                 self.fail(exc, item)
-        self.offloader.release(item)
+        self.offloader.release_with(item)  # (and the rest of its group: their copies completed with it)
 
     def warm_up(self, choices) -> None:
         """Build now the kernels for each (codec, itemsize) in `choices`, on the device
