@@ -352,8 +352,8 @@ class Swapper:
                     self.stats.add("deduplicated")  # saved again (the next op's input): on its way already
                     return handle
                 entry = None
-            if self.memory_limit is None and type(t) is torch.Tensor and \
-                    t.nbytes < self._floor(t.is_cuda):  # never a candidate, no budget
+            if self.memory_limit is None and type(t) is torch.Tensor and t.layout is torch.strided and \
+                    t.nbytes < self._floor(t.is_cuda):  # never a candidate, no budget (nbytes: dense ones only)
                 dev = device_of(t)
                 if dev is not None and not dev.observes:  # (the emulator counts every save)
                     return t.detach(), t._version
