@@ -318,3 +318,49 @@ def test_kernels_are_built_when_decided_not_mid_step(tmp_path, monkeypatch):
     assert decided and cswap.stats(model)["compressed_tensors"] > 0
     assert sorted(w[0] for w in warmed) == sorted(decided)  # once each, not again at the epoch's re-decision
     assert {(w[1], w[2], w[3]) for w in warmed} == {(torch.int32, torch.device("cpu"), 0)}
+
+
+@pytest.mark.parametrize("budget", [False, True], ids=["advisor", "budget"])
+def test_no_save_pays_for_planning_or_kernel_builds(tmp_path, budget):
+    """Issue 39 §3.4: the advisor's decisions, the budget's plan and the kernels they
+    need are made at a step boundary (the forward after the profiled one starts, or an
+    epoch's end), never inside a save of the training thread."""
+    model = Shifted()
+    model.shift = -0.8
+    entry_options = dict(profile=profile_with_link(tmp_path, 0.001), verbose=False)
+    device = cswap.testing.emulated_device(capacity_bytes=1 << 20) if budget else None
+    with device if device is not None else warnings.catch_warnings():
+        if budget:
+            entry_options["budget"] = 0.4  # (of 1 MiB: about 0.8x the step's peak)
+        cswap.patch(model, **entry_options)
+        entry = _PATCHED[model]
+        controller, swapper = entry.controller, entry.swapper
+        in_save, made = [], []
+
+        def watched(name, fn):
+            def call(*args, **kwargs):
+                made.append((name, bool(in_save)))
+                return fn(*args, **kwargs)
+            return call
+
+        pack = swapper.pack
+
+        def watched_pack(*args, **kwargs):
+            in_save.append(True)
+            try:
+                return pack(*args, **kwargs)
+            finally:
+                in_save.pop()
+
+        swapper.pack = watched_pack
+        controller.advisor.decide = watched("decide", controller.advisor.decide)
+        if budget:
+            controller.budget.replan = watched("replan", controller.budget.replan)
+        controller.warm_up = watched("warm_up", controller.warm_up)
+        x, y = data()
+        for _ in range(4):
+            step(model, x, y)
+        cswap.epoch_end(model)
+        step(model, x, y)
+    assert {"decide", "warm_up"} | ({"replan"} if budget else set()) <= {name for name, _ in made}, made
+    assert not any(inside for _, inside in made), made

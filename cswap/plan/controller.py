@@ -53,6 +53,7 @@ class Controller:
         self.user_policy = user_policy
         self.chosen: dict[str, str | None] = {}   # what a user policy chose, per tensor key
         self.profiler = TensorProfiler()
+        self.profiler.on_iteration = self._iteration_profiled
         self.profiler.record_memory = self.budget is not None and not self.budget.waiting_for_oom
         self.decisions: dict[str, Decision] = {}
         self.epoch = 0
@@ -89,14 +90,13 @@ class Controller:
     def policy(self, info: SwapInfo) -> str | None:
         """The user's policy, else the budget plan's choice (KEEP, None or a codec), else
         the advisor's codec for this tensor (None, i.e. uncompressed, until the first
-        iteration has been profiled)."""
+        iteration has been profiled). Asked in every save: it only looks up what decide()
+        chose when the profiled iteration completed (at the next forward's start)."""
         if self.budget is not None and self.budget.waiting_for_oom:
             return KEEP  # passive mode: as unpatched until a forward runs out of memory
         if self.user_policy is not None:
             codec = self.chosen[info.key] = self.user_policy(info)
             return codec
-        if self.profiler.iteration is not self._decided_from:
-            self.decide()  # the first timed iteration just completed
         if self.budget is not None:
             return self.budget.choice(info.key)
         decision = self.decisions.get(info.key)
@@ -110,6 +110,13 @@ class Controller:
         self.profiler.record_memory = True
         self.profiler.arm_timing()
         self.profiler.arm_sampling()
+
+    def _iteration_profiled(self) -> None:
+        """A timed iteration completed, at a step boundary: plan and build kernels now rather
+        than inside the next save, if the swapper asks this controller's policy."""
+        asked = self.mode == "cswap" and self.user_policy is None
+        if asked and not (self.budget is not None and self.budget.waiting_for_oom):
+            self.decide()
 
     def decide(self) -> dict[str, Decision]:
         iteration = self.profiler.latest()
@@ -129,8 +136,9 @@ class Controller:
 
     def epoch_end(self, metrics: dict | None = None, stream=None) -> EpochReport:
         start = time.perf_counter()
-        self.profiler.finish()
-        decisions = self.decide()
+        decided = self._decided_from
+        self.profiler.finish()  # (which decides, if it completes a timed iteration)
+        decisions = self.decisions if self._decided_from is not decided else self.decide()
         rows = self._rows(decisions)
         self.profiler.overhead_s += time.perf_counter() - start
         all_metrics = dict(metrics or {})

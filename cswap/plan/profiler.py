@@ -183,6 +183,9 @@ class TensorProfiler:
         self.memory: MemoryTrace | None = None              # ...of the latest complete timing
         self.device = None                                  # the Device of the latest complete timing
         self._idle_passes = 0                               # passes observed in a row that offloaded nothing
+        # Called when finish() completes a timed iteration: at a step boundary (the next
+        # forward's start, or an epoch's end), never inside a save (the controller decides).
+        self.on_iteration = None
 
     @property
     def active(self) -> bool:
@@ -348,6 +351,8 @@ class TensorProfiler:
             self._idle_passes += not p.records  # (everything kept: as a pass that offloaded nothing)
             self.timing_armed = True  # no (complete) backward: time the next pass
         self.overhead_s += time.perf_counter() - start
+        if complete and self.on_iteration is not None:
+            self.on_iteration()
 
     @staticmethod
     def _compute_clock(p: _Pass) -> list[float]:
