@@ -876,7 +876,7 @@ def test_a_group_of_restores_stays_within_the_memory_budget():
     try:
         with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
             sizes = _spy_groups(dev, "h2d")
-            swapper_of(model).memory_limit = lambda: dev.memory_allocated() + 3 * 256
+            swapper_of(model).memory_limit = lambda tick: dev.memory_allocated() + 3 * 256
             for _ in range(2):
                 got = _chain_gradients(model, x, released=True)
         assert dev.hazards == []

@@ -118,6 +118,44 @@ def test_a_budget_between_offload_all_and_none_is_met(name):
         assert max(peaks[1:]) <= budget + largest, (fraction, peaks, budget, floor, stock)
 
 
+def _vit_budget_peaks(seeds) -> tuple[int, dict[int, list[int]]]:
+    """ViT-tiny under a budget of 0.45x the unpatched step's peak on the emulated device
+    (0.5 GB/s, jittery): each seed's peak in the three steps after the profiled one."""
+    model, inputs = modern.build("vit")
+    budget = int(0.45 * max(_peak_on_emulated(copy.deepcopy(model), inputs, 1)))
+    peaks = {}
+    for seed in seeds:
+        patched = cswap.patch(copy.deepcopy(model), budget=budget, verbose=False)
+        try:
+            with warnings.catch_warnings(), \
+                    cswap.testing.emulated_device(bandwidth_gbps=0.5, jitter=0.001, seed=seed) as dev:
+                warnings.simplefilter("ignore")
+                peaks[seed] = []
+                for step in range(4):
+                    dev.reset_peak()
+                    torch.manual_seed(step)
+                    patched.zero_grad(set_to_none=True)
+                    default_loss(inputs(patched)).backward()
+                    peaks[seed].append(dev.peak_bytes)
+            assert dev.hazards == []
+        finally:
+            cswap.unpatch(patched)
+    return budget, {seed: p[1:] for seed, p in peaks.items()}
+
+
+@pytest.mark.parametrize("seeds", [range(4), pytest.param(range(4, 20), marks=pytest.mark.slow)],
+                         ids=["seeds 0-3", "seeds 4-19"])
+def test_a_budget_is_a_contract_whatever_the_copies_timing(seeds):
+    """Issue 39 §3.2: ViT's planned steps peaked at 1.016x this budget in 3 runs of 80 on a
+    loaded machine: the worker allocated a gathered copy (attention's transposed views)
+    after its save, past the wait that had made room at the save. Room is now made for it
+    at the save (counted until the worker has allocated it), and the wait at each save and
+    use leaves room for what the profiled step rose to before the next."""
+    budget, peaks = _vit_budget_peaks(seeds)
+    over = {seed: [f"{p / budget:.3f}" for p in ps] for seed, ps in peaks.items() if max(ps) > budget}
+    assert not over, over
+
+
 def test_the_budget_plan_moves_or_keeps_a_storage_whole():
     """q, k and v are views of one projection's output: a plan that moves k and keeps q
     frees nothing, so every saved view of a storage gets one choice."""

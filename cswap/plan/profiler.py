@@ -103,6 +103,8 @@ class _Pass:
     records: dict[str, _Record] = field(default_factory=dict)   # offloaded: timed and sampled
     kept: dict[str, _Record] = field(default_factory=dict)      # kept on the device by the plan: sampled
     ticks: list = field(default_factory=list)                   # (device bytes, keys away), per save and use
+    rises: list = field(default_factory=list)                   # per tick but the last: how far above it the
+                                                                # device rose before the next
     storages: object = None                                     # storage -> its number (weak keys)
     numbered: int = 0                                           # storages numbered so far
 
@@ -130,19 +132,24 @@ class MemoryTrace:
     save order, `group_bytes` its size; `windows[key]` the ticks [a, b) over which that
     tensor was away (its copy out done and the step done with it, until its copy back
     started; empty when never away), `group_windows` those over which all of a
-    storage's views were; `curve[k]` what the device would have held at tick k had
-    nothing been offloaded (what it held plus the storages away)."""
+    storage's views were; `curve[k]` the most the device would have held from tick k
+    to the next had nothing been offloaded (what it held, plus the storages away, plus
+    `rise[k]`: how far the model's own temporaries took it above that before the next
+    tick; the profiled step releases copied tensors at ticks only, so that rise is the
+    model's alone)."""
 
     curve: np.ndarray
     windows: dict[str, tuple[int, int]]
-    measured_peak: int  # the most the device held at a tick, offloading everything
+    measured_peak: int  # the most the device held, offloading everything
     groups: list[list[str]] = field(default_factory=list)
     group_bytes: list[int] = field(default_factory=list)
     group_windows: list[tuple[int, int]] = field(default_factory=list)
+    rise: np.ndarray | None = None  # per tick: what the model's own temporaries add before the next (in curve)
 
 
-def _memory_trace(ticks, storage_of: dict[str, tuple[int, int]]) -> MemoryTrace | None:
-    """From the ticks (device bytes, keys away) and each key's (storage number, bytes)."""
+def _memory_trace(ticks, storage_of: dict[str, tuple[int, int]], rises=()) -> MemoryTrace | None:
+    """From the ticks (device bytes, keys away), each key's (storage number, bytes) and
+    how far the device rose above each tick before the next (`rises`; 0 after the last)."""
     if not ticks:
         return None
     windows: dict[str, tuple[int, int]] = {}
@@ -161,10 +168,13 @@ def _memory_trace(ticks, storage_of: dict[str, tuple[int, int]]) -> MemoryTrace 
     for keys in groups:
         a, b = max(windows[k][0] for k in keys), min(windows[k][1] for k in keys)
         group_windows.append((a, b) if a < b else (0, 0))
-    curve = np.array([held for held, _ in ticks], dtype=np.float64)
+    rise = np.zeros(len(ticks))
+    rise[:len(rises)] = rises[:len(ticks)]
+    held = np.array([held for held, _ in ticks], dtype=np.float64) + rise
+    curve = held.copy()
     for (a, b), nbytes in zip(group_windows, group_bytes):
         curve[a:b] += nbytes
-    return MemoryTrace(curve, windows, int(max(held for held, _ in ticks)), groups, group_bytes, group_windows)
+    return MemoryTrace(curve, windows, int(held.max()), groups, group_bytes, group_windows, rise)
 
 
 class TensorProfiler:
@@ -247,6 +257,13 @@ class TensorProfiler:
             self.timing_armed = self.sampling_armed = False
         self.overhead_s += time.perf_counter() - start
 
+    @property
+    def traces_memory(self) -> bool:
+        """The pass observed now traces device memory at each tick (the swapper then releases
+        copied tensors at ticks only, so that what rises between two is the model's own)."""
+        p = self.current
+        return p is not None and p.timing and self.record_memory
+
     def on_tick(self, pass_, device, incoming: int = 0) -> None:
         """A tensor is about to be saved or used (the swapper's pass_ holds its items):
         in the timed pass, with record_memory, note what the device holds and what is away."""
@@ -260,7 +277,11 @@ class TensorProfiler:
             away = tuple(item.key for item in pass_.items
                          if item.phase == Phase.RELEASED and item.restored is None and item.weak() is None
                          and item.key in records and records[item.key].used is None)
-        p.ticks.append((device.memory_allocated() + incoming, away))
+        if p.ticks:  # the interval since the last tick: its peak (the model's temporaries) over what was held then
+            p.rises.append(max(0, device.max_memory_allocated() - p.ticks[-1][0]))
+        held = device.memory_allocated() + incoming
+        device.reset_peak()  # (the user's peak statistics of this one step cover its end only)
+        p.ticks.append((held, away))
         self.overhead_s += time.perf_counter() - start
 
     def on_pack(self, key: str, t: torch.Tensor, info: SwapInfo, device, offloaded: bool = True,
@@ -346,7 +367,7 @@ class TensorProfiler:
             self.device = p.device
             if self.record_memory:
                 storage_of = {k: (r.storage, r.storage_bytes) for k, r in p.records.items()}
-                self.memory = _memory_trace(p.ticks, storage_of)
+                self.memory = _memory_trace(p.ticks, storage_of, p.rises)
         elif p.timing and (p.records or self._idle_passes < IDLE_PASSES):
             self._idle_passes += not p.records  # (everything kept: as a pass that offloaded nothing)
             self.timing_armed = True  # no (complete) backward: time the next pass

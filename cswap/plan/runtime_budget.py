@@ -109,11 +109,21 @@ class RuntimeBudget:
         self.instance: Instance | None = None
         self.recomputed: frozenset[str] = frozenset()  # blocks the plan checkpoints (patch(recompute=...))
         self.compute_s = 0.0
+        self.rise = None      # per tick of the profiled step: how far it rose above it (MemoryTrace.rise)
+        self.most_rise = 0.0
         self._said: set[str] = set()
 
-    def limit(self) -> int | None:
-        """The bytes the runtime keeps the device within once there is a plan that moves something."""
-        return self.bytes if self.plan is not None and self.plan.moved else None
+    def limit(self, tick: int) -> int | None:
+        """The bytes the runtime keeps the device within at the pass's `tick`-th save or use,
+        once there is a plan that moves something: the budget less how far the profiled step
+        rose above that tick before the next (the model's temporaries, which no wait at a
+        tick can make room for later), the largest such rise past the profiled ticks."""
+        if self.plan is None or not self.plan.moved:
+            return None
+        rise = self.rise
+        if rise is None or not len(rise):
+            return self.bytes
+        return self.bytes - int(rise[tick] if tick < len(rise) else self.most_rise)
 
     def choice(self, key: str):
         """What to do with this tensor: raw until there is a plan (the profiled step), and for
@@ -145,6 +155,8 @@ class RuntimeBudget:
         if memory is None or not iteration.tensors:
             return self.choices
         self.bytes = self.resolve(device)
+        self.rise = memory.rise
+        self.most_rise = float(memory.rise.max()) if memory.rise is not None and len(memory.rise) else 0.0
         units, windows, members = _storages(iteration, memory)
         self.instance = inst = Instance.build(units, profile, memory.curve, windows)
         if blocks:  # (each with room for its encoders' temporaries, which the memory trace did not see)

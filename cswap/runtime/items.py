@@ -93,7 +93,7 @@ class Kept:
 class Pass:
     """The items offloaded during one forward pass, in pack order."""
 
-    __slots__ = ("items", "nbytes", "footprint", "candidates", "cursor")
+    __slots__ = ("items", "nbytes", "footprint", "candidates", "cursor", "ticks")
 
     def __init__(self):
         self.items: list[Item] = []
@@ -101,6 +101,7 @@ class Pass:
         self.footprint = 0   # the device bytes they held in flight (Item.footprint)
         self.candidates = 0  # tensors that could have left (offloaded or kept by the policy): keys' index
         self.cursor = None   # (round, step, index): where the last prefetch of a backward stopped
+        self.ticks = 0       # saves and uses met so far under a memory check (a budget's plan is per tick)
 
 
 class KeptByPolicy:

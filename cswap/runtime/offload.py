@@ -778,7 +778,10 @@ class Offloader:
                 src = item.src
                 item.src = item.sent = item.pending = None
                 if src is not None:  # the device memory goes here (unless the user still holds the tensor)
-                    drop_storage(src, item.device.nothing)
+                    if sw.held_drops is not None:  # (a pass tracing memory: at its next tick)
+                        sw.held_drops.append((src, item.device.nothing))
+                    else:
+                        drop_storage(src, item.device.nothing)
                 sw.unstash(item)  # with the memory gone: a pack waiting for memory sees it so
                 if sw.mode == "vdnnpp" and item.header is None and not item.freed and item.failure is None \
                         and item.lease is not None:

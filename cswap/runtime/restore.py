@@ -144,7 +144,7 @@ class Restorer:
         limit = sw.prefetch_limit(pass_)
         if start != item.index + step and sw.prefetched_bytes > limit // 2:
             return  # the next items are on their way: refill once half the window is served, in one group
-        memory_limit = sw.memory_limit() if sw.memory_limit is not None else None
+        memory_limit = sw.memory_limit(pass_.ticks - 1) if sw.memory_limit is not None else None  # (this use's)
         raw = []  # released raw copies to restore together, in backward's order
         j, end = start, (len(items) if step > 0 else -1)
         try:

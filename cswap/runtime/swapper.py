@@ -67,7 +67,7 @@ from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, activa
 from .device import Device, device_of
 from .hook_context import mark
 from .host_pool import HostPool
-from .items import Handle, Item, KeptByPolicy, Pass, Phase, dense_permutation, modified_error
+from .items import Handle, Item, KeptByPolicy, Pass, Phase, dense_permutation, drop_storage, modified_error
 from .offload import Offloader
 from .restore import Restorer, restore_footprint
 from .stats import SwapStats
@@ -198,10 +198,13 @@ class Swapper:
         # A TensorProfiler (begin_pass, pause/resume, on_tick, on_pack, end_forward, on_unpack), or None;
         # none in the modes that offload nothing
         self.observer = observer if self.offloads else None
-        # () -> device bytes to stay within (a memory budget's plan) or None; None when there is no
-        # budget: pack waits for copies out and prefetch holds back while the device holds more
-        # (patch wires the budget).
-        self.memory_limit: Callable[[], int | None] | None = None
+        # (tick) -> device bytes to stay within at the pass's tick-th save or use (a memory budget's
+        # plan) or None; None when there is no budget: pack waits for copies out and prefetch
+        # holds back while the device holds more (patch wires the budget).
+        self.memory_limit: Callable[[int], int | None] | None = None
+        # While a pass traces memory (the budget's profiled step): tensors released since the
+        # last tick, (tensor, nothing) to drop at the next, so what rises between two is the model's.
+        self.held_drops: list | None = None
         self.lock = threading.RLock()
         self._warned: set[str] = set()
         self._notices: list[str] = []
@@ -264,8 +267,11 @@ class Swapper:
         self._pass = Pass()
         self._passes += 1
         self._seen.clear()
+        self._drop_held()
         if self.observer is not None:
             self.observer.begin_pass()
+            if self.observer.traces_memory:
+                self.held_drops = []
 
     def end_pass(self) -> None:
         if self.candidates == "auto" and self._pass is not None and (self._pass.candidates or self._dense_seen[0]):
@@ -380,10 +386,11 @@ class Swapper:
         observer = self.observer
         held = dev.observes and held_for_backward(t)  # (the emulator counts a first save)
         incoming = dev.uncounted_bytes(t) if held else 0
+        tick = self._tick()
         if at is not None:
             observer.on_tick(self._pass, dev, incoming)  # what the device holds, this tensor included
         if self.memory_limit is not None:
-            limit = self.memory_limit()
+            limit = self.memory_limit(tick)
             if limit is not None:
                 self._wait_within(limit - incoming, dev)
         if held:
@@ -417,6 +424,12 @@ class Swapper:
             return t.detach(), t._version
         item = Item(t, info, codec, dense_permutation(t), len(pass_.items), dev)
         item.footprint, item.pass_number = self.offloader.footprint(item), self._passes
+        if self.memory_limit is not None and item.footprint > info.nbytes:
+            # What sending it allocates (a payload, a gathered copy) is allocated on the worker,
+            # some time after this save: room for it is made now, and counted until it is issued.
+            limit = self.memory_limit(tick)
+            if limit is not None:
+                self._wait_within(limit - (item.footprint - info.nbytes), dev)
         self.device, self.tensor_device = dev, dev.device
         self._admit(item, pass_)
         # At once: an admitted item is always on its way (pack may raise below). Raw copies go
@@ -472,15 +485,23 @@ class Swapper:
         them until the device holds at most `limit` bytes or nothing is in flight (the
         plan counted on those tensors being gone by now)."""
         waited_since = None
-        while dev.memory_allocated() > limit:
+        while dev.memory_allocated() + self._unissued_extra() > limit:
             with self.lock:
                 if not self.inflight:
                     break
                 oldest = self.inflight[0]
             waited_since = waited_since or dev.host_time()
             self._wait_released(oldest, at="pack.stash_full")
+            if self.held_drops:  # (a pass tracing memory under a plan: the memory must go now)
+                self._drop_held(hold_on=True)
         if waited_since is not None:
             self.stats.add("offload_stall_s", dev.host_time() - waited_since)
+
+    def _unissued_extra(self) -> int:
+        """Device bytes the worker has yet to allocate to send the items in flight (the
+        memory budget counts them as held from their save on)."""
+        with self.lock:
+            return sum(it.footprint - it.info.nbytes for it in self.inflight if it.phase == Phase.PACKED)
 
     def _wait_released(self, item: Item, at: str) -> None:
         """Wait for the item's copy out, then release it."""
@@ -617,14 +638,34 @@ class Swapper:
         if dev is None:
             return None
         at = None
+        tick = self._tick()
         if observer is not None:
             at = observer.pause(dev)  # the timed pass: waits for copies are not compute
             observer.on_tick(self._pass, dev)
         if self.memory_limit is not None:
-            limit = self.memory_limit()
+            limit = self.memory_limit(tick)
             if limit is not None:
                 self._wait_within(limit, dev)
         return at
+
+    def _tick(self) -> int:
+        """A save or use under a memory check: its number in the pass (the budget's limit at
+        it leaves room for what the profiled step rose to before the next), the tensors
+        released since the last dropped first when the pass traces memory."""
+        if self.held_drops:
+            self._drop_held(hold_on=True)
+        if self._pass is None:
+            self._pass = Pass()
+        tick = self._pass.ticks
+        self._pass.ticks = tick + 1
+        return tick
+
+    def _drop_held(self, hold_on: bool = False) -> None:
+        """Drop the tensors released while a pass traces memory; `hold_on`: go on holding."""
+        with self.lock:
+            held, self.held_drops = self.held_drops, ([] if hold_on and self.held_drops is not None else None)
+        for src, nothing in held or ():
+            drop_storage(src, nothing)
 
     def check_version(self, item: Item) -> None:
         now = item.counter._version
@@ -772,6 +813,8 @@ class Swapper:
                     break
                 oldest = self.inflight[0]
             self._wait_released(oldest, at="release.copy_done")
+        if self.held_drops:
+            self._drop_held(hold_on=True)
         if self.restorer.unread:  # (a backward that raised never reached its end)
             self.restorer.settle()
 
