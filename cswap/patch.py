@@ -16,7 +16,7 @@ from torch import nn
 from .plan.controller import Controller
 from .plan.inputs import Inputs
 from .plan.recompute import resolve as resolve_blocks
-from .plan.runtime_budget import AUTO, size_text
+from .plan.runtime_budget import AUTO, RETAINED_REFUSED, size_text
 from .runtime.checkpointing import CheckpointedBlocks
 from .runtime.device import device_of
 from .runtime.hook_context import why_not_ours
@@ -124,6 +124,8 @@ class _Patch:
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as exc:
+                if self.controller.budget.graph_retained:  # (a plan would not hold: refused, now it would move)
+                    raise RuntimeError(RETAINED_REFUSED) from exc
                 message = str(exc)  # leaving the handler frees the failed attempt's tensors
             self._restart_pass(message)
             state.restore()
@@ -166,7 +168,7 @@ class _Patch:
     def _restart_pass(self, message: str) -> None:
         """Drop the failed forward's pass and start the retry's, now profiled."""
         self.hooks_ctx.__exit__(None, None, None)
-        self.swapper.end_pass()
+        self.swapper.end_pass(abandoned=True)
         gc.collect()  # the failed attempt's graph, before the retry allocates again
         self.controller.out_of_memory(message)
         self.tracker.reset()
@@ -309,6 +311,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     controller.warm_up = swapper.warm_up
     if controller.budget is not None:
         swapper.memory_limit = controller.budget.limit
+        swapper.step_unplanned = controller.budget.step_unplanned
     names = resolve_blocks(model, recompute) if recompute is not None else []
     unpatch(model)
     tracker.attach(model)

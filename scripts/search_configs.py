@@ -11,8 +11,9 @@ the input's gradient, the model's call inside torch.utils.checkpoint (reentrant 
 evaluation passes and epoch ends between steps). It trains three steps patched and
 unpatched and compares every gradient bit for bit; on the emulated device any race or
 unsynchronised free it reports is a failure too. An out-of-memory error that names what to change (the device is
-small on purpose), and a configuration stock autograd cannot train, or trains with
-gradients that differ from run to run, are counted apart.
+small on purpose), a configuration stock autograd cannot train, or trains with
+gradients that differ from run to run, and one cswap refuses (a budget with a backward
+that keeps its graph), are counted apart.
 
     python scripts/search_configs.py 0:400            # seeds 0 to 399: about 3 minutes on 2 cores
     python scripts/search_configs.py 76 140           # those seeds again, with their tracebacks
@@ -198,7 +199,8 @@ def _first_difference(a: list, b: list) -> int | None:
 def run(c: dict) -> str:
     """'ok', 'oom: ...' (a small device's clear out-of-memory error), 'n/a: ...' (stock
     autograd cannot train it so, as SDPA's CPU kernels have no double backward, or does
-    not give the same gradients twice) or raises."""
+    not give the same gradients twice; or cswap refuses it, as a budget with a backward that
+    keeps its graph) or raises."""
     model, inputs = c["model"], c["inputs"]
     try:
         expected = train(copy.deepcopy(model), inputs, c, "cpu")
@@ -218,7 +220,12 @@ def run(c: dict) -> str:
     patched = cswap.patch(model, mode=c["mode"], verbose=False, **options)
     try:
         got = train(patched, inputs, c, c["device"], capacity, patched=True)
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:  # (torch.OutOfMemoryError among them)
+        if "does not support a backward that keeps its graph" in str(exc) and c["budget"] is not None and \
+                (c["retain"] or c["penalty"]):  # (refused, as it should be: issue 39 §3.3)
+            return f"n/a: {str(exc)[:160]}"
+        if not isinstance(exc, torch.OutOfMemoryError):
+            raise
         # (what a gradient penalty's backward saves for the second one is made outside forward:
         # not cswap's to move, so a device sized from the unpatched step may not hold it)
         if capacity is None or ("cswap:" not in str(exc) and not c["penalty"]):
@@ -267,7 +274,7 @@ def main(argv=None) -> int:
         print(f"{outcome[:3]:4} {describe(c)} ({time.perf_counter() - start:.1f} s)", flush=True)
     print(f"{len(chosen)} seeds: {len(failed)} failed{' (' + ' '.join(map(str, failed)) + ')' if failed else ''}, "
           f"{ooms} out of memory on a small device with a clear error, {unsupported} that stock autograd "
-          f"cannot train, or not the same way twice")
+          f"cannot train, or not the same way twice, or that cswap refuses with a clear error")
     return 1 if failed else 0
 
 

@@ -21,6 +21,7 @@ import modern
 import nets
 from cswap.patch import _PATCHED
 from cswap.plan.runtime_budget import size_text
+from cswap.runtime.candidates import KEEP
 from cswap.runtime import emulator
 from cswap.runtime.step_state import StepState
 from emulated import NETS, SLOW, exact, gradients
@@ -304,6 +305,81 @@ def test_auto_retries_the_second_forward_of_a_step_without_touching_the_first_on
         assert dev.hazards == []
         assert all(exact(g, e) for g, e in zip(got, expected))
         assert all(torch.equal(stats[k], expected_stats[k]) for k in stats)
+    finally:
+        cswap.unpatch(model)
+
+
+def _two_forward_steps(model, shape, steps: int = 3, capacity=None):
+    """`steps` steps that call the model twice before one backward, on the emulated device:
+    each step's gradients and peak."""
+    grads, peaks = [], []
+    with cswap.testing.emulated_device(**({"capacity_bytes": capacity} if capacity else {}), **SLOW) as dev:
+        for i in range(steps):
+            dev.reset_peak()
+            model.zero_grad(set_to_none=True)
+            sum(F.cross_entropy(model(x), y) for x, y in (batch(shape, i + 10 * c) for c in range(2))).backward()
+            grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+            peaks.append(dev.peak_bytes)
+    assert dev.hazards == []
+    return grads, peaks
+
+
+def test_two_forwards_before_a_backward_move_everything_and_say_why():
+    """Issue 39 §3.3: the plan describes one forward whose backward frees its saves as it
+    goes; a step that calls the model twice before its backward holds both forwards' saves,
+    and the tensors the plan kept twice over (1.18x the budget before). The swapper sees a
+    forward start before the previous one's backward, and the plan moves every saved
+    activation from then on, saying why once; the budget holds, gradients stay exact."""
+    make, shape = NETS["small_cnn"]
+    expected, stock_peaks = _two_forward_steps(make(), shape, 1)
+    budget = int(0.85 * stock_peaks[0])
+    model = cswap.patch(make(), budget=budget, min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got, peaks = _two_forward_steps(model, shape, 4)
+        said = [str(w.message) for w in caught if "before the backward of the one before it" in str(w.message)]
+        assert len(said) == 1 and "every saved activation now leaves the device" in said[0], said
+        plan = _PATCHED[model].controller.budget
+        assert KEEP not in plan.choices.values() and plan.choices
+    finally:
+        cswap.unpatch(model)
+    assert exact(got[0], expected[0])
+    assert max(peaks[1:]) <= budget, ([p / budget for p in peaks], budget)
+
+
+@pytest.mark.parametrize("kind", ["retain_graph", "create_graph"])
+@pytest.mark.parametrize("budget", ["bytes", "auto"])
+def test_a_backward_that_keeps_its_graph_is_refused_under_a_budget(kind, budget):
+    """Issue 39 §3.3: a kept graph holds every saved activation until it goes, which the
+    plan counts as freed as backward runs: with budget="auto" it ran out of memory restoring
+    a tensor in backward. Refused with an error that says what to do instead: at the first
+    such backward with a budget in bytes; with budget="auto" only once a forward runs out of
+    memory (until then nothing is planned or moved, and training goes on)."""
+    make, shape = NETS["small_cnn"]
+    capacity = between(make, shape, 0.7)
+    model = cswap.patch(make(), budget="1GiB" if budget == "bytes" else "auto", min_bytes=0, verbose=False)
+
+    def step(i):
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(batch(shape, i)[0]), batch(shape, i)[1])
+        if kind == "retain_graph":
+            loss.backward(retain_graph=True)
+        else:  # a gradient penalty
+            first = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+            loss = loss + sum((g ** 2).sum() for g in first)
+        loss.backward()
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if budget == "auto":  # (a device that holds the step: it trains as unpatched)
+                with cswap.testing.emulated_device(**SLOW):
+                    step(0)
+            with cswap.testing.emulated_device(capacity_bytes=capacity, **SLOW):
+                with pytest.raises(RuntimeError, match=r"does not support a backward that keeps its graph.*"
+                                                       r"Run backward without retain_graph"):
+                    step(1)
     finally:
         cswap.unpatch(model)
 

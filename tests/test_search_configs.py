@@ -32,12 +32,14 @@ def test_a_seed_draws_the_same_configuration_each_time_and_seeds_differ(search):
 
 
 def test_seeds_of_each_kind_train_as_stock_autograd(search, capsys):
-    # a budget on a slow device with bf16 autocast, accumulation and a gradient penalty,
-    # budget="auto" with recompute, channels_last with retain_graph, T5 with compute behind
+    # budget="auto" with recompute, channels_last with retain_graph, T5 with compute behind;
+    # and a budget on a slow device with bf16 autocast, accumulation and a gradient penalty,
+    # which cswap refuses (its backward keeps the graph: issue 39 §3.3), counted apart
     assert search.main(["42", "113", "140", "49"]) == 0
     out = capsys.readouterr().out
-    assert "4 seeds: 0 failed" in out and sum(line.startswith("ok ") for line in out.splitlines()) == 4
-    assert "'penalty': True" in out and "'budget': 'auto'" in out
+    assert "4 seeds: 0 failed" in out and sum(line.startswith("ok ") for line in out.splitlines()) == 3
+    refused = [line for line in out.splitlines() if line.startswith("n/a  seed 42:")]
+    assert refused and "'penalty': True" in refused[0] and "'budget': 'auto'" in out
 
 
 def test_gradients_that_differ_fail_the_run_naming_the_seed(search, monkeypatch, capsys):

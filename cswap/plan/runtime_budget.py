@@ -94,6 +94,13 @@ def _blocks(seconds: dict[str, float], members: list[list[str]], infos: dict) ->
             for name, s in seconds.items()]
 
 
+RETAINED_REFUSED = (
+    "cswap: budget= does not support a backward that keeps its graph (retain_graph=True, or create_graph=True as a "
+    "gradient penalty's autograd.grad does): its plan counts on backward freeing each saved activation as it goes, "
+    "and a kept graph holds them until it is gone. Run backward without retain_graph, or patch without budget= "
+    "(cswap.patch(model) offloads every ReLU and pooling output; mode='vdnn', candidates='all' every saved activation)")
+
+
 class RuntimeBudget:
     """The plan of one patched model: per tensor key, KEEP, None (raw) or a codec."""
 
@@ -110,6 +117,9 @@ class RuntimeBudget:
         self.recomputed: frozenset[str] = frozenset()  # blocks the plan checkpoints (patch(recompute=...))
         self.compute_s = 0.0
         self.rise = None      # per tick of the profiled step: how far it rose above it (MemoryTrace.rise)
+        self.unplanned: str | None = None  # why the steps are not what the plan describes (then all moves)
+        self.graph_retained = False        # a backward kept its graph (budget="auto" refuses it at its OOM)
+        self._members: list[list[str]] = []
         self.most_rise = 0.0
         self._said: set[str] = set()
 
@@ -167,16 +177,53 @@ class RuntimeBudget:
             self.plan = with_encoder_scratch(inst, self.bytes, plan_budget)
         self.everything = offload_everything(inst, self.bytes)
         self.compute_s = iteration.forward_s + iteration.backward_s
-        # a recomputed tensor is never seen while its block is checkpointed: raw, should it be
-        self.choices = {key: None if c == RECOMPUTE else c for keys, c in zip(members, self.plan.choices)
-                        for key in keys}
+        self._members = members
+        if self.unplanned is not None:
+            self._move_everything()
+        else:
+            self._choose()
         self._tell()
         return self.choices
+
+    def _choose(self) -> None:
+        # a recomputed tensor is never seen while its block is checkpointed: raw, should it be
+        self.choices = {key: None if c == RECOMPUTE else c for keys, c in zip(self._members, self.plan.choices)
+                        for key in keys}
+
+    def step_unplanned(self, kind: str) -> None:
+        """The swapper saw a step the plan does not describe (its step is one forward whose
+        backward frees its saved activations as it goes). "two forwards": from now on every
+        saved activation leaves the device, which no tensor kept past its planned end can
+        break. "retained graph": refused (raises), except while budget="auto" waits for an
+        out-of-memory error and nothing is planned (refused then, should one come)."""
+        if kind == "retained graph":
+            self.graph_retained = True
+            if not self.waiting_for_oom:
+                raise RuntimeError(RETAINED_REFUSED)
+            return
+        if self.unplanned is not None:
+            return
+        self.unplanned = ("a forward started before the backward of the one before it (as a model called twice a "
+                          "step), so two forwards' saved activations were on the device at once")
+        if self.plan is not None:
+            self._move_everything()
+            self._tell()
+
+    def _move_everything(self) -> None:
+        self.plan, self.recomputed = self.everything, frozenset()
+        self._choose()
 
     def _tell(self) -> None:
         """Say once what the plan means: fits without offloading, fits by offloading, or cannot fit."""
         plan, budget = self.plan, self.bytes
         peak = f"predicted peak {size_text(plan.peak_bytes)} of a {size_text(budget)} budget"
+        if self.unplanned is not None:
+            self._once("unplanned", f"cswap: budget= plans each step as one forward whose backward frees its saved "
+                                    f"activations as it goes, but {self.unplanned}. A tensor the plan kept on the "
+                                    f"device would stay past where the plan counted it gone, so every saved "
+                                    f"activation now leaves the device, as patch(model) without a budget does "
+                                    f"({peak}). For a plan that keeps what fits, run each forward's backward "
+                                    f"before the next forward, without retain_graph", RuntimeWarning)
         if plan.moved == 0 and plan.fits:
             self._once("fits", f"cswap: the step fits in the budget ({peak}): nothing is offloaded", None)
         elif not plan.fits:

@@ -18,9 +18,20 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["hooks_turned_off", "mark", "why_not_ours"]
+__all__ = ["hooks_turned_off", "keeps_graph", "mark", "why_not_ours"]
 
 _OWN = "_cswap_own_hooks"
+
+try:  # (private, in torch 2.11-2.14)
+    from torch._C._autograd import _get_current_graph_task_keep_graph as _keep_graph
+except ImportError:  # pragma: no cover - a torch without it: retain_graph is seen at the second backward
+    _keep_graph = None
+
+
+def keeps_graph() -> bool | None:
+    """Inside a backward: whether it keeps its graph (retain_graph=True, or create_graph),
+    which keeps every tensor saved for it until the graph goes; None where torch does not say."""
+    return _keep_graph() if _keep_graph is not None else None
 
 
 def mark(pack):

@@ -51,6 +51,7 @@ from ..codecs.container import Compressed, unpack_header
 from ..errors import CorruptDataError
 from . import integrity
 from .device import Work
+from .hook_context import keeps_graph
 from .items import Handle, Item, Pass, flat_bytes, is_identity, restore_strides
 from .lanes import lanes_of
 from .trace import stage
@@ -255,10 +256,13 @@ class Restorer:
             try:
                 return self.restore(item, timing=True)
             except torch.OutOfMemoryError as exc:
+                kept = " This backward keeps its graph (retain_graph=True), which keeps every tensor saved for it " \
+                       "that stayed on the device until the graph goes: call backward without retain_graph, or " \
+                       "lower the batch size." if keeps_graph() else " Lower prefetch_bytes or the batch size."
                 raise torch.OutOfMemoryError(
                     f"cswap: restoring the {item.info.nbytes / MiB:.1f} MiB {item.info.op} output of "
                     f"{item.info.where} for backward ran out of device memory, even after giving back prefetched "
-                    f"tensors; its host copy is kept. Lower prefetch_bytes or the batch size ({exc})") from exc
+                    f"tensors; its host copy is kept.{kept} ({exc})") from exc
 
     def drop_unused_prefetches(self, keep: Item, pass_: Pass) -> None:
         sw = self.sw

@@ -65,7 +65,7 @@ from . import emulator
 from .candidates import COMPILED_GRAPH, KEEP, SPARSE_PRODUCERS, SwapInfo, activation_producer, compiled_graph_inputs, \
     computed_inside, input_storages, movable, op_name
 from .device import Device, device_of
-from .hook_context import mark
+from .hook_context import keeps_graph, mark
 from .host_pool import HostPool
 from .items import Handle, Item, KeptByPolicy, Pass, Phase, dense_permutation, drop_storage, modified_error
 from .offload import Offloader
@@ -202,6 +202,11 @@ class Swapper:
         # plan) or None; None when there is no budget: pack waits for copies out and prefetch
         # holds back while the device holds more (patch wires the budget).
         self.memory_limit: Callable[[int], int | None] | None = None
+        # (kind) -> None: told when a step is not what a budget's plan assumes, one forward whose
+        # backward frees its saves as it goes: "two forwards" (a forward before the backward of the
+        # one before it) or "retained graph" (a backward that keeps its graph); it may raise
+        self.step_unplanned: Callable[[str], None] | None = None
+        self._awaiting_backward = 0  # forwards that saved for backward since the last use (under a budget)
         # While a pass traces memory (the budget's profiled step): tensors released since the
         # last tick, (tensor, nothing) to drop at the next, so what rises between two is the model's.
         self.held_drops: list | None = None
@@ -260,6 +265,8 @@ class Swapper:
         self.offloader.hand_over()  # (a forward that raised never reached end_pass)
         if self.restorer.unread:  # a backward that raised before its end read them
             self.restorer.abandon()
+        if self._awaiting_backward and self.step_unplanned is not None:
+            self.step_unplanned("two forwards")
         self.in_forward = True
         self._phase += 1
         if self._pass is not None and self._pass.footprint:
@@ -273,7 +280,10 @@ class Swapper:
             if self.observer.traces_memory:
                 self.held_drops = []
 
-    def end_pass(self) -> None:
+    def end_pass(self, abandoned: bool = False) -> None:
+        """The forward ended (`abandoned`: it raised, and its graph is gone)."""
+        if self.memory_limit is not None and not abandoned and self._pass is not None and self._pass.ticks:
+            self._awaiting_backward += 1
         if self.candidates == "auto" and self._pass is not None and (self._pass.candidates or self._dense_seen[0]):
             self._settle_candidates()
         self._seen.clear()
@@ -625,6 +635,8 @@ class Swapper:
         if not observed and self.memory_limit is None:
             with stage("unpack"):
                 return self.restorer.unpack(packed, None)
+        if packed.item.round and self.step_unplanned is not None:  # (a second backward: where torch cannot say)
+            self.step_unplanned("retained graph")
         at = self._at_use(packed.item.device, observer if observed else None)
         try:
             return self.restorer.unpack(packed, at)
@@ -639,6 +651,9 @@ class Swapper:
             return None
         at = None
         tick = self._tick()
+        self._awaiting_backward = 0
+        if self.step_unplanned is not None and keeps_graph():
+            self.step_unplanned("retained graph")
         if observer is not None:
             at = observer.pause(dev)  # the timed pass: waits for copies are not compute
             observer.on_tick(self._pass, dev)
