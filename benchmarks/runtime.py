@@ -17,6 +17,11 @@ Trains VGG16 (from cswap.models) with SGD for a few iterations per provider:
 
 and reports the median step time, peak GPU memory allocated and reserved (the
 caching allocator's footprint: memory left in side streams' pools shows here),
+the peak against the step's memory floor (predicted, without a GPU, by
+cswap.plan.fake_gpu: static state plus the largest working set one op needs at
+once, every saved activation away whenever the step does not hold it), reserved
+memory over its target (unpatched's reserved plus the stash and prefetch windows
+the provider filled; issue 39 §2),
 bytes moved to the host, forward's stall per offloaded tensor, compute's stall
 per restored tensor, tensors kept on the GPU, and ratios against unpatched and
 save_on_cpu. The first step's loss of every provider is checked to equal the
@@ -134,7 +139,8 @@ def run_provider(name: str, args, device: torch.device, emulated=None) -> dict:
                    offload_stall_ms_per_tensor=1e3 * s["offload_stall_s"] / max(s["offloaded_tensors"], 1),
                    prefetch_stall_ms_per_tensor=1e3 * s["prefetch_stall_s"] / max(s["restored_tensors"], 1),
                    kept_on_gpu=s["kept_on_gpu"], served_from_device=s["served_from_device"],
-                   host_pool_mib=s["host_pool_bytes"] / 2**20)
+                   host_pool_mib=s["host_pool_bytes"] / 2**20,
+                   windows_mib=(s["peak_offload_bytes"] + s["peak_prefetch_bytes"]) / 2**20)
         cswap.unpatch(model)
     del model, optimizer
     if device.type == "cuda":
@@ -146,12 +152,14 @@ COLUMNS = [
     ("provider", "provider", "{}"), ("step_ms", "step ms", "{:.1f}"), ("vs_unpatched", "x unpatch", "{:.2f}"),
     ("vs_save_on_cpu", "x s_o_cpu", "{:.2f}"), ("peak_gpu_mib", "peak MiB", "{:.0f}"),
     ("peak_reserved_mib", "resv MiB", "{:.0f}"), ("peak_vs_unpatched", "peak x", "{:.2f}"),
+    ("peak_vs_floor", "peak/floor", "{:.2f}"), ("resv_over_target_mib", "resv-tgt", "{:+.0f}"),
     ("moved_mib_per_step", "moved MiB", "{:.1f}"), ("offload_stall_ms_per_tensor", "fwd st/t", "{:.3f}"),
     ("prefetch_stall_ms_per_tensor", "bwd st/t", "{:.3f}"), ("kept_on_gpu", "kept", "{}"),
     ("compressed_layers", "compr.", "{}"), ("decision_accuracy", "dec. acc", "{:.2f}"),
     ("loss_matches", "loss ==", "{}"), ("checksum_cost", "chk cost", "{:+.1%}"),
     ("emu_peak_vs_unpatched", "emu peak x", "{:.2f}"), ("emu_offload_stall_ms_per_tensor", "emu fwd st", "{:.3f}"),
-    ("emu_kept_on_gpu", "emu kept", "{}"), ("emu_hazards", "emu haz.", "{}"),
+    ("emu_resv_over_target_mib", "emu r-tgt", "{:+.1f}"), ("emu_kept_on_gpu", "emu kept", "{}"),
+    ("emu_hazards", "emu haz.", "{}"),
 ]
 WIDTHS = [15] + [10] * (len(COLUMNS) - 1)
 
@@ -193,12 +201,32 @@ def emulation_bandwidth(option: str | None, device: torch.device) -> float | Non
     return min(link["d2h_gbps"], link["h2d_gbps"])
 
 
+def memory_floor(args) -> dict:
+    """The step's memory floor and unpatched peak in MiB, predicted by cswap.plan.fake_gpu
+    (no GPU): the floor is the traced peak with every saved activation away from when the
+    step stops holding it until just before its first use, i.e. static state (parameters,
+    gradients, the batch) plus the largest working set that one op needs at once."""
+    from cswap.plan.fake_gpu import trace_step
+
+    torch.manual_seed(0)
+    model = build(args.model, dataset=args.dataset)
+    size = 224 if args.dataset == "imagenet" else 32
+    trace = trace_step(model, torch.empty(args.batch, 3, size, size, device="meta"), optimizer="sgd")
+    # (the trace's SGD keeps momentum, one buffer per parameter all step long; this benchmark's keeps none)
+    momentum = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return {"floor_mib": (trace.offloaded_peak_bytes - momentum) / 2**20,
+            "predicted_unpatched_mib": (trace.peak_bytes - momentum) / 2**20}
+
+
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(device)
+    floor = memory_floor(args)
     print(f"# cswap runtime benchmark: {args.model} ({args.dataset}), batch {args.batch}, on {env['device']}; "
           f"torch {env['torch']}")
+    print(f"# memory floor {floor['floor_mib']:.0f} MiB, unpatched peak {floor['predicted_unpatched_mib']:.0f} MiB "
+          f"(both predicted by cswap.plan.fake_gpu, not measured)")
     print(format_row(COLUMNS, WIDTHS))
     rows = []
     bandwidth = emulation_bandwidth(args.emulate, device)
@@ -214,13 +242,22 @@ def main(argv=None) -> list[dict]:
                 rows[-1]["emu_bandwidth_gbps"] = bandwidth
     ref = {r["provider"]: r for r in rows}
     for row in rows:
+        row.update(floor)
+        if "peak_gpu_mib" in row and device.type == "cuda":  # (on the CPU nothing measures the device)
+            row["peak_vs_floor"] = row["peak_gpu_mib"] / floor["floor_mib"]
         if "unpatched" in ref:
             row["vs_unpatched"] = row["step_ms"] / ref["unpatched"]["step_ms"]
             row["loss_matches"] = row["first_loss"] == ref["unpatched"]["first_loss"]
             if "peak_gpu_mib" in row:
                 row["peak_vs_unpatched"] = row["peak_gpu_mib"] / ref["unpatched"]["peak_gpu_mib"]
+            if "peak_reserved_mib" in row and "windows_mib" in row:
+                row["resv_over_target_mib"] = row["peak_reserved_mib"] - ref["unpatched"]["peak_reserved_mib"] \
+                    - row["windows_mib"]
             if "emu_peak_gpu_mib" in row and ref["unpatched"].get("emu_peak_gpu_mib"):
                 row["emu_peak_vs_unpatched"] = row["emu_peak_gpu_mib"] / ref["unpatched"]["emu_peak_gpu_mib"]
+                if "emu_windows_mib" in row:  # (the emulator's pools: one per stream, as CUDA's allocator)
+                    row["emu_resv_over_target_mib"] = row["emu_peak_reserved_mib"] \
+                        - ref["unpatched"]["emu_peak_reserved_mib"] - row["emu_windows_mib"]
         if "save_on_cpu" in ref:
             row["vs_save_on_cpu"] = row["step_ms"] / ref["save_on_cpu"]["step_ms"]
         base = ref.get(row["provider"].removesuffix(_CHECKSUM))

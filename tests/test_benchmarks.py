@@ -65,6 +65,21 @@ def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
     for name in ("cswap", "cswap_timeline"):
         assert by[name]["candidate_tensors"] > 0 and by[name]["profiling_overhead_ms_per_step"] >= 0
     assert json.loads((tmp_path / "runtime-quick.json").read_text())["rows"] == rows
+    # the floor, predicted: the same for every provider, at most the unpatched peak (CIFAR, batch 2:
+    # the parameters and their gradients are nearly all of it)
+    floors = {(r["floor_mib"], r["predicted_unpatched_mib"]) for r in rows}
+    assert len(floors) == 1 and 0 < min(floors)[0] <= min(floors)[1]
+    assert all(r["windows_mib"] > 0 for r in rows if r["provider"] in ("vdnn", "sc"))
+
+
+def test_the_runtime_benchmarks_floor_is_static_state_plus_one_ops_working_set():
+    """Issue 39 §2: VGG16 ImageNet batch 64 with plain SGD: parameters and gradients (2 x 528
+    MiB) plus the largest op's backward (conv1_2: its input, its output's gradient and its
+    input's gradient, 784 MiB each at 224x224x64, plus its temporaries): about 3445 MiB."""
+    bench = _load(BENCHMARKS / "runtime.py")
+    floor = bench.memory_floor(bench.parse_args(["--dataset", "imagenet", "--batch", "64"]))
+    assert 2 * 528 + 3 * 784 <= floor["floor_mib"] < 3600, floor
+    assert floor["floor_mib"] < 0.7 * floor["predicted_unpatched_mib"], floor
 
 
 def test_train_benchmark_quick_run_writes_results_and_readme(tmp_path, capsys):
