@@ -613,7 +613,7 @@ class Offloader:
         """`settle` for items whose copies out complete with the same event (a group): one query."""
         if not items:
             return
-        if not self._copied(items[0]):
+        if not self.copy_completed(items[0]):
             for item in items:
                 self._hand(item)
             return
@@ -681,12 +681,12 @@ class Offloader:
 
     def released_at_once(self, item: Item) -> bool:
         """Release the item now if its copy out has already completed (never raises)."""
-        if not self._copied(item):
+        if not self.copy_completed(item):
             return False
         self.release(item)
         return True
 
-    def _copied(self, item: Item) -> bool:
+    def copy_completed(self, item: Item) -> bool:
         """The item's copy out has completed, or failed (recorded on it): its tensor may go."""
         done = item.d2h_done
         try:
