@@ -120,7 +120,6 @@ class RuntimeBudget:
         self.unplanned: str | None = None  # why the steps are not what the plan describes (then all moves)
         self.graph_retained = False        # a backward kept its graph (budget="auto" refuses it at its OOM)
         self._members: list[list[str]] = []
-        self.most_rise = 0.0
         self._said: set[str] = set()
 
     def limit(self, tick: int) -> int | None:
@@ -133,7 +132,7 @@ class RuntimeBudget:
         rise = self.rise
         if rise is None or not len(rise):
             return self.bytes
-        return self.bytes - int(rise[tick] if tick < len(rise) else self.most_rise)
+        return self.bytes - int(rise[tick] if tick < len(rise) else rise.max())
 
     def choice(self, key: str):
         """What to do with this tensor: raw until there is a plan (the profiled step), and for
@@ -166,7 +165,6 @@ class RuntimeBudget:
             return self.choices
         self.bytes = self.resolve(device)
         self.rise = memory.rise
-        self.most_rise = float(memory.rise.max()) if memory.rise is not None and len(memory.rise) else 0.0
         units, windows, members = _storages(iteration, memory)
         self.instance = inst = Instance.build(units, profile, memory.curve, windows)
         if blocks:  # (each with room for its encoders' temporaries, which the memory trace did not see)

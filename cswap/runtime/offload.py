@@ -637,25 +637,30 @@ class Offloader:
         self.release(*items)
 
     def poll(self) -> None:
-        """In forward, as a tensor or a group is sent: release, oldest first, the items
-        whose copies out have completed (the D2H stream completes them in order; a group's
-        share one event, queried once). Not at every save: each query is a CUDA call."""
-        if not self.sw.releases_at_saves:
-            return
-        inflight = self.sw.inflight
-        completed = None  # the item whose event was found complete last
-        while inflight:
-            item = inflight[0]
-            if item.phase != Phase.ISSUED:  # the worker or sender has it still, or the releaser
+        """In forward, as a tensor or a group is sent: release the items whose copies out
+        have completed. Not at every save: each query is a CUDA call."""
+        if self.sw.releases_at_saves:
+            self.release_completed()
+
+    def release_completed(self, handed: bool = False) -> None:
+        """Release, oldest first, the items in flight whose copies out have completed (the
+        D2H stream completes them in order; a group's share one event, queried once), up to
+        the first one whose copy still runs or that the worker or sender still has. `handed`:
+        the releaser's items too (under a memory budget, whose plan counts a tensor gone as
+        its copy completes, and whose releaser thread a loaded host runs late)."""
+        sw = self.sw
+        while True:
+            with sw.lock:
+                if not sw.inflight:
+                    return
+                item = sw.inflight[0]
+            if not (item.phase == Phase.ISSUED or (handed and item.phase == Phase.HANDED)) or \
+                    not self.copy_completed(item):
                 return
-            if completed is not None and item.d2h_done is completed.d2h_done:
-                self._released_with(completed, [item])
-            elif self.released_at_once(item):
-                completed = item if item.d2h_done is not None else None
-            else:
-                return
-            if inflight and inflight[0] is item:  # (released: unstashed already)
-                return
+            self.release_with(item)  # (and the rest of its group)
+            with sw.lock:
+                if sw.inflight and sw.inflight[0] is item:  # (not released here: the releaser has it now)
+                    return
 
     def hand_over(self) -> None:
         """Forward is over (or did not end): the releaser takes the issued items still in flight."""

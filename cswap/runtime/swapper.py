@@ -670,7 +670,7 @@ class Swapper:
         gone then; the releaser thread runs late on a loaded host), and the tensors released
         since the last tick dropped when the pass traces memory."""
         if self.memory_limit is not None and self.inflight:
-            self._release_completed()
+            self.offloader.release_completed(handed=True)
         if self.held_drops:
             self._drop_held(hold_on=True)
         if self._pass is None:
@@ -678,21 +678,6 @@ class Swapper:
         tick = self._pass.ticks
         self._pass.ticks = tick + 1
         return tick
-
-    def _release_completed(self) -> None:
-        """Release, oldest first, the items in flight whose copies out have completed (one
-        query per item or group; the D2H stream completes them in order)."""
-        while True:
-            with self.lock:
-                if not self.inflight:
-                    return
-                item = self.inflight[0]
-            if item.phase < Phase.ISSUED or not self.offloader.copy_completed(item):
-                return
-            self.offloader.release_with(item)
-            with self.lock:
-                if self.inflight and self.inflight[0] is item:  # (the releaser has it at this moment)
-                    return
 
     def _drop_held(self, hold_on: bool = False) -> None:
         """Drop the tensors released while a pass traces memory; `hold_on`: go on holding."""
