@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import cswap
 from cswap.runtime.trace import on_every_thread
 
-from common import environment, device_slug, RESULTS
+from common import RESULTS, device_slug, environment, synchronize
 from twin import MODES, RUNS, _model_and_batch
 
 _MIB = 2 ** 20
@@ -59,7 +59,7 @@ def profiled_step(run: dict, mode: str, device: torch.device, out: Path, quick: 
     cuda = device.type == "cuda"
     for _ in range(3):
         step()
-    _sync(device)
+    synchronize(device)
     if mode != "unpatched":
         cswap.stats(model).reset()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
@@ -72,7 +72,7 @@ def profiled_step(run: dict, mode: str, device: torch.device, out: Path, quick: 
     with torch.profiler.profile(activities=activities, experimental_config=config) as prof, on_every_thread():
         start = time.perf_counter()
         step()
-        _sync(device)
+        synchronize(device)
         wall = time.perf_counter() - start
     summary = {"run": run["name"], "mode": mode, "batch": x.shape[0], "wall_ms": 1e3 * wall}
     if cuda:
@@ -86,11 +86,6 @@ def profiled_step(run: dict, mode: str, device: torch.device, out: Path, quick: 
         summary["stats"] = {k: v for k, v in cswap.stats(model).items()}
         cswap.unpatch(model)
     return summary
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _gzip_to(path: Path, write) -> None:
