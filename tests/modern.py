@@ -176,7 +176,7 @@ MODELS["llama_masked"] = llama_masked
 
 def largest_saved(model, inputs) -> int:
     """The largest storage autograd saves in one step of the model: how far a budgeted step
-    may exceed its budget (README, budget limits)."""
+    may exceed its budget (docs/budget.md, limits)."""
     sizes = []
 
     def pack(t):

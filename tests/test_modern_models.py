@@ -111,7 +111,7 @@ def test_a_budget_between_offload_all_and_none_is_met(name):
                 peaks = _peak_on_emulated(patched, inputs, 4)
         finally:
             cswap.unpatch(patched)
-        # Planned steps within it, give or take one saved tensor (README, budget limits): the budget
+        # Planned steps within it, give or take one saved tensor (docs/budget.md, limits): the budget
         # is enforced at saves and uses. With the host's time per tensor counted (issue 26 §4) ViT's
         # plans keep more and sit at 0.95 of the budget; on the emulated device 2 runs in 25 peaked
         # above it, by up to half an MLP activation.

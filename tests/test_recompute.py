@@ -271,6 +271,6 @@ def test_on_a_slow_link_the_run_time_plan_recomputes_and_meets_the_budget(tmp_pa
     assert all(torch.equal(a, b) for ga, gb in zip(got, expected) for a, b in zip(ga, gb))
     assert recomputed, metrics["plan"]
     assert metrics["predicted_step_s"] < 0.75 * metrics["predicted_step_offload_all_s"]
-    import modern  # within the budget, give or take one saved tensor (README, budget limits)
+    import modern  # within the budget, give or take one saved tensor (docs/budget.md, limits)
 
     assert max(peaks[1:]) <= budget + modern.largest_saved(copy.deepcopy(model), x), (peaks, budget)
