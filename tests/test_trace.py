@@ -11,6 +11,7 @@ from torch import nn
 import cswap
 from cswap.runtime import trace
 from cswap.testing import emulated_device
+from cswap.patch import _PATCHED
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
 
@@ -26,7 +27,9 @@ def _profiled_step(mode: str, everywhere: bool) -> set[str]:
             config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                         experimental_config=config) as prof, trace.on_every_thread():
-                model(x).sum().backward()
+                loss = model(x).sum()
+                _PATCHED[model].swapper.synchronize()  # every copy out done: released in this step, not raced by backward
+                loss.backward()
         else:  # the training thread's, as a profiler records by default
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 model(x).sum().backward()
