@@ -201,7 +201,7 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
            "step_ms": 1e3 * times[middle], "steps_ms": [round(1e3 * t, 2) for t in times],
            "forward_ms": 1e3 * phases[middle][0], "backward_ms": 1e3 * phases[middle][1],
            "compute_ms": 1e3 * busy[middle].get("compute", 0.0), "d2h_ms": 1e3 * busy[middle].get("d2h", 0.0),
-           "h2d_ms": 1e3 * busy[middle].get("h2d", 0.0), "compress_ms": 1e3 * busy[middle].get("compress", 0.0),
+           "h2d_ms": 1e3 * busy[middle].get("h2d", 0.0), "codec_ms": 1e3 * busy[middle].get("codec", 0.0),
            "host_blocked_ms": 1e3 * blocked[middle].get("MainThread", 0.0),
            "worker_blocked_ms": 1e3 * blocked[middle].get("cswap-offload", 0.0),
            "hazards": len(dev.hazards),

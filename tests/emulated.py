@@ -133,7 +133,7 @@ def _exception_in_backward() -> str:
 
 
 def _host_limit() -> str:
-    """No host memory: each tensor, compressed on the compression stream first (by RLE,
+    """No host memory: each tensor, compressed on the codec stream first (by RLE,
     whose encode the host does not wait for to the end), stays on the device (as warned)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "cswap: host memory limit", RuntimeWarning)

@@ -222,7 +222,7 @@ class _Saves(torch.autograd.Function):
 
 def test_restored_tensors_live_where_their_restore_wrote_them():
     """What backward uses (and frees) is allocated on the stream that restores it: H2D for
-    a raw copy, the decode stream for a decoded one, so neither waits for compute to
+    a raw copy, the codec stream for a decoded one, so neither waits for compute to
     write it; each is recorded for compute (no block is recycled under compute's use:
     the mutation test of restore.record_restored)."""
     torch.manual_seed(0)
@@ -240,7 +240,7 @@ def test_restored_tensors_live_where_their_restore_wrote_them():
                 swapper_of(model).synchronize()  # every tensor copied out: all are restored
                 loss.backward()
             assert dev.hazards == []
-        assert set(_Saves.seen) == {"h2d", "decode"}, _Saves.seen
+        assert set(_Saves.seen) == {"h2d", "codec"}, _Saves.seen
         assert cswap.stats(model)["compressed_tensors"] > 0
     finally:
         cswap.unpatch(model)
@@ -351,7 +351,7 @@ def test_on_demand_restores_are_timed_and_prefetches_are_not():
             timed = dict(dev.timed_events)
             on_demand = s["on_demand"]
             assert timed.get("compute", 0) >= on_demand, (timed, s)  # each asked for (and the profiler's)
-            assert timed.get("h2d", 0) + timed.get("decode", 0) == on_demand, (timed, s)  # each one's end, only
+            assert timed.get("h2d", 0) + timed.get("codec", 0) == on_demand, (timed, s)  # each one's end, only
             if prefetch == 0:  # every restore on demand, each stall timed
                 assert on_demand > 0 and s["prefetch_stall_s"] > 0 and s["prefetched"] == 0, (timed, s)
             else:  # (whether backward's first use still finds its tensor on the device depends on the threads)
@@ -1161,7 +1161,7 @@ def test_side_streams_are_cswaps_own_not_pytorchs_pooled_ones(monkeypatch):
     monkeypatch.setattr(device_mod, "_cuda_runtime", lambda: Runtime(35))  # the runtime refuses (no driver)
     assert CudaDevice(torch.device("cuda", 0)).side_stream("d2h") == ("pooled", torch.device("cuda", 0))
     monkeypatch.setattr(device_mod, "_cuda_runtime", lambda: None)  # no runtime found in the process
-    assert CudaDevice(torch.device("cuda", 2)).side_stream("compress") == ("pooled", torch.device("cuda", 2))
+    assert CudaDevice(torch.device("cuda", 2)).side_stream("codec") == ("pooled", torch.device("cuda", 2))
 
 
 def test_a_cuda_tensor_finds_its_device_made_once(monkeypatch):

@@ -204,7 +204,7 @@ def test_device_work_is_charged_its_declared_scratch_while_it_runs():
     emulator counts them while the work runs, and fails the work as CUDA would when
     they do not fit."""
     dev = EmulatedDevice(capacity_bytes=8192)
-    side = dev.side_stream("compress")
+    side = dev.side_stream("codec")
     seen = dev.call(side, lambda: dev.live_bytes, scratch_bytes=3000)
     assert seen == 3000 and dev.live_bytes == 0 and dev.peak_bytes == 3000
     with pytest.raises(torch.OutOfMemoryError, match="11192 bytes of scratch"):

@@ -66,7 +66,7 @@ def _pairs(spans, first: str, then: str, first_stream: str, then_stream: str):
 def test_forward_compresses_the_next_tensor_while_the_one_before_is_copied_out():
     spans, syncs, stats = _steps("sc")
     assert stats["compressed_tensors"] > 0
-    out = _pairs(spans, "encode", "copy", "compress", "d2h")  # tensor k: its encode, its copy out
+    out = _pairs(spans, "encode", "copy", "codec", "d2h")  # tensor k: its encode, its copy out
     # compress(i+1) queued before copy(i) completes, for every tensor but the last
     early = [i for i in range(len(out) - 1) if out[i + 1][0].queued < out[i][1].end]
     assert len(early) == len(out) - 1, [(e.queued, c.end) for e, c in out]
@@ -91,7 +91,7 @@ def test_no_thread_that_queues_compressions_waits_for_the_device_per_tensor():
 
 def test_backward_decodes_one_tensor_while_the_next_is_copied_in():
     spans, syncs, stats = _steps("sc")
-    back = _pairs(spans, "copy", "decode", "h2d", "decode")  # tensor k: its copy in, its decode
+    back = _pairs(spans, "copy", "decode", "h2d", "codec")  # tensor k: its copy in, its decode
     assert all(d.start >= c.end for c, d in back)  # a decode follows its own copy in
     overlap = [i for i in range(len(back) - 1)
                if back[i][1].start < back[i + 1][0].end and back[i + 1][0].start < back[i][1].end]

@@ -1537,8 +1537,8 @@ def test_compression_out_of_memory_sends_the_tensor_uncompressed(monkeypatch):
 
     empty = ImmediateDevice.empty
 
-    def no_room(self, nbytes, stream):  # (the buffer an encode writes into: on the compression stream)
-        if stream.name == "compress":
+    def no_room(self, nbytes, stream):  # (the buffer an encode writes into: on the codec stream)
+        if stream.name == "codec":
             raise torch.OutOfMemoryError("no room for the compressed buffer")
         return empty(self, nbytes, stream)
 

@@ -194,7 +194,7 @@ def test_side_streams_are_not_pytorchs_pooled_streams():
     from cswap.runtime.device import CudaDevice
 
     dev = CudaDevice(torch.device("cuda", torch.cuda.current_device()))
-    ours = {dev.side_stream(role).cuda_stream for role in ("compress", "d2h", "h2d")}
+    ours = {dev.side_stream(role).cuda_stream for role in ("codec", "d2h", "h2d")}
     pooled = {torch.cuda.Stream().cuda_stream for _ in range(64)} | {torch.cuda.Stream(priority=-1).cuda_stream
                                                                        for _ in range(64)}
     assert len(ours) == 3 and not ours & pooled

@@ -91,7 +91,7 @@ def test_compute_waiting_for_a_copy_does_not_hold_the_host(dev):
 
 
 def test_device_work_takes_what_its_work_says_and_a_call_waits_for_it(dev):
-    compress = dev.side_stream("compress")
+    compress = dev.side_stream("codec")
     src = torch.zeros(1000, dtype=torch.float32)
     src[::2] = 1.0
     seen = []
@@ -100,7 +100,7 @@ def test_device_work_takes_what_its_work_says_and_a_call_waits_for_it(dev):
     timed = TimedDevice(spec)
     try:
         before = timed.now()
-        assert timed.call(timed.side_stream("compress"), lambda: 7, reads=[src],
+        assert timed.call(timed.side_stream("codec"), lambda: 7, reads=[src],
                           work=Work("encode", "zvc", 4000, 4)) == 7
         assert timed.now() - before == pytest.approx(0.005 + _calls("stream", "launch", "sync"), abs=1e-6)
         assert seen == [("zvc", "compress", 4000, 0.5, 4)]  # sparsity read off the tensor

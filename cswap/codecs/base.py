@@ -134,7 +134,7 @@ class Codec:
         """At most the device bytes the Triton encoder allocates for a tensor of `numel`
         elements of `itemsize` bytes, besides its payload, while it runs: the runtime
         counts them (a budget must, and the emulator charges them; on CUDA they come
-        from the compression stream's pool). SMALL_TEMPORARIES covers the scalars and
+        from the codec stream's pool). SMALL_TEMPORARIES covers the scalars and
         short tables each encoder makes, at CUDA's 512-byte allocation grain."""
         return SMALL_TEMPORARIES + self._encode_scratch_bytes(numel, itemsize)
 

@@ -67,7 +67,7 @@ profiled timings, not a measurement:
   largest its codec writes: twice its size) fit the stash window (an eighth of the
   pass, at least the largest) or fewer than two tensors are in flight; else forward
   waits for the oldest copy out to end, and every later save moves on by that wait.
-  Encodes run in order on the compression stream from the save (Time_c), copies in
+  Encodes run in order on the codec stream from the save (Time_c), copies in
   order on the D2H link after their encode, or their save when raw (S_c / BW_d2h).
   Forward stall = the sum of those waits, each charged to the tensor waited for.
   Under a memory budget (`budgeted`) one tensor in flight is enough to wait, and a
@@ -78,7 +78,7 @@ profiled timings, not a measurement:
   first is restored when backward asks for it; after each use, the next restores are
   issued while the tensors restored ahead (each with its payload) fit the prefetch
   window (an eighth of the pass's bytes) or fewer than two are ahead. Copies in run
-  in order on the H2D link (S_c / BW_h2d), decodes in order on the decode stream after
+  in order on the H2D link (S_c / BW_h2d), decodes in order on the codec stream after
   their copy in (Time_dc); if a tensor is ready after its use time, the difference is
   a stall, which delays every later backward event.
 - The advisor's timeline mode scores its options without the device's shortcut:
@@ -498,7 +498,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     least = 1 if budgeted else WINDOW_LEAST
     stash = max(max(footprint, default=0), sum(footprint) // WINDOW_FRACTION)
     # forward: pack admits a tensor while the footprints in flight fit the stash (two at least),
-    # else it waits for the oldest copy out; encodes run in order on the compression stream,
+    # else it waits for the oldest copy out; encodes run in order on the codec stream,
     # copies in order on the D2H link, each after its encode (or, raw, its save)
     shift = compress = link = late = 0.0
     offload_end = [0.0] * n
@@ -534,7 +534,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     # backward starts at once: a tensor whose copy out has not ended when it is restored is
     # served from the device. Restores go ahead of use within the prefetch window (an eighth
     # of the pass's bytes, two at least): copies in order on the H2D link, decodes in order on
-    # the decode stream after their copy in; compute waits for the one it uses
+    # the codec stream after their copy in; compute waits for the one it uses
     b0 = iteration.forward_s + forward_stall
     window = sum(t.nbytes for t in tensors) // WINDOW_FRACTION
     restore_start: dict[str, float] = {}

@@ -125,7 +125,7 @@ def _scratch_of(inst: Instance) -> dict[tuple[int, str], int]:
 
 def encoder_scratch(inst: Instance, choices) -> int:
     """The most device bytes one of `choices`' encoders allocates beside its payload: one
-    tensor compresses at a time, on the compression stream, so the step's peak may grow
+    tensor compresses at a time, on the codec stream, so the step's peak may grow
     by that much wherever a compression runs."""
     return _largest_scratch(_scratch_of(inst), choices)
 

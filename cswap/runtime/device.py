@@ -38,7 +38,7 @@ from . import sync
 
 __all__ = ["Device", "CudaDevice", "Work", "device_of"]
 
-SIDE_STREAMS = ("compress", "d2h", "h2d", "decode")
+SIDE_STREAMS = ("codec", "d2h", "h2d")
 
 
 class Work(NamedTuple):
@@ -77,7 +77,7 @@ class Device:
         raise NotImplementedError
 
     def side_stream(self, role: str):
-        """The runtime's stream for `role` ("compress", "d2h", "h2d" or "decode"), made once per device."""
+        """The runtime's stream for `role` ("codec", "d2h" or "h2d"), made once per device."""
         raise NotImplementedError
 
     def record_event(self, stream, timing: bool = False, reuse=None):

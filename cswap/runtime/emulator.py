@@ -44,6 +44,11 @@ at least as hostile as a GPU's:
   tensor stands for the op output a GPU would have failed to allocate). Device
   work declares what it allocates beside its outputs (`call(...,
   scratch_bytes=)`, a codec's encoder temporaries): it counts while it runs.
+  Reserved memory (`memory_reserved`) is what CUDA's caching allocator would
+  hold for the same allocations and frees, per stream pool
+  (cswap.runtime.allocator_model): saved activations in the pool of the stream
+  that saved them, the runtime's buffers in the pool of the stream they were
+  allocated on.
 - Pinned memory as PyTorch's caching host allocator keeps it: blocks rounded
   up to a power of two, and kept after being freed until empty_host_cache().
   A copy to or from pageable host memory blocks the host until it is done, as
@@ -73,6 +78,7 @@ import numpy as np
 import torch
 
 from . import sync
+from .allocator_model import CachingAllocatorModel
 from .device import SIDE_STREAMS, Device
 from .immediate import ImmediateDevice
 
@@ -145,7 +151,7 @@ class _Buffer:
     block ("device"), or a host block ("host")."""
 
     __slots__ = ("kind", "nbytes", "stream", "recorded", "accesses", "pending", "block", "storage",
-                 "counted", "free_vc", "frees_left", "pinned", "in_use", "guards")
+                 "counted", "free_vc", "frees_left", "pinned", "in_use", "guards", "reserve")
 
     def __init__(self, kind: str, nbytes: int, stream: EmulatedStream, block=None, storage=None):
         self.kind, self.nbytes, self.stream = kind, nbytes, stream
@@ -160,6 +166,7 @@ class _Buffer:
         self.frees_left = 0
         self.guards: list = []  # events on caller streams it was recorded for, at its free: reused after them
         self.pinned = False
+        self.reserve = None  # its block in the allocator model (device memory)
 
 
 class _Ref:
@@ -260,8 +267,7 @@ class EmulatedDevice(Device):
         self._closed = False
         self.live_bytes = 0
         self.peak_bytes = 0
-        self.cached_bytes = 0       # freed device blocks kept by the caching allocator
-        self.peak_reserved_bytes = 0
+        self.allocator = CachingAllocatorModel()  # reserved memory, per stream pool, as CUDA's allocator holds it
         self.pinned_bytes = 0       # host memory pinned, cached blocks included
         self.hazards: list[str] = []
         # Times a host thread waited for the device: (thread name, sync point or "call on <stream>") -> count
@@ -632,6 +638,7 @@ class EmulatedDevice(Device):
                     f"cswap emulated device: out of memory allocating {scratch} bytes of scratch on {stream.name} "
                     f"({self.live_bytes} of {self.capacity_bytes} bytes in use)")
             elif scratch:
+                reserve = self.allocator.allocate(stream, scratch)
                 self._grow(scratch)
         try:
             if failure is not None:
@@ -651,6 +658,7 @@ class EmulatedDevice(Device):
             if scratch and failure is None:
                 with self._lock:
                     self.live_bytes -= scratch
+                    self.allocator.free(reserve)  # (the stream's own later work may take it)
             self._done_with(stream, op)
             op.fn = None
             op.finished.set()
@@ -709,6 +717,7 @@ class EmulatedDevice(Device):
                     f"cswap emulated device: out of memory holding a saved tensor of {buf.nbytes} bytes "
                     f"({self.live_bytes} of {self.capacity_bytes} bytes in use)")
             buf.counted = True
+            buf.reserve = self.allocator.allocate(buf.stream, buf.nbytes)
             self._grow(buf.nbytes)
         self._host_side_access(t, self._current_stream(), True, "autograd's save")
 
@@ -732,7 +741,6 @@ class EmulatedDevice(Device):
     def _grow(self, nbytes: int) -> None:
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.live_bytes + self.cached_bytes)
 
     def empty(self, nbytes: int, stream: EmulatedStream) -> torch.Tensor:
         """Allocated bytes count the request rounded up to 512 (as CUDA's memory_allocated);
@@ -746,13 +754,12 @@ class EmulatedDevice(Device):
                     f"cswap emulated device: out of memory allocating {size} bytes ({self.live_bytes} of "
                     f"{self.capacity_bytes} bytes in use)")
             buf = self._cached(stream, block)
-            if buf is not None:
-                self.cached_bytes -= block
-            else:
+            if buf is None:
                 buf = _Buffer("device", block, stream, block=np.full(block, POISON, dtype=np.uint8))
                 self._buffers[buf.block.ctypes.data] = buf
             buf.recorded = set()
             buf.in_use = size
+            buf.reserve = self.allocator.allocate(stream, size)
             self._grow(size)
         return self._wrap(buf, nbytes, self._freed)
 
@@ -825,7 +832,7 @@ class EmulatedDevice(Device):
         buf.block.fill(POISON)  # what the next allocation of this block would leave there
         buf.recorded = set()
         self._free_blocks[(buf.stream.sid, buf.nbytes)].append(buf)
-        self.cached_bytes += buf.nbytes
+        self.allocator.free(buf.reserve)
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
         # As PyTorch's caching host allocator: a power of two per pinned block.
@@ -870,10 +877,10 @@ class EmulatedDevice(Device):
         return self.peak_bytes
 
     def memory_reserved(self) -> int:
-        return self.live_bytes + self.cached_bytes
+        return self.allocator.reserved
 
     def max_memory_reserved(self) -> int:
-        return self.peak_reserved_bytes
+        return self.allocator.reserved  # (segments are never given back: the peak is now)
 
     def total_memory(self) -> int | None:
         return self.capacity_bytes
@@ -884,7 +891,6 @@ class EmulatedDevice(Device):
     def reset_peak(self) -> None:
         with self._lock:
             self.peak_bytes = self.live_bytes
-            self.peak_reserved_bytes = self.live_bytes + self.cached_bytes
 
     def stream_of(self, t: torch.Tensor) -> str | None:
         """The name of the stream whose pool `t`'s memory came from (None: not this device's
@@ -915,6 +921,7 @@ class EmulatedDevice(Device):
                 del self._buffers[ptr]
             if buf.counted:
                 self.live_bytes -= buf.nbytes
+                self.allocator.free(buf.reserve)
             buf.free_vc = _Clock(self.host_vc)
             buf.free_vc.merge(buf.stream.vc)
             self._check_free(buf, exempt={buf.stream.sid} | {s.sid for s in buf.recorded})

@@ -8,9 +8,12 @@ place:
 
     forward                                   backward
     compute   the tensor is computed (ready)  h2d      copy in, after nothing
-    compress  encode, after ready             decode   decode, after the copy in
+    codec     encode, after ready             codec    decode, after the copy in
     d2h       copy out, after ready/encode    compute  backward's use, after the
                                                        copy in (raw) or decode
+
+(Encodes and decodes share the codec stream: they run in different passes, and
+memory the caching allocator caches for one stream serves only that stream.)
 
 What no stream wait orders is kept safe by keeping memory alive instead: a
 restored tensor is allocated on the stream that writes it and recorded for
@@ -50,8 +53,10 @@ class Lanes:
     # -- streams -------------------------------------------------------------------------------
 
     @property
-    def compress(self):
-        return self.dev.side_stream("compress")
+    def codec(self):
+        """Encodes in forward and decodes in backward: one stream, so that one pool of the
+        caching allocator serves both (a decode's output takes the block a payload left)."""
+        return self.dev.side_stream("codec")
 
     @property
     def d2h(self):
@@ -60,10 +65,6 @@ class Lanes:
     @property
     def h2d(self):
         return self.dev.side_stream("h2d")
-
-    @property
-    def decode(self):
-        return self.dev.side_stream("decode")
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -93,11 +94,11 @@ class Lanes:
     # -- forward ----------------------------------------------------------------------------------
 
     def encode(self, ready, fn, reads, writes, work: Work, read_back=None):
-        """Queue an encode (or a gather) on the compression stream after `ready`: the
+        """Queue an encode (or a gather) on the codec stream after `ready`: the
         tensor it reads has been computed; with `read_back` = (host, device), then copy the
         few words it left on the device (its sizes) to pinned host memory. Its event: the
         payload is written (and the sizes are on the host)."""
-        dev, stream = self.dev, self.compress
+        dev, stream = self.dev, self.codec
         dev.wait_event(stream, ready, at="offload.compress_after_ready")
         dev.launch(stream, fn, reads=reads, writes=writes, work=work)
         if read_back is not None:
@@ -105,10 +106,10 @@ class Lanes:
         return self.record(stream)
 
     def encode_now(self, ready, fn, reads, scratch_bytes: int, work: Work):
-        """An encode whose codec reads its size back itself: run on the compression stream
+        """An encode whose codec reads its size back itself: run on the codec stream
         after `ready`, the calling thread waiting for it (the one blocking read, off the
         thread that queues compressions). Its value, and the event of its end."""
-        dev, stream = self.dev, self.compress
+        dev, stream = self.dev, self.codec
         dev.wait_event(stream, ready, at="offload.compress_after_ready")
         value = dev.call(stream, fn, reads=reads, scratch_bytes=scratch_bytes, work=work)
         return value, self.record(stream)
@@ -132,9 +133,9 @@ class Lanes:
         dev.copy(dst, total, stream)
 
     def keep_while_read(self, tensor: torch.Tensor) -> None:
-        """A saved tensor stays on the device after the compression stream read it (no
+        """A saved tensor stays on the device after the codec stream read it (no
         host memory for it): its memory is not recycled while that read runs."""
-        self.dev.record_stream(tensor, self.compress, at="offload.record_kept")
+        self.dev.record_stream(tensor, self.codec, at="offload.record_kept")
 
     # -- backward ---------------------------------------------------------------------------------
 
@@ -154,9 +155,9 @@ class Lanes:
 
     def decode_after(self, landed, fn, reads, writes, work: Work, verdict: torch.Tensor, host_verdict: torch.Tensor,
                      timing: bool = False):
-        """Queue a decode on the decode stream after the copy in of its payload (`landed`),
+        """Queue a decode on the codec stream after the copy in of its payload (`landed`),
         and the copy of its verdict to the host; the event: the tensor and verdict are there."""
-        dev, stream = self.dev, self.decode
+        dev, stream = self.dev, self.codec
         dev.wait_event(stream, landed, at="restore.decode_after_copy_in")
         dev.launch(stream, fn, reads=reads, writes=writes, work=work)
         dev.record_stream(reads[0], stream, at="restore.record_payload")  # (the payload: H2D's memory)

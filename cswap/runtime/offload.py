@@ -5,7 +5,7 @@ every wait between them):
 
   pack      (training thread) admits the item (Swapper), records `ready` on compute
             and either sends a dense raw tensor itself (below) or queues it for:
-  encode    (worker) queues on the compression stream, after `ready`, the codec's
+  encode    (worker) queues on the codec stream, after `ready`, the codec's
             encode (Codec.launch_into: into a device buffer reserved for the largest
             payload, its sizes left on the device and copied to a small pinned slot)
             or the gather of a tensor that is not dense. Nothing is read back, so the
@@ -198,7 +198,7 @@ class _Slots:
         self.free.append((slot, last_copy))
         self.out -= 1
         if last_copy is not None:
-            self.last_copy = last_copy  # (the slots' copies complete in order: the compression stream's)
+            self.last_copy = last_copy  # (the slots' copies complete in order: the codec stream's)
         return self.out == 0
 
 
@@ -398,8 +398,8 @@ class Offloader:
             if nbytes is None:
                 return  # (the sender encodes it, reading its size back itself)
             try:
-                reserved = dev.empty(nbytes, lanes.compress)
-                sizes = dev.empty(8 * codec.size_words, lanes.compress)
+                reserved = dev.empty(nbytes, lanes.codec)
+                sizes = dev.empty(8 * codec.size_words, lanes.codec)
             except torch.OutOfMemoryError:  # no room to compress into: sent as it is (or gathered)
                 sw.stats.add("compress_oom")
                 item.codec = None
@@ -416,7 +416,7 @@ class Offloader:
                 return
         if item.perm is None:  # not dense: gathered on the device, sent (and restored) contiguous
             try:
-                gathered = dev.empty(item.info.nbytes, lanes.compress)
+                gathered = dev.empty(item.info.nbytes, lanes.codec)
             except torch.OutOfMemoryError:  # no room to gather it into: it stays on the device
                 sw.stats.add("gather_oom")
                 with sw.lock:
@@ -471,7 +471,7 @@ class Offloader:
             codec = codecs.get(item.codec)
             scratch = codec.encode_scratch_bytes(src.numel(), src.element_size())
             work = Work("encode", item.codec, item.info.nbytes, item.info.dtype.itemsize)
-            (data, header), after = lanes.encode_now(item.ready, lambda: self._encode(item, src, lanes.compress),
+            (data, header), after = lanes.encode_now(item.ready, lambda: self._encode(item, src, lanes.codec),
                                                      reads=[src], scratch_bytes=scratch, work=work)
             item.encoded, prepared = after, True
             if data is None:  # (it does not shrink, or no room: as a raw tensor)
@@ -496,7 +496,7 @@ class Offloader:
 
     def _raw(self, item: Item, src: torch.Tensor, read=None):
         """(bytes to send, the event they are ready at, prepared) for the tensor as it is:
-        its bytes if dense, else gathered now on the compression stream (None when there is
+        its bytes if dense, else gathered now on the codec stream (None when there is
         no room: it stays). `read`: the event after an encode that read it on the
         compression stream, which its copy must follow too (its memory goes at release)."""
         if item.perm is not None:
@@ -504,7 +504,7 @@ class Offloader:
         dev = item.device
         lanes = lanes_of(dev)
         try:
-            gathered = dev.empty(item.info.nbytes, lanes.compress)
+            gathered = dev.empty(item.info.nbytes, lanes.codec)
         except torch.OutOfMemoryError:
             self.sw.stats.add("gather_oom")
             item.fallback = src.detach()
@@ -517,7 +517,7 @@ class Offloader:
         return gathered, event, True
 
     def _encode(self, item: Item, src: torch.Tensor, stream):
-        """On the compression stream, with a codec that sizes its buffer on the host:
+        """On the codec stream, with a codec that sizes its buffer on the host:
         (payload, header), or (None, None) when it does not shrink or has no room."""
         dev = item.device
         dense = src.permute(item.perm) if item.perm is not None else src

@@ -9,7 +9,7 @@ compute waits for it is measured with events (no host sync just to time it).
 Stages (cswap.runtime.lanes has the streams and waits): the copy in on the H2D
 stream, into memory allocated on that stream (nothing else on the device can be
 using it, so the copy waits for nothing); for a compressed item, the decode on
-the decode stream after the copy in of its payload, so that decoding item k and
+the codec stream after the copy in of its payload, so that decoding item k and
 copying in item k-1 overlap; then compute waits for the restore it uses. What a
 side stream restored is recorded for compute, which uses and frees it: its
 memory is not recycled while compute may still read it.
@@ -328,13 +328,13 @@ class Restorer:
             done = lanes.copy_in([flat_bytes(y)], [source], timing=timing)
             if staging is not None:
                 sw.pool.release(staging, done, dev)
-        elif item.header is not None:  # the payload in on H2D, decoded on the decode stream
+        elif item.header is not None:  # the payload in on H2D, decoded on the codec stream
             self.check_header(item, host)
             hsize = item.header.header_nbytes
             payload = dev.empty(item.moved - hsize, lanes.h2d)
             landed = lanes.copy_in([payload], [host[hsize: item.moved]])
-            y = lanes.alloc_in(info.nbytes, info.dtype, shape, stream=lanes.decode)
-            y_bytes, verdict = flat_bytes(y), dev.empty(16, lanes.decode)
+            y = lanes.alloc_in(info.nbytes, info.dtype, shape, stream=lanes.codec)
+            y_bytes, verdict = flat_bytes(y), dev.empty(16, lanes.codec)
             codec, header, config = codecs.get(item.codec), item.header, sw.codec_configs.get(item.codec)
 
             def decode():
@@ -403,7 +403,7 @@ class Restorer:
 
     def settle(self) -> None:
         """At the end of backward: wait for the verdicts still in flight (once per device and
-        stream: decoded ones on the decode stream, checked raw copies on H2D; each stream
+        stream: decoded ones on the codec stream, checked raw copies on H2D; each stream
         runs in order) and read them."""
         self.settling = False
         unread, self.unread = self.unread, []
@@ -411,7 +411,7 @@ class Restorer:
         streams = {}
         for item in items:
             lanes = lanes_of(item.device)
-            stream = lanes.decode if item.header is not None else lanes.h2d
+            stream = lanes.codec if item.header is not None else lanes.h2d
             streams[id(lanes), id(stream)] = (lanes, stream)
         try:
             for lanes, stream in streams.values():

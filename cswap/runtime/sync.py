@@ -16,7 +16,7 @@ __all__ = ["POINTS", "active", "switched_off"]
 
 POINTS = {
     "offload.compress_after_ready":
-        "the compression stream waits for the event recorded at pack: the tensor has been computed",
+        "the codec stream waits for the event recorded at pack: the tensor has been computed",
     "offload.sizes_landed":
         "the sender reads an encode's sizes (to size its copy out and write its header) only once their "
         "copy to the host has completed",
@@ -25,7 +25,7 @@ POINTS = {
     "offload.copy_after_compress":
         "the copy-out stream waits for the encode (or gather) of the bytes it copies",
     "offload.record_kept":
-        "a tensor kept on the device at the host memory limit, after the compression stream read it (to "
+        "a tensor kept on the device at the host memory limit, after the codec stream read it (to "
         "compress or gather it), is record_stream()ed to that stream: its memory is not recycled while "
         "that read runs",
     "release.copy_done":
@@ -33,9 +33,9 @@ POINTS = {
     "pack.stash_full":
         "pack, with the stash full, waits for the oldest copy out to complete before going on",
     "restore.decode_after_copy_in":
-        "the decode stream waits for the copy in of the payload it decodes",
+        "the codec stream waits for the copy in of the payload it decodes",
     "restore.record_payload":
-        "a payload copied in on the H2D stream is record_stream()ed to the decode stream that reads it: its "
+        "a payload copied in on the H2D stream is record_stream()ed to the codec stream that reads it: its "
         "memory is not recycled by the next copy in while the decode runs",
     "restore.record_restored":
         "a tensor restored on a side stream is record_stream()ed to compute, which uses and frees it: its "
