@@ -12,9 +12,9 @@ from cswap.plan.gpus import GPU, GPUS, PUBLISHED_RESNET50, Throughput, gpu, gpus
 REQUIRED = (
     "v100-sxm2-16gb", "v100-sxm2-32gb", "v100-pcie-16gb", "a100-sxm4-40gb", "a100-sxm4-80gb",
     "h100-pcie-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "l4-24gb", "l40s-48gb",
-    "rtx-4090-24gb", "rtx-3090-24gb",
+    "rtx-4090-24gb", "rtx-3090-24gb", "rtx-a6000-48gb", "rtx-6000-ada-48gb", "b200-180gb", "gh200-96gb",
 )
-FAMILIES = {"volta": 70, "ampere": (80, 86), "ada": 89, "hopper": 90}
+FAMILIES = {"volta": 70, "ampere": (80, 86), "ada": 89, "hopper": 90, "blackwell": 100}
 
 
 def test_every_required_gpu_is_in_the_table():
@@ -29,18 +29,18 @@ def test_entry_is_complete_and_sane(name):
     assert isinstance(g, GPU)
     assert g.family in FAMILIES
     assert g.arch in (FAMILIES[g.family] if isinstance(FAMILIES[g.family], tuple) else (FAMILIES[g.family],))
-    # Between 15 GiB and 150 GiB: catches GB/GiB/MiB slips.
-    assert 15 * 2**30 < g.memory_bytes < 150 * 2**30
+    # Between 15 GiB and 200 GiB: catches GB/GiB/MiB slips.
+    assert 15 * 2**30 < g.memory_bytes < 200 * 2**30
     assert isinstance(g.memory_bytes, int)
     assert 100e9 < g.hbm_bytes_per_s < 10e12
-    assert g.link.startswith("PCIe ") and g.link.endswith(" x16")
+    assert (g.link.startswith("PCIe ") and g.link.endswith(" x16")) or g.link == "NVLink-C2C"
     assert g.link_bytes_per_s > 0
     assert g.hbm_bytes_per_s > g.link_bytes_per_s
     assert g.flops["fp32"] > 0 and g.flops["fp16"] > 0
     assert set(g.flops) <= {"fp32", "tf32", "fp16", "bf16"}
-    # Tensor-core fp16 beats the CUDA cores everywhere; all figures dense (< 2 PFLOP/s).
+    # Tensor-core fp16 beats the CUDA cores everywhere; all figures dense (< 2.5 PFLOP/s).
     assert g.flops["fp16"] > g.flops["fp32"]
-    assert all(0 < v < 2e15 for v in g.flops.values())
+    assert all(0 < v < 2.5e15 for v in g.flops.values())
     assert g.sources and all(isinstance(s, str) and s for s in g.sources)
     assert any("http" in s for s in g.sources)
     assert any(s.startswith("memory_bytes") for s in g.sources), "say where memory_bytes comes from"
@@ -65,6 +65,13 @@ def test_known_figures():
     assert h200.memory_bytes > h100.memory_bytes and h200.hbm_bytes_per_s > h100.hbm_bytes_per_s
     assert gpu("a100-sxm4-40gb").flops == gpu("a100-sxm4-80gb").flops
     assert gpu("v100").peak_flops("amp") == pytest.approx(125e12)
+    # The workstation cards run FP16 with FP32 accumulate at full rate, unlike GeForce.
+    assert gpu("rtx-a6000").peak_flops("bf16") == pytest.approx(154.8e12)
+    assert gpu("rtx-6000-ada").peak_flops("fp16") == pytest.approx(364.25e12)
+    assert gpu("b200").peak_flops("bf16") == pytest.approx(2.25e15)
+    # GH200 is an H100 whose host link is NVLink-C2C: 450 GB/s each way, 7x PCIe 5.0.
+    gh200 = gpu("gh200")
+    assert gh200.flops == h100.flops and gh200.link_bytes_per_s == pytest.approx(450e9)
 
 
 def test_pcie_rates_are_per_direction_after_128b130b():
@@ -92,6 +99,9 @@ def test_lookup_exact_and_case_insensitive():
     ("A100-SXM4-40GB", "a100-sxm4-40gb"), ("Tesla V100-SXM2-16GB", "v100-sxm2-16gb"),
     ("Tesla V100-PCIE-16GB", "v100-pcie-16gb"), ("NVIDIA GeForce RTX 4090", "rtx-4090-24gb"),
     ("GeForce RTX 3090", "rtx-3090-24gb"), ("NVIDIA L40S", "l40s-48gb"), ("NVIDIA L4", "l4-24gb"),
+    ("NVIDIA RTX A6000", "rtx-a6000-48gb"), ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada-48gb"),
+    ("NVIDIA B200", "b200-180gb"), ("NVIDIA GH200 480GB", "gh200-96gb"),
+    ("a6000", "rtx-a6000-48gb"), ("b200", "b200-180gb"), ("gh200", "gh200-96gb"),
 ])
 def test_lookup_aliases(alias, name):
     assert gpu(alias) is GPUS[name]

@@ -164,10 +164,11 @@ def main(argv=None) -> int:
     if args.list_gpus:
         from ..plan.gpus import gpu
 
-        for name in gpus():
-            g = gpu(name)
-            print(f"{name:<16} {g.label:<28} {_gib(g.memory_bytes):>11} {g.hbm_bytes_per_s / 1e12:5.2f} TB/s "
-                  f"{g.link}")
+        table = [gpu(name) for name in gpus()]
+        width = max(len(g.name) for g in table), max(len(g.label) for g in table)
+        for g in table:
+            print(f"{g.name:<{width[0]}} {g.label:<{width[1]}} {_gib(g.memory_bytes):>11} "
+                  f"{g.hbm_bytes_per_s / 1e12:5.2f} TB/s {g.link}")
         return 0
     try:
         if args.hf_config is not None:

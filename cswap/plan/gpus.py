@@ -49,6 +49,7 @@ def _pcie_x16(gt_per_s: float) -> float:
 _PCIE3 = ("PCIe 3.0 x16", _pcie_x16(8e9))  # 15.754e9
 _PCIE4 = ("PCIe 4.0 x16", _pcie_x16(16e9))  # 31.508e9
 _PCIE5 = ("PCIe 5.0 x16", _pcie_x16(32e9))  # 63.015e9
+_C2C = ("NVLink-C2C", 450e9)  # GH200's CPU-GPU link: 900 GB/s both ways together
 
 _DTYPES = ("fp32", "tf32", "fp16", "bf16")
 _DTYPE_ALIASES = {"amp": "fp16"}
@@ -60,7 +61,7 @@ class GPU:
 
     name: str  # lookup key: "h100-sxm-80gb"
     label: str  # "NVIDIA H100 SXM5 80GB"
-    family: str  # "volta", "ampere", "ada", "hopper"
+    family: str  # "volta", "ampere", "ada", "hopper", "blackwell"
     arch: int  # compute capability: 90 for 9.0
     memory_bytes: int  # what CUDA reports, or nominal GiB (see docstring)
     hbm_bytes_per_s: float  # device-memory bandwidth, bytes/s
@@ -118,6 +119,18 @@ _L40S_DS = ("NVIDIA L40S datasheet ('with sparsity' halved), "
             "https://www.nvidia.com/en-us/data-center/l40s/")
 _ADA_WP = ("NVIDIA Ada GPU Architecture whitepaper, Appendix A (GeForce RTX 4090), "
            "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf")
+_A6000_DS = ("NVIDIA RTX A6000 datasheet (48GB GDDR6 ECC, 768 GB/s, FP32 38.7 TFLOPS, PCIe 4.0 x16), "
+             "https://www.nvidia.com/en-us/design-visualization/rtx-a6000/; tensor rates from the GA102 "
+             "whitepaper v2, Appendix A (RTX A6000 column, 'with sparsity' halved)")
+_RTX6000_ADA_DS = ("NVIDIA RTX 6000 Ada Generation datasheet (48GB GDDR6 ECC, 960 GB/s, FP32 91.1 TFLOPS, "
+                   "PCIe 4.0 x16), https://www.nvidia.com/en-us/design-visualization/rtx-6000/; tensor rates "
+                   "from the Ada whitepaper, Appendix A (RTX 6000 Ada column, 'with sparsity' halved)")
+_B200_DS = ("NVIDIA HGX B200 datasheet, per GPU at 1000 W (180GB HBM3e, 8 TB/s; dense TF32 1.1 PFLOPS, "
+            "FP16/BF16 2.25 PFLOPS, FP32 80 TFLOPS), https://www.nvidia.com/en-us/data-center/hgx/, as "
+            "tabulated at https://glennklockwood.com/garden/processors/B200; host link: the HGX B200 "
+            "hosts' CPUs (DGX B200: Xeon Platinum 8570) link at PCIe 5.0, though the GPU supports 6.0")
+_GH200_DS = ("NVIDIA GH200 Grace Hopper Superchip datasheet (96GB HBM3, 4 TB/s; compute as H100 SXM; "
+             "NVLink-C2C 900 GB/s total, 450 GB/s per direction), https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/")
 _GA102_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper v2, Appendix A (GeForce RTX 3090), "
              "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf")
 # Memory capacities as CUDA reports them.
@@ -159,6 +172,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
          _H100_SXM, _PCIE5, (_H100_DS, _MEASURED + " (name 'NVIDIA H100 80GB HBM3')")),
     _gpu("h200-sxm-141gb", "NVIDIA H200 SXM 141GB", "hopper", 90, 150109880320, 4.8e12,
          _H100_SXM, _PCIE5, (_H200_DS, _H100_DS, _MEASURED + " (name 'NVIDIA H200')")),
+    _gpu("gh200-96gb", "NVIDIA GH200 96GB", "hopper", 90, 96 * _GIB, 4.0e12,
+         _H100_SXM, _C2C, (_GH200_DS, _H100_DS, _NOMINAL.format(96))),
+    _gpu("b200-180gb", "NVIDIA B200 180GB", "blackwell", 100, 180 * _GIB, 8.0e12,
+         {"fp32": 80, "tf32": 1100, "fp16": 2250, "bf16": 2250}, _PCIE5, (_B200_DS, _NOMINAL.format(180))),
     _gpu("l4-24gb", "NVIDIA L4 24GB", "ada", 89, 24 * _GIB, 300e9,
          {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121}, _PCIE4, (_L4_DS, _NOMINAL.format(24))),
     _gpu("l40s-48gb", "NVIDIA L40S 48GB", "ada", 89, 45589 * _MIB, 864e9,
@@ -167,6 +184,12 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("rtx-4090-24gb", "NVIDIA GeForce RTX 4090 24GB", "ada", 89, 24563 * _MIB, 1008e9,
          {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2}, _PCIE4,
          (_ADA_WP, _PRINTOUT.format(24563) + " (name='NVIDIA GeForce RTX 4090')")),
+    _gpu("rtx-6000-ada-48gb", "NVIDIA RTX 6000 Ada Generation 48GB", "ada", 89, 48 * _GIB, 960e9,
+         {"fp32": 91.1, "tf32": 182.1, "fp16": 364.25, "bf16": 364.25}, _PCIE4,
+         (_RTX6000_ADA_DS, _ADA_WP, _NOMINAL.format(48))),
+    _gpu("rtx-a6000-48gb", "NVIDIA RTX A6000 48GB", "ampere", 86, 48 * _GIB, 768e9,
+         {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8}, _PCIE4,
+         (_A6000_DS, _GA102_WP, _NOMINAL.format(48))),
     _gpu("rtx-3090-24gb", "NVIDIA GeForce RTX 3090 24GB", "ampere", 86, 24268 * _MIB, 936e9,
          {"fp32": 35.6, "tf32": 35.6, "fp16": 71, "bf16": 71}, _PCIE4,
          (_GA102_WP, _PRINTOUT.format(24268) + " (name='GeForce RTX 3090'), Hugging Face transformers "
@@ -183,6 +206,11 @@ _ALIASES = {
     "h100-sxm5-80gb": "h100-sxm-80gb", "h100-80gb-hbm3": "h100-sxm-80gb", "h100-pcie": "h100-pcie-80gb",
     "h200": "h200-sxm-141gb", "h200-sxm": "h200-sxm-141gb",
     "l4": "l4-24gb", "l40s": "l40s-48gb",
+    "gh200": "gh200-96gb", "gh200-480gb": "gh200-96gb", "b200": "b200-180gb",
+    "a6000": "rtx-a6000-48gb", "rtx-a6000": "rtx-a6000-48gb",
+    "rtx-6000-ada": "rtx-6000-ada-48gb", "rtx-6000-ada-generation": "rtx-6000-ada-48gb",
+    "rtx-6000-ada-generation-48gb": "rtx-6000-ada-48gb",
+    "6000-ada": "rtx-6000-ada-48gb",
     "4090": "rtx-4090-24gb", "rtx-4090": "rtx-4090-24gb", "rtx4090": "rtx-4090-24gb",
     "3090": "rtx-3090-24gb", "rtx-3090": "rtx-3090-24gb", "rtx3090": "rtx-3090-24gb",
 }
