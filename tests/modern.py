@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cswap.plan.hf import enable_checkpointing
 from cswap.plan.inputs import Inputs, default_loss
 
 VOCAB = 128
@@ -45,7 +46,7 @@ def llama(seq: int = 16, **extra):
 
 def llama_checkpointed(seq: int = 16):
     model, inputs = llama(seq)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)  # (transformers' own, as cswap-plan's --gradient-checkpointing)
     return model, inputs
 
 

@@ -42,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence, with --hf-config")
     p.add_argument("--lora-rank", type=int, help="with --hf-config: peft LoRA of this rank on every linear layer")
     p.add_argument("--gradient-checkpointing", action="store_true",
-                   help="with --hf-config: the model's gradient_checkpointing_enable() (non-reentrant)")
+                   help="with --hf-config: the model's activation_checkpointing_enable() (non-reentrant)")
     p.add_argument("--batch", type=int, help="default 64, or 1 with --hf-config")
     p.add_argument("--gpu", default="h100-sxm-80gb", help="a name from --list-gpus")
     p.add_argument("--dtype", default="fp32", choices=PRECISIONS,

@@ -21,7 +21,7 @@ import torch
 
 from .inputs import Inputs
 
-__all__ = ["from_config"]
+__all__ = ["enable_checkpointing", "from_config"]
 
 _AUTO_CLASSES = ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel")
 
@@ -48,12 +48,23 @@ def _build(transformers, config):
     raise ValueError(f"cswap: no transformers model class builds from this config ({'; '.join(errors)[:400]})")
 
 
+def enable_checkpointing(model) -> None:
+    """The model's own activation checkpointing, non-reentrant: `activation_checkpointing_enable`
+    (transformers 5.24 and later), else `gradient_checkpointing_enable`, its name before (a
+    deprecated alias since, to be removed in transformers 6)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | None = None,
                 gradient_checkpointing: bool = False):
     """(model on "meta", Inputs of token ids and labels) for the config at `path` (a
     config.json, or a folder holding one). lora_rank: wrap with peft LoRA of that rank on
-    every linear layer (the base frozen); gradient_checkpointing: as the model's own
-    gradient_checkpointing_enable() with non-reentrant torch.utils.checkpoint."""
+    every linear layer (the base frozen); gradient_checkpointing: the model's own
+    activation checkpointing (enable_checkpointing)."""
     transformers = _transformers()
     path = Path(path)
     if path.is_dir():
@@ -68,7 +79,7 @@ def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | N
     with torch.device("meta"):
         model = _build(transformers, config)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     if lora_rank:
         try:
             import peft
