@@ -305,6 +305,7 @@ def test_twin_benchmark_replays_the_h200_runs(tmp_path):
     assert by["vdnn"]["h200_x_unpatched"] == pytest.approx(122.6 / 41.3)
     assert by["unpatched"]["step_ms"] < by["sc"]["step_ms"] < by["vdnn"]["step_ms"]
     assert by["sc"]["moved_mib_per_step"] < 0.7 * by["vdnn"]["moved_mib_per_step"]
+    assert by["sc"]["codec_ms"] > 0 == by["vdnn"]["codec_ms"]  # (encodes and decodes: the codec stream's time)
     assert all(r["hazards"] == 0 for r in rows)
     saved = json.loads((tmp_path / "twin-today.json").read_text())
     assert saved["rows"] == rows
