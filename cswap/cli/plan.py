@@ -25,6 +25,7 @@ import torch
 from .. import models
 from ..plan import sparsity as sparsity_sources
 from ..plan.gpus import gpus
+from ..plan.optimizers import OPTIMIZERS
 from ..plan.roofline import PRECISIONS
 from ..plan.whatif import RESERVE_BYTES, Prediction, parse_bytes, predict
 
@@ -47,7 +48,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu", default="h100-sxm-80gb", help="a name from --list-gpus")
     p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
                    help="fp32 (TF32 convolutions, PyTorch's default), tf32, amp (fp16 autocast), bf16, fp16")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+                   help="sgd (momentum), adam, adamw, or bitsandbytes' adamw8bit, paged_adamw, paged_adamw8bit "
+                        "(paged state lies outside PyTorch's allocator: reported, in no peak)")
+    p.add_argument("--optimizer-in-backward", action="store_true",
+                   help="step each parameter as soon as its gradient is made, freeing it (torchtune's "
+                        "optimizer_in_bwd)")
     p.add_argument("--budget", help="a memory limit below the GPU's: 40GiB, 40GB or a fraction like 0.5")
     p.add_argument("--recompute", default="auto",
                    help="blocks mode 'recompute' may checkpoint: auto (the repeated blocks: transformer layers, "
@@ -110,7 +116,8 @@ def _gib(n: float) -> str:
 def report(p: Prediction, largest: bool, tensors: int) -> str:
     g = p.gpu
     lines = [f"cswap-plan: {p.batch} per step on {g.label} ({_gib(g.memory_bytes)}), {p.precision}, "
-             f"{p.optimizer}. PREDICTED, nothing measured on the GPU.",
+             f"{p.optimizer}{' in backward' if p.optimizer_in_backward else ''}. PREDICTED, nothing measured on "
+             f"the GPU.",
              f"limit {_gib(p.capacity_bytes)} ({'budget' if p.budget_bytes else 'memory minus reserve'})", ""]
     w = max(6, *(len(m) for m in p.modes))
     head = f"{'mode':<{w}} {'peak':>10} {'fits':>4} {'step ms':>9} {'slowdown':>8} {'PCIe GiB':>8} " \
@@ -188,7 +195,7 @@ def main(argv=None) -> int:
         reserve = parse_bytes(args.reserve)
         p = predict(model, inputs, args.gpu, precision=args.dtype, optimizer=args.optimizer, budget=args.budget,
                     profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
-                    recompute=_recompute(args.recompute))
+                    recompute=_recompute(args.recompute), optimizer_in_backward=args.optimizer_in_backward)
         print(report(p, not (args.no_largest_batch or args.hf_config), args.tensors))
     except ValueError as exc:
         print(f"cswap-plan: {exc}", file=sys.stderr)

@@ -47,9 +47,11 @@ from torch import nn
 
 from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
+from . import optimizers
 from .attention import fused_attention_mode
 from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
+from .optimizers import OPTIMIZERS
 
 __all__ = ["DEVICE", "FakeGPUUnavailable", "OpRecord", "SavedRecord", "StepTrace", "kind_of", "trace_step"]
 
@@ -256,12 +258,6 @@ def kind_of(t: torch.Tensor, params: set[int], buffers: set[int], inputs: set[in
     return "activation"
 
 
-def _optimizer(name: str, params) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-    return torch.optim.Adam(params, lr=1e-3)
-
-
 def _fake_inputs(example_inputs, device, dtype=None) -> Inputs:
     """Fake tensors of the example inputs' shapes and dtypes (floating ones cast to
     `dtype` when given) on the fake device."""
@@ -289,13 +285,16 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
 
 def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sgd",
                dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
-               drops: bool = True, sdpa_arch: int | str | None = None) -> StepTrace:
+               drops: bool = True, sdpa_arch: int | str | None = None,
+               optimizer_in_backward: bool = False) -> StepTrace:
     """Trace one training step of `model` on `example_inputs` (a tensor, a tuple of
     forward's positional arguments or a dict of its keyword arguments: tensors of the
     batch's shape and dtype, on any device, meta included; their values are not
     read). `loss(output) -> scalar` defaults to the output's own loss when it has one
     (Hugging Face models given labels), else the mean of its first tensor; `optimizer`
-    is "sgd" (momentum) or "adam"; `dtype` casts the model's floating parameters
+    is one of cswap.plan.optimizers.OPTIMIZERS ("sgd" with momentum, "adam", "adamw",
+    bitsandbytes' "adamw8bit", "paged_adamw", "paged_adamw8bit"), stepped after backward
+    or, with `optimizer_in_backward`, per parameter as its gradient is made; `dtype` casts the model's floating parameters
     and buffers and the floating inputs (e.g. torch.bfloat16); `autocast`
     (torch.float16 or torch.bfloat16) runs forward and loss as CUDA's
     torch.autocast would (mixed precision: float32 parameters, lower-precision
@@ -309,8 +308,9 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
     each could leave the device (SavedRecord.dropped_at) and the offloaded floor."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"cswap.plan.fake_gpu: expected a torch.nn.Module, got {type(model).__name__}")
-    if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"cswap.plan.fake_gpu: optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"cswap.plan.fake_gpu: optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    optimizer = (optimizer, optimizer_in_backward)
     for name, value in (("dtype", dtype), ("autocast", autocast)):
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
@@ -336,11 +336,11 @@ def _live_bytes(memory):
     return lambda: sum(snap.get(_TOTAL_KEY, 0) for snap in memory._curr_mem_snap.values())
 
 
-def _steady_state(opt: torch.optim.Optimizer, model: nn.Module) -> None:
+def _steady_state(opt: torch.optim.Optimizer) -> None:
     """Give the optimizer its state (momentum, Adam's moments) as after a first step:
     a step in steady state holds it from start to end."""
-    for p in model.parameters():
-        if p.requires_grad:
+    for group in opt.param_groups:
+        for p in group["params"]:
             p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -357,7 +357,7 @@ def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autocast, sdpa_arch,
+def _trace(model: nn.Module, example_inputs, loss, optimizer: tuple[str, bool], dtype, autocast, sdpa_arch,
            drop: bool) -> StepTrace:
     device = torch.device(DEVICE)
     loss = loss or default_loss
@@ -385,8 +385,10 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
     with mode:
         _to_fake(fake, device)
         params = {id(p) for p in fake.parameters()}
-        opt = _optimizer(optimizer, fake.parameters())
-        _steady_state(opt, fake)
+        name, in_backward = optimizer
+        opts = optimizers.in_backward(name, fake) if in_backward else [optimizers.make(name, fake.parameters())]
+        for opt in opts:
+            _steady_state(opt)
         buffers = {id(b) for b in fake.buffers()}
 
         def storage_of(t) -> tuple[int, int]:
@@ -423,7 +425,7 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
                 return t
             return _remade(t, restored, recorder)
 
-        memory.track_external(fake, opt)
+        memory.track_external(fake, *opts)
         _no_grad_hooks_on_frozen(memory, fake)
         tracker.attach(fake)
         try:
@@ -439,7 +441,8 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: str, dtype, autoca
                 _backward(value)
                 del value
                 recorder.phase = "optimizer"
-                opt.step()
+                if not in_backward:  # (else each parameter's step ran in backward)
+                    opts[0].step()
         finally:
             tracker.detach()
         peak = memory.get_tracker_snapshot("peak")

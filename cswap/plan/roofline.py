@@ -68,7 +68,7 @@ def step_seconds(ops, gpu: GPU, precision: str, efficiency: float) -> dict[str, 
 
 
 def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", loss=None, drop: bool = True,
-              arch: int | None = None):
+              arch: int | None = None, optimizer_in_backward: bool = False):
     """Trace one step of `model` at `precision` (PRECISIONS): fp32/tf32 as float32,
     amp as float16 autocast, bf16 and fp16 as the model cast to that type; attention
     as a GPU of compute capability `arch` runs it (cswap.plan.attention).
@@ -84,7 +84,7 @@ def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", los
     kwargs = {"amp": {"autocast": torch.float16}, "bf16": {"dtype": torch.bfloat16},
               "fp16": {"dtype": torch.float16}}.get(precision, {})
     return fake_gpu.trace_step(model, example_inputs, loss=loss, optimizer=optimizer, drops=drop, sdpa_arch=arch,
-                               **kwargs)
+                               optimizer_in_backward=optimizer_in_backward, **kwargs)
 
 
 # -- calibration --------------------------------------------------------------------------------------------

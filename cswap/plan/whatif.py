@@ -63,6 +63,7 @@ from .budget import KEEP, Instance, parse_bytes, plan_budget
 from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
 from .gpus import GPU, gpu as lookup
 from .inputs import Inputs
+from .optimizers import paged_bytes
 from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, dtype_name, record_keys
 
@@ -164,6 +165,8 @@ class Prediction:
     _largest: dict = field(default_factory=dict)
     _others: dict = field(default_factory=dict)  # predictions at other batches
     blocks: list = field(default_factory=list)  # the recompute planner's blocks over `instance`'s tensors
+    optimizer_in_backward: bool = False
+    paged_bytes: int = 0      # a paged optimizer's state, in unified memory: in no peak (cswap.plan.optimizers)
 
     def _mode(self, mode: str) -> ModePrediction:
         if mode not in self.modes:
@@ -228,7 +231,8 @@ class Prediction:
         doc = {
             "what": "a prediction (cswap-plan): nothing here was measured on the GPU",
             "gpu": {"name": g.name, "label": g.label, "memory_bytes": g.memory_bytes, "sources": list(g.sources)},
-            "precision": self.precision, "optimizer": self.optimizer, "batch": self.batch,
+            "precision": self.precision, "optimizer": self.optimizer,
+            "optimizer_in_backward": self.optimizer_in_backward, "paged_bytes": self.paged_bytes, "batch": self.batch,
             "capacity_bytes": self.capacity_bytes, "budget_bytes": self.budget_bytes, "sources": self.sources,
             "modes": {m: {k: v for k, v in p.__dict__.items() if not k.startswith("curve")} |
                       {"fits": self.fits(m), "largest_batch": self._largest.get(m)}
@@ -476,12 +480,16 @@ def measured_times(source) -> tuple[dict, str]:
 
 def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", optimizer: str = "sgd",
             loss=None, budget=None, profile=None, sparsity=None, times=None,
-            reserve_bytes: int = RESERVE_BYTES, recompute="auto") -> Prediction:
+            reserve_bytes: int = RESERVE_BYTES, recompute="auto", optimizer_in_backward: bool = False) -> Prediction:
     """Predict one training step of `model` on `example_inputs` (a tensor, a tuple of
     forward's positional arguments or a dict of its keyword arguments such as
     {"input_ids": ids, "labels": ids}; any device, "meta" included: only shapes and
     dtypes are read; the batch is the first tensor's leading dimension) on `gpu` (a
-    name from cswap.gpus()). loss(output) -> scalar: the step's loss; by default the
+    name from cswap.gpus()). optimizer: one of cswap.plan.optimizers.OPTIMIZERS (sgd with
+    momentum, adam, adamw, and bitsandbytes' adamw8bit, paged_adamw, paged_adamw8bit, whose
+    paged state lies outside PyTorch's allocator: `paged_bytes`, in no peak);
+    optimizer_in_backward: each parameter stepped, and its gradient freed, as soon as
+    the gradient is made. loss(output) -> scalar: the step's loss; by default the
     output's own loss when it has one (Hugging Face models given labels), else the
     mean of its first tensor. precision: fp32 (TF32 convolutions where the GPU has them,
     PyTorch's default), tf32, amp (float16 autocast), bf16 or fp16 (the model cast).
@@ -526,7 +534,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     budget_bytes = parse_bytes(budget, g.memory_bytes) if budget is not None else None
 
     x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
-    trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch)
+    trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch, optimizer_in_backward=optimizer_in_backward)
+    paged = paged_bytes(optimizer, model)
     eff, eff_source = efficiency(g)
     op_s = np.array([op_seconds(op, g, precision, eff) for op in trace.ops])
     compute_source = f"predicted: roofline over FLOPs and bytes per op ({g.label} datasheet), {eff_source}"
@@ -572,9 +581,12 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     host_source = "the profile's" if getattr(link, "host_s_per_tensor", None) is not None else \
         "measured on an H200's host by benchmarks/overhead.py --devices cuda"
     sources = {
-        "memory": f"predicted: one {optimizer} step traced on a fake GPU (FakeTensorMode + MemTracker, "
-                  f"torch {torch.__version__}); reserve {reserve_bytes / 2**30:.2f} GiB assumed for the CUDA "
-                  f"context and workspaces",
+        "memory": f"predicted: one {optimizer} step{' (in backward, per parameter)' if optimizer_in_backward else ''} "
+                  f"traced on a fake GPU (FakeTensorMode + MemTracker, torch {torch.__version__}); reserve "
+                  f"{reserve_bytes / 2**30:.2f} GiB assumed for the CUDA context and workspaces"
+                  + (f"; plus {paged / 2**30:.2f} GiB of paged optimizer state in unified memory, outside "
+                     f"PyTorch's allocator (in no peak: the driver pages it to the host when the GPU runs short)"
+                     if paged else ""),
         "compute": compute_source,
         "transfers": link_source,
         "sparsity": sparsity.source,
@@ -593,10 +605,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         scaled = None if times is None else {f"{k}_s": v * b / batch for k, v in measured.items()}
         return predict(model, resized, g, precision=precision, optimizer=optimizer, loss=loss, budget=budget,
                        profile=profile, sparsity=sparsity, times=scaled, reserve_bytes=reserve_bytes,
-                       recompute=recompute)
+                       recompute=recompute, optimizer_in_backward=optimizer_in_backward)
 
     return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, instance,
-                      again, blocks=blocks)
+                      again, blocks=blocks, optimizer_in_backward=optimizer_in_backward, paged_bytes=paged)
 
 
 def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans) -> list[TensorPrediction]:

@@ -1,0 +1,106 @@
+"""The optimizers a traced step runs: PyTorch's, and stand-ins with the memory of bitsandbytes'.
+
+A fake GPU sees an optimizer only through the tensors it allocates, so bitsandbytes'
+AdamW8bit and its paged variants (which need CUDA to run) are modelled here by what
+they hold, not how they compute:
+
+- 8-bit (AdamW8bit): two uint8 states per element, plus one float32 absmax per
+  block of 256 elements for each (bitsandbytes' blockwise quantization); tensors
+  under 4096 elements keep float32 states (its `min_8bit_size`). Its update is one
+  fused kernel per parameter, with no temporaries of the parameter's size.
+- paged (PagedAdamW, PagedAdamW8bit): the same states in CUDA unified memory,
+  allocated by bitsandbytes outside PyTorch's caching allocator. The driver moves
+  them to host memory when the GPU runs short, so they do not count toward what
+  PyTorch's allocator must fit; `paged_bytes` says how much they are.
+
+Optimizer-in-backward (torchtune's `optimizer_in_bwd`) is `in_backward`: one
+optimizer per parameter, stepped from a post-accumulate-grad hook, each gradient
+freed as soon as it is applied.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["OPTIMIZERS", "in_backward", "make", "paged_bytes"]
+
+OPTIMIZERS = ("sgd", "adam", "adamw", "adamw8bit", "paged_adamw", "paged_adamw8bit")
+_BLOCK = 256            # bitsandbytes' blockwise quantization: one absmax per 256 values
+_MIN_8BIT_SIZE = 4096   # bitsandbytes' min_8bit_size: smaller tensors keep float32 states
+
+
+def _state_bytes(name: str, p: torch.Tensor) -> int:
+    """Bytes of optimizer state for parameter `p`."""
+    n = p.numel()
+    if name.endswith("8bit") and n >= _MIN_8BIT_SIZE:
+        return 2 * (n + 4 * math.ceil(n / _BLOCK))
+    return 2 * 4 * n
+
+
+class _Bitsandbytes(torch.optim.Optimizer):
+    """AdamW as bitsandbytes keeps it (module docstring): its states, an in-place update."""
+
+    def __init__(self, params, name: str, lr: float = 1e-3):
+        super().__init__(params, {"lr": lr})
+        self.name = name
+
+    def _states(self, p: torch.Tensor) -> dict:
+        if self.name.startswith("paged"):  # unified memory: PyTorch's allocator (and the fake GPU) never sees it
+            return {"paged_bytes": _state_bytes(self.name, p)}
+        n = p.numel()
+        if self.name.endswith("8bit") and n >= _MIN_8BIT_SIZE:
+            blocks = math.ceil(n / _BLOCK)
+            return {"state1": torch.zeros(n, dtype=torch.uint8, device=p.device),
+                    "state2": torch.zeros(n, dtype=torch.uint8, device=p.device),
+                    "absmax1": torch.zeros(blocks, device=p.device), "absmax2": torch.zeros(blocks, device=p.device)}
+        return {"state1": torch.zeros(n, device=p.device), "state2": torch.zeros(n, device=p.device)}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not self.state[p]:
+                    self.state[p].update(self._states(p))
+                p.add_(p.grad, alpha=-group["lr"])  # (one fused kernel: no temporaries)
+
+
+def make(name: str, params) -> torch.optim.Optimizer:
+    """The optimizer `name` (OPTIMIZERS) over `params`, as a traced step runs it."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3)
+    if name in OPTIMIZERS:
+        return _Bitsandbytes(params, name)
+    raise ValueError(f"cswap.plan: optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+
+
+def paged_bytes(name: str, model: nn.Module) -> int:
+    """Bytes of optimizer state a paged optimizer keeps in unified memory (0 if not paged)."""
+    if not name.startswith("paged"):
+        return 0
+    return sum(_state_bytes(name, p) for p in model.parameters() if p.requires_grad)
+
+
+def in_backward(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
+    """One optimizer per trainable parameter, stepped as soon as its gradient is
+    accumulated, the gradient then freed (torchtune's optimizer_in_bwd)."""
+    optimizers = []
+    for p in model.parameters():
+        if p.requires_grad:
+            opt = make(name, [p])
+
+            def step(param, opt=opt):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            p.register_post_accumulate_grad_hook(step)
+            optimizers.append(opt)
+    return optimizers
