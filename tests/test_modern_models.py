@@ -343,3 +343,22 @@ def test_attention_flops_of_grouped_queries_count_as_torch_counts_equal_heads():
         q, q, q, q, None, q, lse, None, None, 0.0, (True, True, True, False), out_val=None)
     assert fake_gpu._attention_flops("_scaled_dot_product_efficient_attention", (q, q, q)) == forward
     assert fake_gpu._attention_flops("_scaled_dot_product_efficient_attention_backward", (q, q, q, q)) == backward
+
+
+def test_lora_adapts_only_the_targeted_modules_and_a_wrong_name_lists_the_real_ones(tmp_path, capsys):
+    from cswap.cli.plan import main
+    from cswap.plan.hf import from_config
+
+    path = _tiny_config(tmp_path)
+    model, _ = from_config(path, seq_len=8, lora_rank=2, lora_targets=["q_proj", "v_proj"])
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A" in n}
+    assert adapted == {"q_proj", "v_proj"}
+    everything, _ = from_config(path, seq_len=8, lora_rank=2)
+    assert sum(p.numel() for p in everything.parameters() if p.requires_grad) > \
+        sum(p.numel() for p in model.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="linear layers are named .*q_proj"):
+        from_config(path, seq_len=8, lora_rank=2, lora_targets=["query"])
+    assert main(["--hf-config", str(path), "--seq-len", "16", "--lora-rank", "2",
+                 "--lora-targets", "q_proj,k_proj, v_proj,o_proj"]) == 0
+    with pytest.raises(SystemExit):
+        main(["--hf-config", str(path), "--lora-targets", "q_proj"])  # (no --lora-rank)

@@ -41,7 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hf-config", type=Path, help="a Hugging Face config.json (or its folder) instead of --model: "
                                                   "the model is built on the meta device, no weights")
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence, with --hf-config")
-    p.add_argument("--lora-rank", type=int, help="with --hf-config: peft LoRA of this rank on every linear layer")
+    p.add_argument("--lora-rank", type=int, help="with --hf-config: peft LoRA of this rank (on --lora-targets)")
+    p.add_argument("--lora-targets", default="all-linear",
+                   help="with --lora-rank: the modules LoRA adapts, names separated by commas (e.g. "
+                        "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear (the default)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="with --hf-config: the model's activation_checkpointing_enable() (non-reentrant)")
     p.add_argument("--batch", type=int, help="default 64, or 1 with --hf-config")
@@ -79,6 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                         ("--gradient-checkpointing", args.gradient_checkpointing)) if value]
     if hf_only and args.hf_config is None:
         p.error(f"{hf_only[0]} needs --hf-config")
+    if args.lora_targets != "all-linear" and not args.lora_rank:
+        p.error("--lora-targets needs --lora-rank")
     if args.batch is None:
         args.batch = 1 if args.hf_config else 64
     if args.sparsity is None:
@@ -107,6 +112,11 @@ def _recompute(spec: str):
     if spec in ("auto", "none"):
         return spec if spec == "auto" else False
     return [name.strip() for name in spec.split(",") if name.strip()]
+
+
+def _lora_targets(spec: str):
+    """--lora-targets: 'all-linear' or module names separated by commas."""
+    return spec if spec == "all-linear" else [name.strip() for name in spec.split(",") if name.strip()]
 
 
 def _gib(n: float) -> str:
@@ -182,7 +192,8 @@ def main(argv=None) -> int:
             from ..plan.hf import from_config
 
             model, inputs = from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len,
-                                        lora_rank=args.lora_rank, gradient_checkpointing=args.gradient_checkpointing)
+                                        lora_rank=args.lora_rank, lora_targets=_lora_targets(args.lora_targets),
+                                        gradient_checkpointing=args.gradient_checkpointing)
             if args.sparsity == "auto":
                 raise ValueError("--sparsity auto runs CPU steps, which a model built from a config alone "
                                  "cannot; give a number or a cswap-plan JSON")

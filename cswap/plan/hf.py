@@ -59,12 +59,28 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def _with_lora(peft, model, rank: int, targets):
+    """`model` wrapped with peft LoRA of `rank` on `targets`; a target list that matches no
+    module is an error that names the linear layers there are."""
+    targets = targets if isinstance(targets, str) else list(targets)
+    try:
+        with torch.device("meta"):
+            return peft.get_peft_model(model, peft.LoraConfig(r=rank, target_modules=targets))
+    except ValueError as exc:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"cswap: LoRA targets {targets!r} match no module of this model ({exc}); its linear "
+                         f"layers are named {', '.join(linear)}") from None
+
+
 def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | None = None,
-                gradient_checkpointing: bool = False):
+                lora_targets="all-linear", gradient_checkpointing: bool = False):
     """(model on "meta", Inputs of token ids and labels) for the config at `path` (a
-    config.json, or a folder holding one). lora_rank: wrap with peft LoRA of that rank on
-    every linear layer (the base frozen); gradient_checkpointing: the model's own
-    activation checkpointing (enable_checkpointing)."""
+    config.json, or a folder holding one). lora_rank: wrap with peft LoRA of that rank
+    (the base frozen) on `lora_targets`: "all-linear" (every linear layer but the output
+    head) or module names as peft matches them (["q_proj", "v_proj", "o_proj"]: every module
+    whose name ends so); gradient_checkpointing: the model's own activation checkpointing
+    (enable_checkpointing)."""
     transformers = _transformers()
     path = Path(path)
     if path.is_dir():
@@ -85,8 +101,7 @@ def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | N
             import peft
         except ImportError:
             raise ImportError("cswap: --lora-rank needs the peft package: pip install peft") from None
-        with torch.device("meta"):
-            model = peft.get_peft_model(model, peft.LoraConfig(r=lora_rank, target_modules="all-linear"))
+        model = _with_lora(peft, model, lora_rank, lora_targets)
     model.train()
     ids = torch.zeros(batch, seq_len, dtype=torch.long, device="meta")
     return model, Inputs((), {"input_ids": ids, "labels": ids})
