@@ -362,3 +362,39 @@ def test_lora_adapts_only_the_targeted_modules_and_a_wrong_name_lists_the_real_o
                  "--lora-targets", "q_proj,k_proj, v_proj,o_proj"]) == 0
     with pytest.raises(SystemExit):
         main(["--hf-config", str(path), "--lora-targets", "q_proj"])  # (no --lora-rank)
+
+
+def test_a_chunked_loss_is_the_models_own_and_holds_less_at_its_peak(tmp_path, capsys):
+    from cswap.cli.plan import main
+    from cswap.plan.fake_gpu import trace_step
+    from cswap.plan.hf import ChunkedLoss, from_config
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=8000,
+                                      max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 8000, (2, 256))
+    labels = ids.clone()
+    labels[0, :9] = -100  # (ignored tokens count as in the model's own loss)
+    own = model(input_ids=ids, labels=labels).loss
+    for chunks in (1, 4):
+        assert torch.allclose(ChunkedLoss(model, chunks)(ids, labels), own, rtol=1e-5)
+    inputs = {"input_ids": ids, "labels": ids}
+    whole = trace_step(model, inputs, drops=False, dtype=torch.bfloat16).peak_bytes
+    chunked = trace_step(ChunkedLoss(model, 8), inputs, drops=False, dtype=torch.bfloat16).peak_bytes
+    logits_fp32 = 2 * 255 * 8000 * 4
+    assert whole - chunked > logits_fp32  # (of three float32 copies alive at once, one is left)
+    with pytest.raises(ValueError, match="needs at least 1 chunk"):
+        ChunkedLoss(model, 0)
+    path = _tiny_config(tmp_path)
+    wrapped, _ = from_config(path, seq_len=8, lora_rank=2, chunked_loss=2)
+    assert isinstance(wrapped, ChunkedLoss)
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(modern.bert()[0].config.to_json_string())
+    with pytest.raises(ValueError, match="BertForMaskedLM is not one"):
+        from_config(bert, chunked_loss=2)
+    assert main(["--hf-config", str(path), "--seq-len", "32", "--chunked-loss", "4", "--dtype", "bf16"]) == 0
+    assert "PREDICTED" in capsys.readouterr().out

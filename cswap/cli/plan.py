@@ -45,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lora-targets", default="all-linear",
                    help="with --lora-rank: the modules LoRA adapts, names separated by commas (e.g. "
                         "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear (the default)")
+    p.add_argument("--chunked-loss", type=int, metavar="N",
+                   help="with --hf-config: the cross-entropy in N chunks of the sequence, each upcast to float32 "
+                        "alone (torchtune's CEWithChunkedOutputLoss)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="with --hf-config: the model's activation_checkpointing_enable() (non-reentrant)")
     p.add_argument("--batch", type=int, help="default 64, or 1 with --hf-config")
@@ -78,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, help="write a PNG of device memory over one step per mode")
     p.add_argument("--list-gpus", action="store_true", help="list the GPUs and exit")
     args = p.parse_args(argv)
-    hf_only = [flag for flag, value in (("--lora-rank", args.lora_rank),
+    hf_only = [flag for flag, value in (("--lora-rank", args.lora_rank), ("--chunked-loss", args.chunked_loss),
                                         ("--gradient-checkpointing", args.gradient_checkpointing)) if value]
     if hf_only and args.hf_config is None:
         p.error(f"{hf_only[0]} needs --hf-config")
@@ -193,7 +196,8 @@ def main(argv=None) -> int:
 
             model, inputs = from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len,
                                         lora_rank=args.lora_rank, lora_targets=_lora_targets(args.lora_targets),
-                                        gradient_checkpointing=args.gradient_checkpointing)
+                                        gradient_checkpointing=args.gradient_checkpointing,
+                                        chunked_loss=args.chunked_loss)
             if args.sparsity == "auto":
                 raise ValueError("--sparsity auto runs CPU steps, which a model built from a config alone "
                                  "cannot; give a number or a cswap-plan JSON")

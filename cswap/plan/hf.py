@@ -18,10 +18,12 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .inputs import Inputs
 
-__all__ = ["enable_checkpointing", "from_config"]
+__all__ = ["ChunkedLoss", "enable_checkpointing", "from_config"]
 
 _AUTO_CLASSES = ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel")
 
@@ -59,6 +61,32 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+class ChunkedLoss(nn.Module):
+    """A causal LM whose cross-entropy is computed in `chunks` pieces of the sequence, as
+    torchtune's CEWithChunkedOutputLoss does: the output head makes the logits chunk by
+    chunk (kept in the model's dtype), and each chunk is upcast to float32 only inside its
+    own loss. Without it (the model's own loss) the whole vocabulary x tokens logits are
+    upcast at once, and three float32 copies are alive at the log-softmax's backward.
+    forward(input_ids, labels) returns the mean loss over the predicted tokens, the
+    model's own (labels shifted by one, -100 ignored)."""
+
+    def __init__(self, lm: nn.Module, chunks: int):
+        super().__init__()
+        if chunks < 1:
+            raise ValueError(f"cswap: a chunked loss needs at least 1 chunk, got {chunks}")
+        self.lm, self.chunks = lm, chunks
+
+    def forward(self, input_ids, labels, **kwargs):
+        base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm  # (peft)
+        hidden = base.get_decoder()(input_ids=input_ids, **kwargs)[0]
+        head = base.get_output_embeddings()
+        logits = [head(h) for h in hidden[:, :-1].chunk(self.chunks, dim=1)]
+        targets = labels[:, 1:].chunk(self.chunks, dim=1)
+        total = sum(F.cross_entropy(z.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+                    for z, y in zip(logits, targets))
+        return total / (labels[:, 1:] != -100).sum()
+
+
 def _with_lora(peft, model, rank: int, targets):
     """`model` wrapped with peft LoRA of `rank` on `targets`; a target list that matches no
     module is an error that names the linear layers there are."""
@@ -74,13 +102,14 @@ def _with_lora(peft, model, rank: int, targets):
 
 
 def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | None = None,
-                lora_targets="all-linear", gradient_checkpointing: bool = False):
+                lora_targets="all-linear", gradient_checkpointing: bool = False, chunked_loss: int | None = None):
     """(model on "meta", Inputs of token ids and labels) for the config at `path` (a
     config.json, or a folder holding one). lora_rank: wrap with peft LoRA of that rank
     (the base frozen) on `lora_targets`: "all-linear" (every linear layer but the output
     head) or module names as peft matches them (["q_proj", "v_proj", "o_proj"]: every module
     whose name ends so); gradient_checkpointing: the model's own activation checkpointing
-    (enable_checkpointing)."""
+    (enable_checkpointing); chunked_loss: a causal LM's loss in that many chunks
+    (ChunkedLoss)."""
     transformers = _transformers()
     path = Path(path)
     if path.is_dir():
@@ -102,6 +131,11 @@ def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | N
         except ImportError:
             raise ImportError("cswap: --lora-rank needs the peft package: pip install peft") from None
         model = _with_lora(peft, model, lora_rank, lora_targets)
+    if chunked_loss:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not type(base).__name__.endswith("ForCausalLM"):
+            raise ValueError(f"cswap: a chunked loss is a causal LM's; {type(base).__name__} is not one")
+        model = ChunkedLoss(model, chunked_loss)
     model.train()
     ids = torch.zeros(batch, seq_len, dtype=torch.long, device="meta")
     return model, Inputs((), {"input_ids": ids, "labels": ids})
