@@ -341,7 +341,8 @@ def _steady_state(opt: torch.optim.Optimizer) -> None:
     a step in steady state holds it from start to end."""
     for group in opt.param_groups:
         for p in group["params"]:
-            p.grad = torch.zeros_like(p)
+            if p.requires_grad:  # (a frozen one never gets a gradient, so never any state)
+                p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
 
