@@ -275,7 +275,8 @@ def _cover(inst: Instance, budget: float, pick) -> list | None:
     choices = [KEEP] * inst.n
     over = inst.curve - budget
     nbytes = inst.nbytes
-    starts, ends = (np.array(w, dtype=np.int64).reshape(-1) for w in zip(*inst.windows)) if inst.n else ([], [])
+    starts, ends = (np.array(w, dtype=np.int64).reshape(-1) for w in zip(*inst.windows)) if inst.n else \
+        (np.zeros(0, dtype=np.int64),) * 2
     kept = np.ones(inst.n, dtype=bool)
     while len(over) and over.max() > 0:
         worst = int(over.argmax())
@@ -316,12 +317,12 @@ def _greedy_pick(inst: Instance, useful_only: bool):
     beside it (the load of what was picked so far). Vectorised over tensors x options."""
     it = inst.iteration
     options = [None, *inst.codecs]
-    size = np.array([[c.size[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, -1)
-    t_dc = np.array([[c.t_dc[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, -1)
+    size = np.array([[c.size[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, len(options))
+    t_dc = np.array([[c.t_dc[o] for o in options] for c in inst.costs], dtype=np.float64).reshape(inst.n, len(options))
     kernels = t_dc + np.array([[c.host + c.t_c[o] for o in options] for c in inst.costs],
-                              dtype=np.float64).reshape(inst.n, -1)  # (and the host's time per tensor)
+                              dtype=np.float64).reshape(inst.n, len(options))  # (and the host's time per tensor)
     exposed = np.array([[inst.standalone[i][o] for o in options] for i in range(inst.n)],
-                       dtype=np.float64).reshape(inst.n, -1) - kernels
+                       dtype=np.float64).reshape(inst.n, len(options)) - kernels
     d2h, h2d = size / inst.bw_d2h, size / inst.bw_h2d + t_dc
     load = [0.0, 0.0]  # seconds of D2H and H2D link time picked so far
 
