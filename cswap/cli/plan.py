@@ -79,6 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tensors", type=int, default=20, help="saved activations to list (largest first; 0: all)")
     p.add_argument("--json", type=Path, help="write the prediction as JSON")
     p.add_argument("--plot", type=Path, help="write a PNG of device memory over one step per mode")
+    p.add_argument("--fit", action="store_true",
+                   help="search checkpointing, a chunked loss (with --hf-config), 8-bit and paged AdamW (with an "
+                        "Adam optimizer), optimizer-in-backward and cswap's modes for the fastest that fits; "
+                        "print the ranking")
     p.add_argument("--list-gpus", action="store_true", help="list the GPUs and exit")
     args = p.parse_args(argv)
     hf_only = [flag for flag, value in (("--lora-rank", args.lora_rank), ("--chunked-loss", args.chunked_loss),
@@ -157,6 +161,64 @@ def report(p: Prediction, largest: bool, tensors: int) -> str:
     return "\n".join(lines)
 
 
+def fit_report(choices, tried: int, gpu_label: str, precision: str, shown: int = 15) -> str:
+    """The --fit ranking: the combinations that fit, fastest first."""
+    fitting = [c for c in choices if c.fits]
+    rows = fitting[:shown] if fitting else sorted(choices, key=lambda c: c.peak_bytes)[:5]
+    lines = [f"cswap-plan --fit: {tried} setups x their cswap modes on {gpu_label}, {precision}. PREDICTED, "
+             f"nothing measured on the GPU.",
+             f"{len(fitting)} of {len(choices)} distinct combinations fit" +
+             ("; the fastest first:" if fitting else "; none does: the five smallest peaks:"), ""]
+    head = f"{'rank':>4} {'step ms':>9} {'peak':>10} {'mode':<9} {'exact':<5} setup"
+    lines += [head, "-" * len(head)]
+    for i, c in enumerate(rows, 1):
+        paged = f" (+{_gib(c.paged_bytes)} paged)" if c.paged_bytes else ""
+        lines.append(f"{i:>4} {c.step_seconds * 1e3:>9.2f} {_gib(c.peak_bytes):>10} {c.mode:<9} "
+                     f"{'yes' if c.exact else 'no':<5} {c.setup.label()}{paged}")
+    exact = next((c for c in fitting if c.exact), None)
+    if fitting and exact is not None and not fitting[0].exact:
+        lines += ["", f"fastest exact: {exact.step_seconds * 1e3:.2f} ms, {_gib(exact.peak_bytes)}, {exact.mode}, "
+                      f"{exact.setup.label()} (rank {fitting.index(exact) + 1})"]
+    lines += ["", "exact: trains the numbers the plain step would (8-bit optimizer states do not); "
+                  "of combinations predicted alike, the simplest is shown."]
+    return "\n".join(lines)
+
+
+def _fit(args, spars, reserve) -> str:
+    from ..plan.fit import fit, setups
+
+    if args.hf_config is not None:
+        from ..plan.hf import from_config
+
+        def build(setup):
+            return from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len, lora_rank=args.lora_rank,
+                               lora_targets=_lora_targets(args.lora_targets),
+                               gradient_checkpointing=setup.gradient_checkpointing, chunked_loss=setup.chunked_loss)
+
+        model, _ = build(setups(args.optimizer, False)[0])
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        causal = type(base).__name__.endswith("ForCausalLM")
+    else:
+        model = models.build(args.model, dataset=args.dataset)
+        inputs = torch.empty(args.batch, *_SHAPES[args.dataset], device="meta")
+
+        def build(setup):
+            return model, inputs
+
+        causal = False
+    candidates = setups(args.optimizer, causal)
+
+    def progress(i, n, setup):
+        print(f"  [{i + 1}/{n}] {setup.label()}", file=sys.stderr, flush=True)
+
+    choices = fit(build, args.gpu, candidates, progress=progress, precision=args.dtype, budget=args.budget,
+                  profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
+                  recompute=_recompute(args.recompute))
+    from ..plan.gpus import gpu
+
+    return fit_report(choices, len(candidates), gpu(args.gpu).label, args.dtype)
+
+
 def plot(p: Prediction, path: Path) -> None:
     import matplotlib
 
@@ -208,6 +270,9 @@ def main(argv=None) -> int:
             inputs = torch.empty(args.batch, *shape, device="meta")
             spars = sparsity_for(args.sparsity, model, shape, args.data)
         reserve = parse_bytes(args.reserve)
+        if args.fit:
+            print(_fit(args, spars, reserve))
+            return 0
         p = predict(model, inputs, args.gpu, precision=args.dtype, optimizer=args.optimizer, budget=args.budget,
                     profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
                     recompute=_recompute(args.recompute), optimizer_in_backward=args.optimizer_in_backward)

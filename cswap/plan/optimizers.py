@@ -64,9 +64,15 @@ class _Bitsandbytes(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if not self.state[p]:
-                    self.state[p].update(self._states(p))
-                p.add_(p.grad, alpha=-group["lr"])  # (one fused kernel: no temporaries)
+                state = self.state[p]
+                if not state:
+                    state.update(self._states(p))
+                # One fused kernel, no temporaries: it reads and writes the states and the
+                # parameter, and reads the gradient (in place here, so the roofline counts those bytes).
+                for name in ("state1", "state2"):
+                    if name in state:
+                        state[name].add_(1)
+                p.add_(p.grad, alpha=-group["lr"])
 
 
 def make(name: str, params) -> torch.optim.Optimizer:
