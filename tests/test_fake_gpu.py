@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 from cswap.models import build
 from cswap.plan import fake_gpu
@@ -134,3 +135,25 @@ def test_ops_carry_phases_flops_and_when_saved_tensors_can_leave():
         assert r.saved_at <= r.dropped_at <= r.used_at
         assert trace.ops[r.used_at].phase == "backward"
         assert r.storage_bytes >= r.nbytes
+
+
+def test_causal_attention_counts_the_tiles_a_fused_kernel_runs_and_the_math_path_all():
+    import torch.nn.functional as F
+
+    class Attention(nn.Module):
+        def __init__(self, causal):
+            super().__init__()
+            self.proj, self.causal = nn.Linear(64, 64), causal
+
+        def forward(self, x):
+            q = self.proj(x).view(2, 1024, 4, 16).transpose(1, 2)
+            return F.scaled_dot_product_attention(q, q, q, is_causal=self.causal).sum()
+
+    def attention_flops(causal, arch):
+        trace = fake_gpu.trace_step(Attention(causal), torch.randn(2, 1024, 64), loss=lambda out: out, drops=False,
+                           sdpa_arch=arch, dtype=torch.bfloat16 if arch else None)
+        return sum(op.flops for op in trace.ops if "scaled_dot_product" in op.name or op.name == "bmm")
+
+    # Fused (flash on an H100): 8 tiles of 128 along the sequence, 36 of 64 below or on the diagonal.
+    assert attention_flops(True, 90) * 64 == attention_flops(False, 90) * 36
+    assert attention_flops(True, None) == attention_flops(False, None)  # (math: every score computed)

@@ -95,6 +95,7 @@ class _Recorder:
                     if "scaled_dot_product" not in func._overloadpacket.__name__:
                         raise
                     flops = _attention_flops(func._overloadpacket.__name__, args)
+                flops = int(flops * _causal_share(func, args, kwargs))
                 ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
                 moved = 0 if func.is_view else sum(t.numel() * t.element_size() for t in ins + outs)
                 floating = next((t.dtype for t in ins if t.is_floating_point()), None)
@@ -120,6 +121,29 @@ def _attention_flops(name: str, args) -> int:
     q, k = args[1:3] if backward else args[0:2]
     b, h, lq, d = q.shape
     return (10 if backward else 4) * b * h * lq * k.shape[-2] * d
+
+
+_TILE = 128  # the key/query block of fused attention kernels (FlashAttention-2's, the efficient kernel's)
+
+
+def _causal_share(func, args, kwargs) -> float:
+    """The share of an attention op's FLOPs that runs: a fused kernel (flash, efficient,
+    cuDNN) with is_causal skips the tiles wholly above the diagonal (FlashAttention-2,
+    Dao 2023, §3.1.1), (n + 1) / 2n of them for n tiles along the sequence, where
+    torch.utils.flop_counter counts them all; the math path computes every score."""
+    name = func._overloadpacket.__name__
+    if "scaled_dot_product" not in name or "math" in name:
+        return 1.0
+    names = [a.name for a in func._schema.arguments]
+    if "is_causal" not in names:
+        return 1.0
+    at = names.index("is_causal")
+    causal = kwargs.get("is_causal", args[at] if len(args) > at else False)
+    if not causal:
+        return 1.0
+    q = args[1] if name.endswith("_backward") else args[0]
+    n = -(-q.shape[-2] // _TILE)
+    return (n + 1) / (2 * n)
 
 
 def _autocast_mode(low: torch.dtype):
