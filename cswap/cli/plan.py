@@ -188,16 +188,14 @@ def _fit(args, spars, reserve) -> str:
     from ..plan.fit import fit, setups
 
     if args.hf_config is not None:
-        from ..plan.hf import from_config
+        from ..plan.hf import from_config, is_causal_lm
 
         def build(setup):
             return from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len, lora_rank=args.lora_rank,
                                lora_targets=_lora_targets(args.lora_targets),
                                gradient_checkpointing=setup.gradient_checkpointing, chunked_loss=setup.chunked_loss)
 
-        model, _ = build(setups(args.optimizer, False)[0])
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        causal = type(base).__name__.endswith("ForCausalLM")
+        causal = is_causal_lm(build(setups(args.optimizer, False)[0])[0])
     else:
         model = models.build(args.model, dataset=args.dataset)
         inputs = torch.empty(args.batch, *_SHAPES[args.dataset], device="meta")

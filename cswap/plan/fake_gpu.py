@@ -318,9 +318,9 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
     (Hugging Face models given labels), else the mean of its first tensor; `optimizer`
     is one of cswap.plan.optimizers.OPTIMIZERS ("sgd" with momentum, "adam", "adamw",
     bitsandbytes' "adamw8bit", "paged_adamw", "paged_adamw8bit"), stepped after backward
-    or, with `optimizer_in_backward`, per parameter as its gradient is made; `dtype` casts the model's floating parameters
-    and buffers and the floating inputs (e.g. torch.bfloat16); `autocast`
-    (torch.float16 or torch.bfloat16) runs forward and loss as CUDA's
+    or, with `optimizer_in_backward`, per parameter as its gradient is made; `dtype`
+    casts the model's floating parameters and buffers and the floating inputs (e.g.
+    torch.bfloat16); `autocast` (torch.float16 or torch.bfloat16) runs forward and loss as CUDA's
     torch.autocast would (mixed precision: float32 parameters, lower-precision
     convolutions and matmuls). sdpa_arch: the compute capability (90 for an H100)
     whose fused attention kernels F.scaled_dot_product_attention runs as
@@ -334,7 +334,7 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
         raise TypeError(f"cswap.plan.fake_gpu: expected a torch.nn.Module, got {type(model).__name__}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"cswap.plan.fake_gpu: optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    optimizer = (optimizer, optimizer_in_backward)
+    optimizer = (optimizer, optimizer_in_backward)  # (what _trace runs: the name, and where it steps)
     for name, value in (("dtype", dtype), ("autocast", autocast)):
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")

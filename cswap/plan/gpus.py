@@ -130,7 +130,8 @@ _B200_DS = ("NVIDIA HGX B200 datasheet, per GPU at 1000 W (180GB HBM3e, 8 TB/s; 
             "tabulated at https://glennklockwood.com/garden/processors/B200; host link: the HGX B200 "
             "hosts' CPUs (DGX B200: Xeon Platinum 8570) link at PCIe 5.0, though the GPU supports 6.0")
 _GH200_DS = ("NVIDIA GH200 Grace Hopper Superchip datasheet (96GB HBM3, 4 TB/s; compute as H100 SXM; "
-             "NVLink-C2C 900 GB/s total, 450 GB/s per direction), https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/")
+             "NVLink-C2C 900 GB/s total, 450 GB/s per direction), "
+             "https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/")
 _GA102_WP = ("NVIDIA Ampere GA102 GPU Architecture whitepaper v2, Appendix A (GeForce RTX 3090), "
              "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf")
 # Memory capacities as CUDA reports them.

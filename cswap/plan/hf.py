@@ -23,7 +23,7 @@ from torch import nn
 
 from .inputs import Inputs
 
-__all__ = ["ChunkedLoss", "enable_checkpointing", "from_config"]
+__all__ = ["ChunkedLoss", "enable_checkpointing", "from_config", "is_causal_lm"]
 
 _AUTO_CLASSES = ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel")
 
@@ -87,6 +87,12 @@ class ChunkedLoss(nn.Module):
         return total / (labels[:, 1:] != -100).sum()
 
 
+def is_causal_lm(model: nn.Module) -> bool:
+    """A Hugging Face causal LM (peft's wrapper seen through): what ChunkedLoss can wrap."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(base).__name__.endswith("ForCausalLM")
+
+
 def _with_lora(peft, model, rank: int, targets):
     """`model` wrapped with peft LoRA of `rank` on `targets`; a target list that matches no
     module is an error that names the linear layers there are."""
@@ -132,8 +138,8 @@ def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | N
             raise ImportError("cswap: --lora-rank needs the peft package: pip install peft") from None
         model = _with_lora(peft, model, lora_rank, lora_targets)
     if chunked_loss:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if not type(base).__name__.endswith("ForCausalLM"):
+        if not is_causal_lm(model):
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
             raise ValueError(f"cswap: a chunked loss is a causal LM's; {type(base).__name__} is not one")
         model = ChunkedLoss(model, chunked_loss)
     model.train()
