@@ -83,3 +83,18 @@ def test_cswap_plan_prints_the_optimizer_and_the_paged_state(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "paged_adamw8bit in backward" in out
     assert "GiB of paged optimizer state in unified memory" in out
+
+
+def test_paged_state_beyond_what_the_gpu_has_left_crosses_the_link_each_step(llama):
+    import cswap
+
+    model, inputs = llama
+    roomy = cswap.predict(model, inputs, "a100-80gb", optimizer="paged_adamw", recompute=False)
+    assert roomy.modes["none"].paging_seconds == 0  # (an 80 GB GPU holds the tiny model's state)
+    peak, paged = roomy.peak_bytes("none"), roomy.paged_bytes
+    tight = cswap.predict(model, inputs, "a100-80gb", optimizer="paged_adamw", recompute=False,
+                          budget=peak + paged // 2)
+    mode = tight.modes["none"]
+    link = roomy.gpu.link_bytes_per_s * 0.8  # (the assumed link: LINK_EFFICIENCY of its rate)
+    assert mode.paging_seconds == pytest.approx(2 * (paged - paged // 2) / link, rel=1e-6)
+    assert mode.step_seconds == pytest.approx(roomy.step_seconds("none") + mode.paging_seconds)

@@ -145,6 +145,7 @@ class ModePrediction:
     curve_seconds: list[float] = field(default_factory=list)  # memory over one step
     curve_bytes: list[int] = field(default_factory=list)
     host_seconds: float = 0.0  # the training thread's time for the offloaded tensors (in step_seconds)
+    paging_seconds: float = 0.0  # a paged optimizer's state moved over the host link (in step_seconds)
 
 
 @dataclass
@@ -577,6 +578,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         if any(b.members for b in blocks):
             modes["recompute"], plans["recompute"] = _recompute_mode(trace, groups, starts, phase_s, link, sizes,
                                                                      capacity, blocks)
+    if paged:
+        modes = {m: _paged(mp, paged, capacity, link) for m, mp in modes.items()}
     tensors = _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans)
     host_source = "the profile's" if getattr(link, "host_s_per_tensor", None) is not None else \
         "measured on an H200's host by benchmarks/overhead.py --devices cuda"
@@ -585,7 +588,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
                   f"traced on a fake GPU (FakeTensorMode + MemTracker, torch {torch.__version__}); reserve "
                   f"{reserve_bytes / 2**30:.2f} GiB assumed for the CUDA context and workspaces"
                   + (f"; plus {paged / 2**30:.2f} GiB of paged optimizer state in unified memory, outside "
-                     f"PyTorch's allocator (in no peak: the driver pages it to the host when the GPU runs short)"
+                     f"PyTorch's allocator (in no peak: what the GPU has left beside the peak holds part of it, "
+                     f"the rest crosses the host link in and out each step, in the step time; assumed)"
                      if paged else ""),
         "compute": compute_source,
         "transfers": link_source,
@@ -609,6 +613,16 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
 
     return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, instance,
                       again, blocks=blocks, optimizer_in_backward=optimizer_in_backward, paged_bytes=paged)
+
+
+def _paged(mp: ModePrediction, paged: int, capacity: int, link) -> ModePrediction:
+    """A paged optimizer's state lives in unified memory: what the GPU has left beside the
+    step's peak holds part of it, and the driver moves the rest in over the host link for
+    the optimizer step and back out again, every step (bitsandbytes' paged optimizers;
+    assumed: no reuse between steps)."""
+    overflow = max(0, paged - max(0, capacity - mp.peak_bytes))
+    seconds = overflow / link.bw_h2d + overflow / link.bw_d2h
+    return replace(mp, step_seconds=mp.step_seconds + seconds, paging_seconds=seconds)
 
 
 def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans) -> list[TensorPrediction]:
