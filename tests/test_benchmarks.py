@@ -321,3 +321,14 @@ def test_trace_benchmark_quick_run_writes_a_trace_per_mode(tmp_path):
         with gzip.open(tmp_path / f"trace-cifar-{mode}.json.gz") as f:
             assert json.load(f)["traceEvents"]
     assert json.loads((tmp_path / "trace.json").read_text())["rows"][1]["mode"] == "sc"
+
+
+def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path):
+    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    rows = bench.main(["--runs", "bert-large-pretrain-512-amp", "--out", str(tmp_path)])
+    (row,) = rows
+    assert row["published_tokens_per_s"] == 210 * 512  # (210 sequences/s of 512 tokens, as the source says)
+    assert row["predicted_tokens_per_s"] > 0 and row["tokens_per_s_error"] == pytest.approx(
+        row["predicted_tokens_per_s"] / row["published_tokens_per_s"] - 1)
+    assert "210" in row["quote"] and "DeepLearningExamples" in row["source"]
+    assert json.loads((tmp_path / "accuracy.json").read_text())["rows"] == rows
