@@ -69,9 +69,9 @@ class _Bitsandbytes(torch.optim.Optimizer):
                     state.update(self._states(p))
                 # One fused kernel, no temporaries: it reads and writes the states and the
                 # parameter, and reads the gradient (in place here, so the roofline counts those bytes).
-                for name in ("state1", "state2"):
-                    if name in state:
-                        state[name].add_(1)
+                for key in ("state1", "state2"):
+                    if key in state:
+                        state[key].add_(1)
                 p.add_(p.grad, alpha=-group["lr"])
 
 
