@@ -63,5 +63,8 @@ def test_cswap_plan_fit_prints_the_ranking(tmp_path, capsys):
     rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
     steps = [float(r[1]) for r in rows]
     assert rows and steps == sorted(steps)
-    assert main(["--hf-config", str(path), "--seq-len", "64", "--budget", "1MiB", "--fit"]) == 0
-    assert "none does: the five smallest peaks" in capsys.readouterr().out
+    assert main(["--hf-config", str(path), "--seq-len", "64", "--budget", "1MiB", "--fit",
+                 "--gradient-checkpointing"]) == 0
+    out, err = capsys.readouterr()
+    assert "none does: the five smallest peaks" in out
+    assert "--gradient-checkpointing ignored: --fit tries with and without" in err

@@ -205,6 +205,11 @@ def _fit(args, spars, reserve) -> str:
 
         causal = False
     candidates = setups(args.optimizer, causal)
+    searched = [flag for flag, value in (("--gradient-checkpointing", args.gradient_checkpointing),
+                                         ("--chunked-loss", args.chunked_loss),
+                                         ("--optimizer-in-backward", args.optimizer_in_backward)) if value]
+    if searched:
+        print(f"cswap-plan --fit: {', '.join(searched)} ignored: --fit tries with and without", file=sys.stderr)
 
     def progress(i, n, setup):
         print(f"  [{i + 1}/{n}] {setup.label()}", file=sys.stderr, flush=True)
