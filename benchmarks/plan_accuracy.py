@@ -80,6 +80,51 @@ RUNS = [
 ]
 
 
+# The H200's VGG16 runs (benchmarks/results/nvidia-h200/: session-final.log's train.py table at
+# CIFAR shape, runtime.csv at ImageNet shape), fp32, measured on commit c01d24c's runtime:
+# step ms and peak MiB (max_memory_allocated) per mode. Both runs trained with plain SGD.
+H200 = {
+    "vgg16-cifar10-b2560": {"dataset": "cifar10", "batch": 2560, "step_ms": {"none": 41.3, "vdnn": 122.6, "sc": 117.3,
+                                                                           "cswap": 117.1},
+                            "peak_mib": {"none": 3933, "vdnn": 3672, "sc": 3414, "cswap": 3415},
+                            "source": "benchmarks/results/nvidia-h200/session-final.log (train.py, 5 timed steps)"},
+    "vgg16-imagenet-b64": {"dataset": "imagenet", "batch": 64, "step_ms": {"none": 47.64, "vdnn": 142.76, "sc": 146.71,
+                                                                         "cswap": 139.76},
+                           "peak_mib": {"none": 5714.7, "vdnn": 5286.6, "sc": 5082.6, "cswap": 5082.1},
+                           "source": "benchmarks/results/nvidia-h200/runtime.csv"},
+}
+# ReLU/pooling sparsity of those runs, from their own compressed bytes: ZVC keeps (1 - s) of a
+# tensor plus a 1/32 bitmap, and sc moved 1707 of 3015 MiB (CIFAR) and 2077 of 3683 (ImageNet).
+H200_SPARSITY = 0.47
+
+
+def predict_h200(name: str, run: dict) -> list[dict]:
+    import cswap
+    from cswap.models import build
+    from cswap.plan.sparsity import from_number
+
+    model = build("vgg16", dataset=run["dataset"])
+    shape = (3, 32, 32) if run["dataset"] == "cifar10" else (3, 224, 224)
+    p = cswap.predict(model, torch_empty((run["batch"], *shape)), "h200", precision="fp32", optimizer="sgd",
+                      sparsity=from_number(H200_SPARSITY), recompute=False)
+    momentum = sum(q.numel() * q.element_size() for q in model.parameters())  # (plain SGD holds none)
+    rows = []
+    for mode, measured_ms in run["step_ms"].items():
+        peak = (p.peak_bytes(mode) - momentum) / 2**20
+        step = p.step_seconds(mode) * 1e3
+        rows.append({"run": name, "mode": mode, "predicted_step_ms": step, "measured_step_ms": measured_ms,
+                     "step_error": step / measured_ms - 1, "predicted_peak_mib": peak,
+                     "measured_peak_mib": run["peak_mib"][mode], "peak_error": peak / run["peak_mib"][mode] - 1,
+                     "source": run["source"]})
+    return rows
+
+
+def torch_empty(shape):
+    import torch
+
+    return torch.empty(shape, device="meta")
+
+
 def predict_run(run: Run) -> dict:
     import cswap
     from cswap.plan.hf import from_config
@@ -109,6 +154,8 @@ def _pct(x) -> str:
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", choices=[r.name for r in RUNS], default=[r.name for r in RUNS])
+    parser.add_argument("--h200", nargs="*", choices=list(H200), default=list(H200),
+                        help="the H200's VGG16 runs to set against (none: skip them)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     import warnings
@@ -127,9 +174,20 @@ def main(argv=None) -> list[dict]:
               f"{run.peak_gib if run.peak_gib else '':>9} {_pct(row['peak_error']):>7} "
               f"{row['predicted_tokens_per_s']:>9.0f} {run.tokens_per_s or '':>9} "
               f"{_pct(row['tokens_per_s_error']):>7}", flush=True)
+    h200 = []
+    if args.h200:
+        print(f"\n{'H200 run':<22} {'mode':<6} {'step ms':>8} {'measured':>8} {'error':>7} {'peak MiB':>8} "
+              f"{'measured':>8} {'error':>7}")
+    for name in args.h200:
+        for row in predict_h200(name, H200[name]):
+            h200.append(row)
+            print(f"{name:<22} {row['mode']:<6} {row['predicted_step_ms']:>8.1f} {row['measured_step_ms']:>8.1f} "
+                  f"{_pct(row['step_error']):>7} {row['predicted_peak_mib']:>8.0f} {row['measured_peak_mib']:>8.0f} "
+                  f"{_pct(row['peak_error']):>7}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"what": "cswap-plan's predictions (nothing measured here) against published single-GPU runs",
-           "command": "python benchmarks/plan_accuracy.py", "rows": rows}
+    doc = {"what": "cswap-plan's predictions (nothing measured here) against published single-GPU runs, and "
+                   "against the H200's VGG16 runs measured by this project (on commit c01d24c's runtime)",
+           "command": "python benchmarks/plan_accuracy.py", "rows": rows, "h200": h200}
     (args.out / "accuracy.json").write_text(json.dumps(doc, indent=1))
     print(f"# wrote {args.out / 'accuracy.json'}")
     return rows

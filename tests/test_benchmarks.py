@@ -332,4 +332,8 @@ def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path)
     assert row["predicted_tokens_per_s"] > 0 and row["tokens_per_s_error"] == pytest.approx(
         row["predicted_tokens_per_s"] / row["published_tokens_per_s"] - 1)
     assert "210" in row["quote"] and "DeepLearningExamples" in row["source"]
-    assert json.loads((tmp_path / "accuracy.json").read_text())["rows"] == rows
+    doc = json.loads((tmp_path / "accuracy.json").read_text())
+    assert doc["rows"] == rows
+    h200 = {(r["run"], r["mode"]): r for r in doc["h200"]}
+    assert len(h200) == 8 and h200[("vgg16-imagenet-b64", "none")]["measured_step_ms"] == 47.64
+    assert all(r["predicted_step_ms"] > 0 and r["predicted_peak_mib"] > 0 for r in h200.values())
