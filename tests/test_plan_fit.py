@@ -56,15 +56,16 @@ def test_cswap_plan_fit_prints_the_ranking(tmp_path, capsys):
     from cswap.cli.plan import main
 
     path = _config(tmp_path)
-    assert main(["--hf-config", str(path), "--seq-len", "64", "--gpu", "rtx-6000-ada", "--dtype", "bf16",
+    assert main(["--hf-config", str(path), "--seq-len", "16", "--gpu", "rtx-6000-ada", "--dtype", "bf16",
                  "--fit"]) == 0
     out = capsys.readouterr().out
     assert "cswap-plan --fit: 8 setups" in out and "the fastest first" in out
     rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
     steps = [float(r[1]) for r in rows]
     assert rows and steps == sorted(steps)
-    assert main(["--hf-config", str(path), "--seq-len", "64", "--budget", "1MiB", "--fit",
-                 "--gradient-checkpointing"]) == 0
+    # a CNN: the optimizer in backward or not, nothing else to search
+    assert main(["--model", "small_cnn", "--dataset", "cifar10", "--batch", "4", "--sparsity", "0",
+                 "--budget", "1KiB", "--fit", "--optimizer-in-backward"]) == 0
     out, err = capsys.readouterr()
-    assert "none does: the five smallest peaks" in out
-    assert "--gradient-checkpointing ignored: --fit tries with and without" in err
+    assert "cswap-plan --fit: 2 setups" in out and "none does: the five smallest peaks" in out
+    assert "--optimizer-in-backward ignored: --fit tries with and without" in err
