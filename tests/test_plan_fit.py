@@ -52,6 +52,7 @@ def test_fit_ranks_what_fits_fastest_first_and_keeps_the_simplest_of_alike_ones(
     assert all(c.peak_bytes <= smallest for c in choices if c.fits)
 
 
+@pytest.mark.slow  # (8 setups predicted: the slowest test of the quick set otherwise)
 def test_cswap_plan_fit_prints_the_ranking(tmp_path, capsys):
     from cswap.cli.plan import main
 
@@ -63,6 +64,11 @@ def test_cswap_plan_fit_prints_the_ranking(tmp_path, capsys):
     rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
     steps = [float(r[1]) for r in rows]
     assert rows and steps == sorted(steps)
+
+
+def test_cswap_plan_fit_on_a_cnn_says_when_nothing_fits_and_what_it_ignored(capsys):
+    from cswap.cli.plan import main
+
     # a CNN: the optimizer in backward or not, nothing else to search
     assert main(["--model", "small_cnn", "--dataset", "cifar10", "--batch", "4", "--sparsity", "0",
                  "--budget", "1KiB", "--fit", "--optimizer-in-backward"]) == 0
