@@ -156,7 +156,9 @@ def test_an_unreachable_budget_offloads_everything_and_warns():
 
 def test_the_plan_is_made_again_at_each_epoch_end(net):
     make, shape, expected = net
-    budget = between(make, shape, 0.5)
+    # (at 0.5, one run of the quick set in about 20 had its first plan keep nothing, on a loaded
+    # machine, leaving no kept tensor to check; 0.8 leaves room to keep some whatever the timing)
+    budget = between(make, shape, 0.8)
     model = cswap.patch(make(), budget=budget, min_bytes=0, verbose=False)
     controller = _PATCHED[model].controller
     try:
