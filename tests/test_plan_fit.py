@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from cswap.plan.fit import Setup, fit, setups
 
