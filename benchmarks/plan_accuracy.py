@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -49,7 +49,6 @@ class Run:
     tokens_per_s: float | None = None   # published throughput, tokens/s
     peak_gib: float | None = None       # published peak memory, GiB
     note: str = ""
-    extra: dict = field(default_factory=dict, hash=False)
 
 
 _LLAMA3B = dict(config="llama-3.2-3b.json", gpu="a100-sxm4-80gb", seq_len=4096, batch=2, precision="bf16")
@@ -99,13 +98,15 @@ H200_SPARSITY = 0.47
 
 
 def predict_h200(name: str, run: dict) -> list[dict]:
+    import torch
+
     import cswap
     from cswap.models import build
     from cswap.plan.sparsity import from_number
 
     model = build("vgg16", dataset=run["dataset"])
     shape = (3, 32, 32) if run["dataset"] == "cifar10" else (3, 224, 224)
-    p = cswap.predict(model, torch_empty((run["batch"], *shape)), "h200", precision="fp32", optimizer="sgd",
+    p = cswap.predict(model, torch.empty((run["batch"], *shape), device="meta"), "h200", precision="fp32", optimizer="sgd",
                       sparsity=from_number(H200_SPARSITY), recompute=False)
     momentum = sum(q.numel() * q.element_size() for q in model.parameters())  # (plain SGD holds none)
     rows = []
@@ -117,12 +118,6 @@ def predict_h200(name: str, run: dict) -> list[dict]:
                      "measured_peak_mib": run["peak_mib"][mode], "peak_error": peak / run["peak_mib"][mode] - 1,
                      "source": run["source"]})
     return rows
-
-
-def torch_empty(shape):
-    import torch
-
-    return torch.empty(shape, device="meta")
 
 
 def predict_run(run: Run) -> dict:
@@ -140,10 +135,9 @@ def predict_run(run: Run) -> dict:
            "predicted_tokens_per_s": run.batch * run.seq_len / p.step_seconds("none"),
            "published_tokens_per_s": run.tokens_per_s, "paged_gib": p.paged_bytes / 2**30,
            "predict_s": time.perf_counter() - start, "note": run.note}
-    for what in ("peak", "tokens_per_s"):
-        published = row[f"published_{what}" if what != "peak" else "published_peak_gib"]
-        predicted = row[f"predicted_{what}" if what != "peak" else "predicted_peak_gib"]
-        row[f"{what}_error"] = predicted / published - 1 if published else None
+    for error, figure in (("peak_error", "peak_gib"), ("tokens_per_s_error", "tokens_per_s")):
+        published = row[f"published_{figure}"]
+        row[error] = row[f"predicted_{figure}"] / published - 1 if published else None
     return row
 
 

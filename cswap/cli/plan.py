@@ -184,7 +184,9 @@ def fit_report(choices, tried: int, gpu_label: str, precision: str, shown: int =
     return "\n".join(lines)
 
 
-def _fit(args, spars, reserve) -> str:
+def _fit(args, spars, reserve, model, inputs) -> str:
+    """--fit: `model` and `inputs` as built for a plain prediction (a Hugging Face model is
+    built again for each setup)."""
     from ..plan.fit import fit, setups
 
     if args.hf_config is not None:
@@ -197,9 +199,6 @@ def _fit(args, spars, reserve) -> str:
 
         causal = is_causal_lm(build(setups(args.optimizer, False)[0])[0])
     else:
-        model = models.build(args.model, dataset=args.dataset)
-        inputs = torch.empty(args.batch, *_SHAPES[args.dataset], device="meta")
-
         def build(setup):
             return model, inputs
 
@@ -274,7 +273,7 @@ def main(argv=None) -> int:
             spars = sparsity_for(args.sparsity, model, shape, args.data)
         reserve = parse_bytes(args.reserve)
         if args.fit:
-            print(_fit(args, spars, reserve))
+            print(_fit(args, spars, reserve, model, inputs))
             return 0
         p = predict(model, inputs, args.gpu, precision=args.dtype, optimizer=args.optimizer, budget=args.budget,
                     profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,

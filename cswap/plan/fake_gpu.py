@@ -334,15 +334,15 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
         raise TypeError(f"cswap.plan.fake_gpu: expected a torch.nn.Module, got {type(model).__name__}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"cswap.plan.fake_gpu: optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    optimizer = (optimizer, optimizer_in_backward)  # (what _trace runs: the name, and where it steps)
     for name, value in (("dtype", dtype), ("autocast", autocast)):
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
-    kept = _trace(model, example_inputs, loss, optimizer, dtype, autocast, sdpa_arch, drop=False)
+    stepping = (optimizer, optimizer_in_backward)
+    kept = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=False)
     if not drops:
         gc.collect()
         return kept
-    dropped = _trace(model, example_inputs, loss, optimizer, dtype, autocast, sdpa_arch, drop=True)
+    dropped = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=True)
     if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
         raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
                            "step (is its forward data-dependent or random in structure?)")
@@ -382,7 +382,7 @@ def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _trace(model: nn.Module, example_inputs, loss, optimizer: tuple[str, bool], dtype, autocast, sdpa_arch,
+def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], dtype, autocast, sdpa_arch,
            drop: bool) -> StepTrace:
     device = torch.device(DEVICE)
     loss = loss or default_loss
@@ -410,7 +410,7 @@ def _trace(model: nn.Module, example_inputs, loss, optimizer: tuple[str, bool], 
     with mode:
         _to_fake(fake, device)
         params = {id(p) for p in fake.parameters()}
-        name, in_backward = optimizer
+        name, in_backward = stepping  # (the optimizer, and whether it steps in backward)
         opts = optimizers.in_backward(name, fake) if in_backward else [optimizers.make(name, fake.parameters())]
         for opt in opts:
             _steady_state(opt)

@@ -32,12 +32,15 @@ _BLOCK = 256            # bitsandbytes' blockwise quantization: one absmax per 2
 _MIN_8BIT_SIZE = 4096   # bitsandbytes' min_8bit_size: smaller tensors keep float32 states
 
 
+def _quantized(name: str, n: int) -> bool:
+    """Whether `name` keeps the states of an n-element tensor in 8 bits."""
+    return name.endswith("8bit") and n >= _MIN_8BIT_SIZE
+
+
 def _state_bytes(name: str, p: torch.Tensor) -> int:
     """Bytes of optimizer state for parameter `p`."""
     n = p.numel()
-    if name.endswith("8bit") and n >= _MIN_8BIT_SIZE:
-        return 2 * (n + 4 * math.ceil(n / _BLOCK))
-    return 2 * 4 * n
+    return 2 * (n + 4 * math.ceil(n / _BLOCK)) if _quantized(name, n) else 2 * 4 * n
 
 
 class _Bitsandbytes(torch.optim.Optimizer):
@@ -51,7 +54,7 @@ class _Bitsandbytes(torch.optim.Optimizer):
         if self.name.startswith("paged"):  # unified memory: PyTorch's allocator (and the fake GPU) never sees it
             return {"paged_bytes": _state_bytes(self.name, p)}
         n = p.numel()
-        if self.name.endswith("8bit") and n >= _MIN_8BIT_SIZE:
+        if _quantized(self.name, n):
             blocks = math.ceil(n / _BLOCK)
             return {"state1": torch.zeros(n, dtype=torch.uint8, device=p.device),
                     "state2": torch.zeros(n, dtype=torch.uint8, device=p.device),
