@@ -17,7 +17,8 @@ from cswap.tune.host_cost import time_steps
 
 pytestmark = pytest.mark.slow  # the benchmarks' quick runs: CI runs them (pytest -m slow)
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 
 
 def _load(path: Path):
@@ -326,14 +327,31 @@ def test_trace_benchmark_quick_run_writes_a_trace_per_mode(tmp_path):
 
 def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path):
     bench = _load(BENCHMARKS / "plan_accuracy.py")
-    rows = bench.main(["--runs", "bert-large-pretrain-512-amp", "--out", str(tmp_path)])
-    (row,) = rows
+    doc = bench.main(["--runs", "bert-large-pretrain-512-amp", "--out", str(tmp_path)])
+    (row,) = doc["rows"]
     assert row["published_tokens_per_s"] == 210 * 512  # (210 sequences/s of 512 tokens, as the source says)
     assert row["predicted_tokens_per_s"] > 0 and row["tokens_per_s_error"] == pytest.approx(
         row["predicted_tokens_per_s"] / row["published_tokens_per_s"] - 1)
     assert "210" in row["quote"] and "DeepLearningExamples" in row["source"]
-    doc = json.loads((tmp_path / "accuracy.json").read_text())
-    assert doc["rows"] == rows
+    assert row["set"] == "" and row["differs"]  # NVIDIA's own BERT: in neither set
+    assert doc["sets"] == {} and "op-class time model" in doc["time_model"]
+    assert json.loads((tmp_path / "accuracy.json").read_text()) == json.loads(json.dumps(doc))
     h200 = {(r["run"], r["mode"]): r for r in doc["h200"]}
     assert len(h200) == 8 and h200[("vgg16-imagenet-b64", "none")]["measured_step_ms"] == 47.64
     assert all(r["predicted_step_ms"] > 0 and r["predicted_peak_mib"] > 0 for r in h200.values())
+
+
+def test_plan_accuracy_sets_are_apart_and_span_gpus_and_families():
+    """The evaluation set shares no run with the calibration set, and holds CNNs and LLMs on at
+    least two GPUs each (issue 40); every run in a set is one cswap-plan can express."""
+    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    runs = [(r.name, r.gpu, "llm", r.set, r.differs) for r in bench.RUNS]
+    runs += [(name, p.gpu, "cnn", which, "") for name, p, which in bench.resnet50_runs()]
+    evaluation = [r for r in runs if r[3] == bench.EVALUATION]
+    calibration = {r[0] for r in runs if r[3] == bench.CALIBRATION}
+    assert calibration and not calibration & {r[0] for r in evaluation}
+    for family in ("llm", "cnn"):
+        assert len({r[1] for r in evaluation if r[2] == family}) >= 2, family
+    assert all(not r[4] for r in runs if r[3])
+    doc = json.loads((ROOT / "cswap" / "data" / "time_model.json").read_text())
+    assert {c["run"] for c in doc["calibration"]} == calibration | {f"{n}-none" for n in bench.H200}

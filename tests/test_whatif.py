@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from cswap.cli import plan as cli
 from cswap.models import build
 from cswap.plan import fake_gpu, roofline, sparsity, whatif
 from cswap.plan.advisor import HOST_S_PER_TENSOR
-from cswap.plan.gpus import PUBLISHED_RESNET50, gpu
+from cswap.plan.gpus import gpu
 
 CIFAR = (3, 32, 32)
 
@@ -67,11 +68,11 @@ def test_memory_model_meets_the_traced_offload_floor(small):
     """Offloading every saved activation over an instantaneous link, the curve the
     model builds from the kept trace reaches the peak of the trace that drops them."""
     trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
-    times = [roofline.op_seconds(op, gpu("a100-sxm4-40gb"), "fp32", 0.5) for op in trace.ops]
+    times = [roofline.op_seconds(op, gpu("a100-sxm4-40gb"), "fp32", roofline.OpTimeModel()) for op in trace.ops]
     import numpy as np
 
     starts = np.concatenate([[0.0], np.cumsum(times)])[:-1]
-    phase = roofline.step_seconds(trace.ops, gpu("a100-sxm4-40gb"), "fp32", 0.5)
+    phase = roofline.step_seconds(trace.ops, gpu("a100-sxm4-40gb"), "fp32", roofline.OpTimeModel())
     groups = whatif._groups(trace, {r.index: (0.0, 1) for r in trace.activations()},
                             {r.index: None for r in trace.activations()})
     sizes = {g.storage: {} for g in groups}
@@ -97,24 +98,85 @@ def test_conv_peaks_follow_pytorch_defaults():
     conv = fake_gpu.OpRecord(0, "convolution", "forward", 10**12, 10**6, torch.float32, "", 0)
     mm = fake_gpu.OpRecord(1, "mm", "forward", 10**12, 10**6, torch.float32, "", 0)
     a100, v100 = gpu("a100-sxm4-80gb"), gpu("v100-sxm2-16gb")
-    assert roofline.op_seconds(conv, a100, "fp32", 1.0) == pytest.approx(1e12 / a100.flops["tf32"])
-    assert roofline.op_seconds(mm, a100, "fp32", 1.0) == pytest.approx(1e12 / a100.flops["fp32"])
-    assert roofline.op_seconds(mm, a100, "tf32", 1.0) == pytest.approx(1e12 / a100.flops["tf32"])
-    assert roofline.op_seconds(conv, v100, "fp32", 1.0) == pytest.approx(1e12 / v100.flops["fp32"])
+    half = roofline.OpTimeModel(matmul_efficiency=0.5, matmul_half_flops=0.0, conv_efficiency=0.5)
+    assert roofline.op_seconds(conv, a100, "fp32", half) == pytest.approx(2e12 / a100.flops["tf32"])
+    assert roofline.op_seconds(mm, a100, "fp32", half) == pytest.approx(2e12 / a100.flops["fp32"])
+    assert roofline.op_seconds(mm, a100, "tf32", half) == pytest.approx(2e12 / a100.flops["tf32"])
+    assert roofline.op_seconds(conv, v100, "fp32", half) == pytest.approx(2e12 / v100.flops["fp32"])
 
 
-def test_committed_calibration_matches_the_code():
-    """cswap/data/efficiency.json is what `python -m cswap.plan.roofline` writes today."""
-    doc = json.loads(roofline.EFFICIENCY_FILE.read_text())
-    point = PUBLISHED_RESNET50[0]
-    stored = next(p for p in doc["points"] if p["gpu"] == point.gpu and p["precision"] == point.precision)
-    g = gpu(point.gpu)
-    ops = roofline.trace_for(build("resnet50", dataset="imagenet"), (point.batch, 3, 224, 224), point.precision,
-                             drop=False).ops
-    seconds = sum(roofline.step_seconds(ops, g, point.precision, doc["efficiency"][g.family]).values())
-    assert point.batch / seconds == pytest.approx(stored["predicted_images_per_s"], rel=1e-3)
-    assert stored["residual"] == pytest.approx(seconds * point.images_per_s / point.batch - 1, abs=2e-3)
-    assert all(abs(p["residual"]) < 0.5 for p in doc["points"])
+def _op(name, flops, nbytes, dtype=torch.bfloat16):
+    return fake_gpu.OpRecord(0, name, "forward", flops, nbytes, dtype, "", 0)
+
+
+def test_each_op_class_is_timed_by_its_own_factor():
+    """matmul by its size-dependent efficiency, attention and convolutions by theirs,
+    everything else at the bandwidth's share, reinterpreting ops free, none under the launch floor."""
+    h100 = gpu("h100-sxm-80gb")
+    m = roofline.OpTimeModel(matmul_efficiency=0.8, matmul_half_flops=1e10, conv_efficiency=0.6,
+                             attention_efficiency=0.5, bandwidth_efficiency=0.75)
+    peak = h100.flops["bf16"]
+    big, small = 1e14, 1e10
+    assert roofline.op_seconds(_op("mm", big, 10**6), h100, "bf16", m) == pytest.approx(
+        big / (peak * 0.8 * big / (big + 1e10)))
+    # a multiply of the half size runs at half the efficiency of a large one
+    assert roofline.op_seconds(_op("addmm", small, 10**3), h100, "bf16", m) == pytest.approx(small / (peak * 0.4))
+    assert roofline.op_seconds(_op("_scaled_dot_product_flash_attention", big, 10**6), h100, "bf16", m) == \
+        pytest.approx(big / (peak * 0.5))
+    assert roofline.op_seconds(_op("convolution", big, 10**6), h100, "bf16", m) == pytest.approx(big / (peak * 0.6))
+    # memory-bound: the bandwidth's share, whatever FLOPs an elementwise op does
+    assert roofline.op_seconds(_op("mul", 10**9, 10**10), h100, "bf16", m) == pytest.approx(
+        1e10 / (h100.hbm_bytes_per_s * 0.75))
+    # a multiply with too little work for its bytes is bound by them
+    assert roofline.op_seconds(_op("mm", 10**6, 10**10), h100, "bf16", m) == pytest.approx(
+        1e10 / (h100.hbm_bytes_per_s * 0.75))
+    assert roofline.op_seconds(_op("_unsafe_view", 0, 10**10), h100, "bf16", m) == 0.0
+    assert roofline.op_seconds(_op("relu", 0, 8), h100, "bf16", m) == roofline.LAUNCH_FLOOR_S
+    assert [roofline.op_class(n) for n in ("bmm", "convolution_backward", "_efficient_attention_backward",
+                                           "_scaled_dot_product_flash_attention", "silu")] == \
+        ["matmul", "conv", "memory", "attention", "memory"]
+
+
+def test_the_fit_finds_the_factors_that_made_the_step_times():
+    """Runs timed by a known model (within the physical bounds, Ada's compute at 0.8 of
+    Ampere's share) give that model back."""
+    a100, rtx = gpu("a100-sxm4-80gb"), gpu("rtx-4090-24gb")
+    truth = roofline.OpTimeModel(matmul_efficiency=0.7, matmul_half_flops=3e9, conv_efficiency=0.45,
+                                 attention_efficiency=0.4, bandwidth_efficiency=0.6, family_scale=(("ada", 0.8),))
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(12):
+        ops = [_op("mm", float(10 ** rng.uniform(8, 13)), int(1e7)) for _ in range(20)]
+        ops += [_op("convolution", float(10 ** rng.uniform(10, 12)), int(1e7)) for _ in range(i % 4)]
+        ops += [_op("_scaled_dot_product_flash_attention", float(10 ** rng.uniform(10, 12)), int(1e6))
+                for _ in range(i % 3)]
+        ops += [_op("mul", 0, int(10 ** rng.uniform(7, 10))) for _ in range(20)]
+        g = (a100, rtx)[i % 2]
+        sample = roofline.Sample.of(f"run{i}", ops, g, "bf16", 1.0)
+        sample.published_s = sample.predicted_s(truth)
+        samples.append(sample)
+    fitted = roofline.fit(samples)
+    for name in ("matmul_efficiency", "conv_efficiency", "attention_efficiency", "bandwidth_efficiency"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.02), name
+    assert fitted.matmul_half_flops == pytest.approx(truth.matmul_half_flops, rel=0.1)
+    assert fitted.scale("ada") == pytest.approx(0.8, rel=0.02) and fitted.scale("ampere") == 1.0
+    assert all(s.predicted_s(fitted) == pytest.approx(s.published_s, rel=1e-3) for s in samples)
+
+
+def test_committed_time_model_is_what_the_fit_wrote():
+    """cswap/data/time_model.json's factors predict its own calibration rows, each within the
+    physical bounds; its ResNet-50 row is what cswap.predict's compute says today."""
+    doc = json.loads(roofline.TIME_MODEL_FILE.read_text())
+    model = roofline.OpTimeModel.from_dict(doc["model"])
+    assert all(0 < a <= b for a, b in zip(model.factors(), roofline._UPPER.factors()))
+    assert 0.2 <= min(dict(model.family_scale).values()) and max(dict(model.family_scale).values()) <= 2.0
+    assert len(doc["calibration"]) >= 8 and all(r["source"] for r in doc["calibration"])
+    row = next(r for r in doc["calibration"] if r["run"] == "resnet50-v100-sxm2-16gb-fp32-b112")
+    ops = roofline.trace_for(build("resnet50", dataset="imagenet"), (112, 3, 224, 224), "fp32", drop=False).ops
+    seconds = sum(roofline.step_seconds(ops, gpu("v100-sxm2-16gb"), "fp32", model).values())
+    assert seconds == pytest.approx(row["predicted_step_s"], rel=1e-6)
+    assert row["error"] == pytest.approx(seconds / row["published_step_s"] - 1, abs=1e-6)
+    assert roofline.time_model()[0] == model
 
 
 def test_largest_batch_is_the_edge_of_fitting(small):
@@ -200,9 +262,10 @@ def test_measured_times_replace_the_rooflines_phase_totals(small, prediction, tm
     p = cswap.predict(small, torch.empty(16, *CIFAR), gpu="v100-sxm2-16gb", sparsity=0.5,
                       times={"forward_s": 0.010, "backward_s": 0.025})
     g = gpu("v100-sxm2-16gb")
-    eff = roofline.efficiency(g)[0]
+    model_of_time = roofline.time_model()[0]
     trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
-    optimizer_s = sum(roofline.op_seconds(op, g, "fp32", eff) for op in trace.ops if op.phase == "optimizer")
+    optimizer_s = sum(roofline.op_seconds(op, g, "fp32", model_of_time) for op in trace.ops
+                      if op.phase == "optimizer")
     assert p.modes["none"].compute_seconds == pytest.approx(0.035 + optimizer_s)
     assert prediction.modes["none"].compute_seconds - optimizer_s != pytest.approx(0.035)  # the roofline's differ
     assert p.sources["compute"].startswith("measured: forward 10.00 ms and backward 25.00 ms")

@@ -1,18 +1,32 @@
-"""Compute time per op on a named GPU, predicted from FLOPs and bytes (a roofline).
+"""Compute time per op on a named GPU, predicted by op class from FLOPs and bytes.
 
-An op of a traced step (cswap.plan.fake_gpu.OpRecord) takes
+An op of a traced step (cswap.plan.fake_gpu.OpRecord) falls in one of four
+classes, each timed against the GPU's datasheet (cswap.plan.gpus):
 
-    t = max(flops / peak(dtype), bytes / hbm_bandwidth) / efficiency, at least LAUNCH_FLOOR_S
+    matmul     mm, addmm, bmm, baddbmm: flops / (peak * e_mm(flops)), where
+               e_mm(f) = MATMUL_EFFICIENCY * f / (f + MATMUL_HALF_FLOPS): large
+               multiplies run near a fixed share of peak, small ones (a LoRA
+               adapter's, a batch of one's) far below it
+    conv       convolutions and their backward: flops / (peak * e_conv)
+    attention  fused SDPA kernels (flash, efficient, cuDNN): flops / (peak *
+               e_attn), causal masking counted as executed (cswap.plan.fake_gpu)
+    memory     everything else: bytes / (hbm_bandwidth * e_bw)
 
-with the GPU's dense peak for the op's compute dtype (cswap.plan.gpus) and one
-efficiency factor per GPU family, calibrated against published ResNet-50
-training throughputs (`calibrate`, committed as cswap/data/efficiency.json).
-Views move nothing and take no time. Which peak an op gets: float16 and
-bfloat16 ops the tensor-core rate of their type; float32 convolutions TF32
-where the GPU has it (PyTorch's default, torch.backends.cudnn.allow_tf32 =
-True), float32 matmuls TF32 only with precision "tf32" (PyTorch's default
-torch.backends.cuda.matmul.allow_tf32 is False); ops without a FLOP formula
-are memory-bound.
+and no op is faster than its bytes at that bandwidth, nor than LAUNCH_FLOOR_S
+(an eager op's launch). Views (and _unsafe_view, which aten does not mark as
+one) move nothing and take no time. The compute classes' factors are scaled
+per GPU family (how much of a generation's datasheet peak its libraries reach:
+less, the newer the generation, against Ampere's 1.0), within what each class can
+reach. The factors are fitted together (a OpTimeModel, committed as
+cswap/data/time_model.json by `python benchmarks/plan_accuracy.py --fit`) on a
+calibration set of published training runs, CNNs and LLMs on several GPUs;
+another set of published runs, kept apart, measures the model
+(benchmarks/results/plan-accuracy/).
+
+Which peak an op gets: float16 and bfloat16 ops the tensor-core rate of their
+type; float32 convolutions TF32 where the GPU has it (PyTorch's default,
+torch.backends.cudnn.allow_tf32 = True), float32 matmuls TF32 only with
+precision "tf32" (torch.backends.cuda.matmul.allow_tf32 is False by default).
 
 A measured profile beats this model: where one exists for the GPU, its layer
 times are used instead (cswap.plan.whatif).
@@ -22,23 +36,81 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from .gpus import GPU, PUBLISHED_RESNET50, Throughput, gpu as lookup
+from .gpus import GPU
 
-__all__ = ["EFFICIENCY_FILE", "LAUNCH_FLOOR_S", "PRECISIONS", "Calibration", "efficiency", "op_seconds",
-           "step_seconds", "calibrate", "trace_for"]
+__all__ = ["CLASSES", "LAUNCH_FLOOR_S", "PRECISIONS", "TIME_MODEL_FILE", "OpTimeModel", "fit", "op_class",
+           "op_seconds", "step_seconds", "time_model", "trace_for"]
 
 # An eager PyTorch op costs the host about this much to launch (dispatch + cudaLaunchKernel);
 # a step of many tiny ops is bound by it, not by the GPU. Assumed, not measured here.
 LAUNCH_FLOOR_S = 5e-6
 PRECISIONS = ("fp32", "tf32", "amp", "bf16", "fp16")
-EFFICIENCY_FILE = Path(__file__).resolve().parents[1] / "data" / "efficiency.json"
-_CONV = {"convolution", "convolution_backward", "_convolution", "cudnn_convolution"}
+TIME_MODEL_FILE = Path(__file__).resolve().parents[1] / "data" / "time_model.json"
+CLASSES = ("matmul", "conv", "attention", "memory")
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"}
+_CONV = {"convolution", "convolution_backward", "_convolution", "cudnn_convolution", "cudnn_convolution_transpose"}
+# Ops aten does not mark as views that still only reinterpret their input: no kernel runs.
+_FREE = {"_unsafe_view", "_reshape_alias", "alias", "lift_fresh"}
+
+
+@dataclass(frozen=True)
+class OpTimeModel:
+    """The fitted factors (module docstring): shares of the datasheet's peaks that each
+    class of op reaches, and per GPU family a scale on the compute classes' shares."""
+
+    matmul_efficiency: float = 0.75   # of the dense tensor-core (or fp32) peak, for large multiplies
+    matmul_half_flops: float = 1e9    # the multiply size at which half of that is reached
+    conv_efficiency: float = 0.5
+    attention_efficiency: float = 0.5
+    bandwidth_efficiency: float = 0.8  # of the HBM bandwidth, for memory-bound ops
+    family_scale: tuple = ()           # ((family, scale), ...) against ampere's 1.0
+
+    def scale(self, family: str) -> float:
+        """The family's scale; a family without one takes the geometric mean of those known."""
+        scales = {"ampere": 1.0} | dict(self.family_scale)
+        if family in scales:
+            return float(scales[family])
+        return float(np.exp(np.mean(np.log(list(scales.values())))))
+
+    def factors(self) -> np.ndarray:
+        """The five class factors, in field order."""
+        return np.array([self.matmul_efficiency, self.matmul_half_flops, self.conv_efficiency,
+                         self.attention_efficiency, self.bandwidth_efficiency], dtype=np.float64)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "OpTimeModel":
+        return cls(**{**doc, "family_scale": tuple(sorted(doc.get("family_scale", {}).items()))})
+
+    def as_dict(self) -> dict:
+        doc = {f.name: float(f"{getattr(self, f.name):.6g}") for f in fields(self) if f.name != "family_scale"}
+        return doc | {"family_scale": {k: float(f"{v:.6g}") for k, v in self.family_scale}}
+
+
+# The most each factor may reach, with its family's scale: cuBLAS and cuDNN reach about 80% of
+# the dense peak on large problems, FlashAttention-2 50-73% on an A100 (Dao 2023, Fig. 5), and a
+# copy kernel about 92% of HBM bandwidth. Unbounded, the fit trades every compute factor up to
+# 1.0 against the bandwidth's, which the published step times alone cannot tell apart.
+_UPPER = OpTimeModel(matmul_efficiency=0.8, matmul_half_flops=1e13, conv_efficiency=0.8, attention_efficiency=0.75,
+                   bandwidth_efficiency=0.92)
+
+
+def op_class(name: str) -> str:
+    """The class of an aten op by its name (module docstring)."""
+    if name in _FREE:
+        return "free"
+    if name in _MATMUL:
+        return "matmul"
+    if name in _CONV:
+        return "conv"
+    if "scaled_dot_product" in name and "math" not in name:
+        return "attention"
+    return "memory"
 
 
 def _peak_key(op, gpu: GPU, precision: str) -> str:
@@ -50,20 +122,38 @@ def _peak_key(op, gpu: GPU, precision: str) -> str:
     return "tf32" if tf32 and "tf32" in gpu.flops else "fp32"
 
 
-def op_seconds(op, gpu: GPU, precision: str, efficiency: float) -> float:
+def _seconds(kind, flops, nbytes, peak, bandwidth, m: OpTimeModel, family: str):
+    """Vectorised over ops: kind (class index), FLOPs, bytes, the op's peak FLOP/s and
+    the GPU's bandwidth and family; the same arithmetic op_seconds does for one op."""
+    scale = m.scale(family)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sized = m.matmul_efficiency * flops / (flops + m.matmul_half_flops)
+    efficiency = np.select([kind == 0, kind == 1, kind == 2],
+                           [np.minimum(sized * scale, _UPPER.matmul_efficiency),
+                            min(m.conv_efficiency * scale, _UPPER.conv_efficiency),
+                            min(m.attention_efficiency * scale, _UPPER.attention_efficiency)], 1.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        compute = np.where((kind < 3) & (flops > 0), flops / (peak * efficiency), 0.0)
+    memory = nbytes / (bandwidth * m.bandwidth_efficiency)
+    moves = (flops > 0) | (nbytes > 0)
+    return np.where(moves, np.maximum(np.maximum(compute, memory), LAUNCH_FLOOR_S), 0.0)
+
+
+def op_seconds(op, gpu: GPU, precision: str, model: OpTimeModel) -> float:
     """Predicted seconds of one traced op (module docstring)."""
-    if op.bytes == 0 and op.flops == 0:
+    if (op.bytes == 0 and op.flops == 0) or op.name in _FREE:
         return 0.0
-    compute = op.flops / gpu.peak_flops(_peak_key(op, gpu, precision)) if op.flops else 0.0
-    memory = op.bytes / gpu.hbm_bytes_per_s
-    return max(max(compute, memory) / efficiency, LAUNCH_FLOOR_S)
+    kind = CLASSES.index(op_class(op.name))
+    peak = gpu.peak_flops(_peak_key(op, gpu, precision)) if kind < 3 and op.flops else 1.0
+    return float(_seconds(np.array(kind), np.array(float(op.flops)), np.array(float(op.bytes)), np.array(peak),
+                          gpu.hbm_bytes_per_s, model, gpu.family))
 
 
-def step_seconds(ops, gpu: GPU, precision: str, efficiency: float) -> dict[str, float]:
+def step_seconds(ops, gpu: GPU, precision: str, model: OpTimeModel) -> dict[str, float]:
     """Predicted seconds per phase ("forward", "backward", "optimizer") of a traced step."""
     out = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     for op in ops:
-        out[op.phase] += op_seconds(op, gpu, precision, efficiency)
+        out[op.phase] += op_seconds(op, gpu, precision, model)
     return out
 
 
@@ -87,101 +177,76 @@ def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", los
                                optimizer_in_backward=optimizer_in_backward, **kwargs)
 
 
-# -- calibration --------------------------------------------------------------------------------------------
+# -- fitting ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """One published throughput against the roofline's prediction for it."""
+@dataclass
+class Sample:
+    """One published run's traced step, as arrays for fitting: per op its class index,
+    FLOPs, bytes and peak FLOP/s on the run's GPU, and the run's measured step seconds
+    (less what the model does not time by op, such as paged optimizer state's traffic)."""
 
-    point: Throughput
-    roofline_s: float      # predicted step seconds at efficiency 1
-    published_s: float     # batch / images_per_s
-    predicted_s: float = 0.0  # with the family's fitted efficiency
+    name: str
+    kind: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    peak: np.ndarray
+    bandwidth: float
+    family: str
+    published_s: float
 
-    @property
-    def efficiency(self) -> float:
-        return self.roofline_s / self.published_s
+    @classmethod
+    def of(cls, name: str, ops, gpu: GPU, precision: str, published_s: float) -> "Sample":
+        moving = [op for op in ops if (op.flops or op.bytes) and op.name not in _FREE]
+        kind = np.array([CLASSES.index(op_class(op.name)) for op in moving])
+        peak = np.array([gpu.peak_flops(_peak_key(op, gpu, precision)) if k < 3 and op.flops else 1.0
+                         for op, k in zip(moving, kind)])
+        return cls(name, kind, np.array([float(op.flops) for op in moving]),
+                   np.array([float(op.bytes) for op in moving]), peak, gpu.hbm_bytes_per_s, gpu.family, published_s)
 
-    @property
-    def residual(self) -> float:
-        """Predicted over published step time, minus one."""
-        return self.predicted_s / self.published_s - 1.0
-
-
-def _published_precision(point: Throughput) -> str:
-    """A published "tf32" run is PyTorch's float32 default: TF32 convolutions, float32 matmuls."""
-    return "fp32" if point.precision == "tf32" else point.precision
-
-
-def calibrate(points=PUBLISHED_RESNET50, progress=None) -> tuple[dict[str, float], list[Calibration]]:
-    """Fit one efficiency per GPU family: the geometric mean of roofline / published
-    step time over its points (ResNet-50 v1.5 at ImageNet shape, SGD, each point's
-    batch and precision). Returns ({family: efficiency}, per-point results with residuals)."""
-    from ..models import build
-
-    model = build("resnet50", dataset="imagenet")
-    traces = {}
-    rows = []
-    for p in points:
-        precision, key = _published_precision(p), (p.batch, _published_precision(p))
-        if key not in traces:
-            traces[key] = trace_for(model, (p.batch, 3, 224, 224), precision, drop=False).ops
-        g = lookup(p.gpu)
-        roofline = sum(step_seconds(traces[key], g, precision, 1.0).values())
-        rows.append(Calibration(p, roofline, p.batch / p.images_per_s))
-        if progress:
-            progress(p)
-    by_family: dict[str, list[float]] = {}
-    for r in rows:
-        by_family.setdefault(lookup(r.point.gpu).family, []).append(math.log(r.efficiency))
-    factors = {family: math.exp(sum(v) / len(v)) for family, v in by_family.items()}
-    fitted = []
-    for r in rows:
-        g = lookup(r.point.gpu)
-        precision = _published_precision(r.point)
-        predicted = sum(step_seconds(traces[(r.point.batch, precision)], g, precision, factors[g.family]).values())
-        fitted.append(Calibration(r.point, r.roofline_s, r.published_s, predicted))
-    return factors, fitted
+    def predicted_s(self, model: OpTimeModel) -> float:
+        return float(_seconds(self.kind, self.flops, self.bytes, self.peak, self.bandwidth, model,
+                              self.family).sum())
 
 
-def efficiency(gpu: GPU) -> tuple[float, str]:
-    """(the efficiency for `gpu`'s family, where it came from). A family without
-    published points takes the mean over families, and says so."""
-    data = _calibration()
-    factors = data["efficiency"]
-    if gpu.family in factors:
-        n = sum(1 for p in data["points"] if p["family"] == gpu.family)
-        return factors[gpu.family], (f"{gpu.family} efficiency {factors[gpu.family]:.2f}, calibrated on {n} "
-                                     f"published ResNet-50 throughputs (cswap/data/efficiency.json)")
-    mean = math.exp(sum(math.log(v) for v in factors.values()) / len(factors))
-    return mean, (f"efficiency {mean:.2f}: no published throughput for {gpu.family}; the mean over "
-                  f"{', '.join(sorted(factors))}")
+def fit(samples: list[Sample]) -> OpTimeModel:
+    """The OpTimeModel whose predicted step times are nearest the samples' published ones,
+    in the least squares of log(predicted / published) (scipy's bounded trust region;
+    each run counts alike whatever its length): the five class factors within _UPPER,
+    and a scale per GPU family the samples hold but ampere (the reference, 1.0)."""
+    from scipy.optimize import least_squares
+
+    families = sorted({s.family for s in samples} - {"ampere"})
+    unit = np.array([1.0, 1e9, 1.0, 1.0, 1.0] + [1.0] * len(families))  # (the half-size in GFLOPs: all near 1)
+    low = np.array([0.05, 0.0, 0.05, 0.05, 0.05] + [0.2] * len(families)) / unit
+    high = np.concatenate([_UPPER.factors(), [2.0] * len(families)]) / unit
+
+    def model_of(x) -> OpTimeModel:
+        x = x * unit
+        return OpTimeModel(*x[:5], family_scale=tuple(zip(families, x[5:])))
+
+    def residuals(x):
+        m = model_of(x)
+        return np.array([np.log(s.predicted_s(m) / s.published_s) for s in samples])
+
+    x0 = np.clip(np.concatenate([OpTimeModel().factors(), [1.0] * len(families)]) / unit, low, high)
+    return model_of(least_squares(residuals, x0, bounds=(low, high)).x)
+
+
+def time_model(gpu: GPU | None = None) -> tuple[OpTimeModel, str]:
+    """(the committed OpTimeModel, where it came from, for `gpu`'s family when given)."""
+    doc = _committed()
+    model = OpTimeModel.from_dict(doc["model"])
+    source = (f"op-class time model fitted on {len(doc['calibration'])} published runs "
+              f"({doc['calibration_summary']}; cswap/data/time_model.json)")
+    if gpu is not None:
+        known = {"ampere": 1.0} | dict(model.family_scale)
+        source += (f", {gpu.family} scale {model.scale(gpu.family):.2f}" if gpu.family in known else
+                   f", no calibration run on {gpu.family}: the mean scale of {', '.join(sorted(known))}")
+    return model, source
 
 
 @functools.lru_cache(maxsize=1)
-def _calibration() -> dict:
-    return json.loads(EFFICIENCY_FILE.read_text())
+def _committed() -> dict:
+    return json.loads(TIME_MODEL_FILE.read_text())
 
-
-def _write(path: Path) -> None:
-    factors, rows = calibrate(progress=lambda p: print(f"  traced {p.gpu} {p.precision} batch {p.batch}"))
-    points = [{"gpu": r.point.gpu, "family": lookup(r.point.gpu).family, "precision": r.point.precision,
-               "batch": r.point.batch, "published_images_per_s": r.point.images_per_s,
-               "predicted_images_per_s": round(r.point.batch / r.predicted_s, 1),
-               "residual": round(r.residual, 4), "source": r.point.source} for r in rows]
-    data = {"what": "roofline efficiency per GPU family, fitted to published ResNet-50 v1.5 training throughput "
-                    "(python -m cswap.plan.roofline)", "torch": torch.__version__,
-            "launch_floor_s": LAUNCH_FLOOR_S,
-            "efficiency": {k: round(v, 4) for k, v in sorted(factors.items())}, "points": points}
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{'gpu':<16} {'precision':<9} {'batch':>5} {'published':>10} {'predicted':>10} {'residual':>9}")
-    for p in points:
-        print(f"{p['gpu']:<16} {p['precision']:<9} {p['batch']:>5} {p['published_images_per_s']:>10.0f} "
-              f"{p['predicted_images_per_s']:>10.0f} {p['residual']:>+9.1%}")
-    print("efficiency per family:", ", ".join(f"{k} {v:.3f}" for k, v in sorted(factors.items())))
-    print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    _write(EFFICIENCY_FILE)

@@ -15,8 +15,8 @@ The pieces, each saying where its figures come from:
   tensor's save for the copy before it to end (the runtime's stash limit,
   modelled as one tensor in flight), so a tensor is gone by then at the latest.
   It fits when its peak is within the GPU's memory minus RESERVE_BYTES.
-- compute: per op, the roofline of cswap.plan.roofline with the GPU family's
-  calibrated efficiency; with `times` (forward and backward seconds a cswap
+- compute: per op, cswap.plan.roofline's time model by op class (matmul,
+  convolution, attention, memory-bound), fitted on published runs; with `times` (forward and backward seconds a cswap
   run measured on that GPU, e.g. its epoch report), each phase's ops scaled so
   the phase takes the measured time.
 - transfers and codecs: a cswap-tune profile of that GPU when given (measured);
@@ -64,7 +64,7 @@ from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
 from .gpus import GPU, gpu as lookup
 from .inputs import Inputs
 from .optimizers import paged_bytes
-from .roofline import PRECISIONS, efficiency, op_seconds, trace_for
+from .roofline import PRECISIONS, op_seconds, time_model, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, dtype_name, record_keys
 
 __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_BYTES", "ModePrediction",
@@ -537,9 +537,9 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
     trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch, optimizer_in_backward=optimizer_in_backward)
     paged = paged_bytes(optimizer, model)
-    eff, eff_source = efficiency(g)
-    op_s = np.array([op_seconds(op, g, precision, eff) for op in trace.ops])
-    compute_source = f"predicted: roofline over FLOPs and bytes per op ({g.label} datasheet), {eff_source}"
+    model_of_time, model_source = time_model(g)
+    op_s = np.array([op_seconds(op, g, precision, model_of_time) for op in trace.ops])
+    compute_source = f"predicted: FLOPs and bytes per op against the {g.label} datasheet, by an {model_source}"
     if times is not None:
         measured, where = measured_times(times)
         phases = np.array([op.phase for op in trace.ops])

@@ -590,7 +590,7 @@ _READS_BACK = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_un
 class ComputeClock:
     """Times the ops the entering thread runs (the model's forward, backward and optimizer)
     on the twin's compute stream: each op's FLOPs (torch.utils.flop_counter) and the bytes of
-    its tensors at the GPU's roofline (cswap.plan.roofline) with its family's efficiency,
+    its tensors by cswap.plan.roofline's time model by op class,
     times spec.compute_factor. Views, allocations and ops on host buffers (cswap's own
     bookkeeping) take no time; an op that reads a result back to the host (`.item()`,
     nonzero) waits for compute. Use as a context manager.
@@ -605,10 +605,10 @@ class ComputeClock:
         from torch.utils._pytree import tree_leaves
         from torch.utils.flop_counter import flop_registry
 
-        from ..plan.roofline import efficiency, op_seconds
+        from ..plan.roofline import op_seconds, time_model
 
         spec = dev.spec
-        eff, _ = efficiency(spec.gpu)
+        model_of_time, _ = time_model()
         fixed = set() if model is None else {tuple(t.shape) for t in (*model.parameters(), *model.buffers())}
         self.dev = dev
         self.ops = 0
@@ -637,7 +637,7 @@ class ComputeClock:
             moved = sum(t.numel() * t.element_size() * (spec.scale if g else 1) for t, g in zip(ins + outs, grows))
             floating = next((t.dtype for t in ins if t.is_floating_point()), None)
             op = _Op(name, flops * (spec.scale if any(grows[:len(ins)]) else 1), moved, floating)
-            return op_seconds(op, spec.gpu, spec.precision, eff) * spec.compute_factor
+            return op_seconds(op, spec.gpu, spec.precision, model_of_time) * spec.compute_factor
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
