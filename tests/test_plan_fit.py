@@ -21,10 +21,13 @@ def _config(tmp_path):
 def test_the_setups_tried_start_with_the_plain_one_and_add_8bit_only_to_adam():
     llm = setups("adamw", hf_causal_lm=True)
     assert llm[0] == Setup(False, None, "adamw", False)
-    assert len(llm) == 2 * 2 * 3 * 2 and len(set(llm)) == len(llm)
+    assert len(llm) == 2 * 2 * 2 * 3 * 2 and len(set(llm)) == len(llm)
     assert {s.optimizer for s in llm} == {"adamw", "adamw8bit", "paged_adamw8bit"}
+    assert sum(s.compile for s in llm) == len(llm) // 2
     cnn = setups("sgd", hf_causal_lm=False)
-    assert cnn == [Setup(optimizer="sgd"), Setup(optimizer="sgd", optimizer_in_backward=True)]
+    assert cnn == [Setup(optimizer="sgd"), Setup(optimizer="sgd", optimizer_in_backward=True),
+                   Setup(optimizer="sgd", compile=True), Setup(optimizer="sgd", optimizer_in_backward=True, compile=True)]
+    assert setups("sgd", hf_causal_lm=False, compile=False) == cnn[:2]
     assert not Setup(optimizer="adamw8bit").exact and Setup(True, 8, "adamw", True).exact
 
 
@@ -59,7 +62,8 @@ def test_cswap_plan_fit_prints_the_ranking(tmp_path, capsys):
     assert main(["--hf-config", str(path), "--seq-len", "16", "--gpu", "rtx-6000-ada", "--dtype", "bf16",
                  "--fit"]) == 0
     out = capsys.readouterr().out
-    assert "cswap-plan --fit: 8 setups" in out and "the fastest first" in out
+    assert "cswap-plan --fit: 16 setups" in out and "the fastest first" in out
+    assert any("compile" in line for line in out.splitlines() if line[:4].strip().isdigit())
     rows = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
     steps = [float(r[1]) for r in rows]
     assert rows and steps == sorted(steps)
@@ -68,9 +72,9 @@ def test_cswap_plan_fit_prints_the_ranking(tmp_path, capsys):
 def test_cswap_plan_fit_on_a_cnn_says_when_nothing_fits_and_what_it_ignored(capsys):
     from cswap.cli.plan import main
 
-    # a CNN: the optimizer in backward or not, nothing else to search
+    # a CNN: the optimizer in backward or not, compiled or not, nothing else to search
     assert main(["--model", "small_cnn", "--dataset", "cifar10", "--batch", "4", "--sparsity", "0",
                  "--budget", "1KiB", "--fit", "--optimizer-in-backward"]) == 0
     out, err = capsys.readouterr()
-    assert "cswap-plan --fit: 2 setups" in out and "none does: the five smallest peaks" in out
+    assert "cswap-plan --fit: 4 setups" in out and "none does: the five smallest peaks" in out
     assert "--optimizer-in-backward ignored: --fit tries with and without" in err

@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunked-loss", type=int, metavar="N",
                    help="with --hf-config: the cross-entropy in N chunks of the sequence, each upcast to float32 "
                         "alone (torchtune's CEWithChunkedOutputLoss)")
+    p.add_argument("--compile", action="store_true",
+                   help="the model under torch.compile (inductor): what its partitioner saves and recomputes, its "
+                        "pointwise ops fused; the model must compile as one graph")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="with --hf-config: the model's activation_checkpointing_enable() (non-reentrant)")
     p.add_argument("--batch", type=int, help="default 64, or 1 with --hf-config")
@@ -81,8 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, help="write a PNG of device memory over one step per mode")
     p.add_argument("--fit", action="store_true",
                    help="search checkpointing, a chunked loss (with --hf-config), 8-bit and paged AdamW (with an "
-                        "Adam optimizer), optimizer-in-backward and cswap's modes for the fastest that fits; "
-                        "print the ranking")
+                        "Adam optimizer), optimizer-in-backward, torch.compile and cswap's modes for the fastest "
+                        "that fits; print the ranking")
     p.add_argument("--list-gpus", action="store_true", help="list the GPUs and exit")
     args = p.parse_args(argv)
     hf_only = [flag for flag, value in (("--lora-rank", args.lora_rank), ("--chunked-loss", args.chunked_loss),
@@ -206,12 +209,14 @@ def _fit(args, spars, reserve, model, inputs) -> str:
     candidates = setups(args.optimizer, causal)
     searched = [flag for flag, value in (("--gradient-checkpointing", args.gradient_checkpointing),
                                          ("--chunked-loss", args.chunked_loss),
-                                         ("--optimizer-in-backward", args.optimizer_in_backward)) if value]
+                                         ("--optimizer-in-backward", args.optimizer_in_backward),
+                                         ("--compile", args.compile)) if value]
     if searched:
         print(f"cswap-plan --fit: {', '.join(searched)} ignored: --fit tries with and without", file=sys.stderr)
 
-    def progress(i, n, setup):
-        print(f"  [{i + 1}/{n}] {setup.label()}", file=sys.stderr, flush=True)
+    def progress(i, n, setup, skipped=None):
+        print(f"  [{i + 1}/{n}] {setup.label()}" + (f": left out, {skipped}" if skipped else ""), file=sys.stderr,
+              flush=True)
 
     choices = fit(build, args.gpu, candidates, progress=progress, precision=args.dtype, budget=args.budget,
                   profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
@@ -277,7 +282,8 @@ def main(argv=None) -> int:
             return 0
         p = predict(model, inputs, args.gpu, precision=args.dtype, optimizer=args.optimizer, budget=args.budget,
                     profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
-                    recompute=_recompute(args.recompute), optimizer_in_backward=args.optimizer_in_backward)
+                    recompute=_recompute(args.recompute), optimizer_in_backward=args.optimizer_in_backward,
+                    compile=args.compile)
         print(report(p, not (args.no_largest_batch or args.hf_config), args.tensors))
     except ValueError as exc:
         print(f"cswap-plan: {exc}", file=sys.stderr)

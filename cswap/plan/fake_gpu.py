@@ -38,6 +38,7 @@ import copy
 import gc
 import itertools
 import re
+import warnings
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,7 @@ from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
 from . import optimizers
 from .attention import fused_attention_mode
+from .compiled import running as compiled_running
 from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
 from .optimizers import OPTIMIZERS
@@ -74,6 +76,8 @@ class _Recorder:
 
         made = self.made = {}
         ops = self.ops = []
+        self._storages = None
+        self._freed = 0
         self.phase = "forward"
         self.paused = False
         recorder = self
@@ -99,11 +103,30 @@ class _Recorder:
                 ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
                 moved = 0 if func.is_view else sum(t.numel() * t.element_size() for t in ins + outs)
                 floating = next((t.dtype for t in ins if t.is_floating_point()), None)
+                flow = {}
+                if compiled_running():
+                    flow = {"compiled": True, "reads": tuple(recorder.storage(t) for t in ins),
+                            "writes": () if func.is_view else tuple(recorder.storage(t) for t in outs)}
                 ops.append(OpRecord(len(ops), func._overloadpacket.__name__, recorder.phase, flops, moved,
-                                    floating, where[0], live_bytes()))
+                                    floating, where[0], live_bytes(), **flow))
                 return out
 
         self.mode = Mode()
+
+    def storage(self, t: torch.Tensor) -> tuple[int, int]:
+        """(t's storage's number, the bytes t spans in it)."""
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        if self._storages is None:
+            self._storages = WeakIdKeyDictionary()  # weak: a freed storage's address is reused
+        st = t.untyped_storage()
+        if st not in self._storages:
+            self._storages[st] = len(self._storages) + self._freed
+            weakref.finalize(st, self._count_freed)
+        return self._storages[st], t.numel() * t.element_size()
+
+    def _count_freed(self) -> None:
+        self._freed += 1
 
     def made_in(self, t: torch.Tensor) -> tuple[str, str]:
         """The module that made `t`, through a view to its base (as the runtime names it)."""
@@ -220,6 +243,11 @@ class OpRecord:
     dtype: torch.dtype | None  # its first floating input's dtype (the compute precision)
     module: str               # the module running
     live_bytes: int           # device memory in use after it (MemTracker)
+    # In a compiled graph's replay (cswap.plan.compiled) only: the storages it reads and
+    # writes, as (number, bytes), for the fusion of its pointwise ops (cswap.plan.roofline).
+    reads: tuple = ()
+    writes: tuple = ()
+    compiled: bool = False
 
 
 @dataclass(frozen=True)
@@ -310,7 +338,7 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
 def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sgd",
                dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
                drops: bool = True, sdpa_arch: int | str | None = None,
-               optimizer_in_backward: bool = False) -> StepTrace:
+               optimizer_in_backward: bool = False, compile: bool = False) -> StepTrace:
     """Trace one training step of `model` on `example_inputs` (a tensor, a tuple of
     forward's positional arguments or a dict of its keyword arguments: tensors of the
     batch's shape and dtype, on any device, meta included; their values are not
@@ -325,7 +353,8 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
     convolutions and matmuls). sdpa_arch: the compute capability (90 for an H100)
     whose fused attention kernels F.scaled_dot_product_attention runs as
     (cswap.plan.attention; StepTrace.attention counts them); None: the fake device's
-    math fallback. The model itself is not touched: a copy is.
+    math fallback. The model itself is not touched: a copy is. `compile`: the step as
+    torch.compile runs it (cswap.plan.compiled: what inductor's partitioner saves).
 
     With `drops` the step runs twice: as is, and with every saved activation
     dropped by the pack hook and made again by the unpack hook, which tells when
@@ -338,11 +367,13 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
     stepping = (optimizer, optimizer_in_backward)
-    kept = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=False)
+    captured = _capture(model, example_inputs, dtype, autocast, sdpa_arch) if compile else None
+    kept = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=False, compiled=captured)
     if not drops:
         gc.collect()
         return kept
-    dropped = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=True)
+    dropped = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=True,
+                     compiled=captured)
     if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
         raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
                            "step (is its forward data-dependent or random in structure?)")
@@ -382,8 +413,32 @@ def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
+    """The compiled step's graphs (cswap.plan.compiled), captured on a copy whose
+    parameters and inputs are fake CPU tensors (on "meta", dynamo loses the loss's
+    gradient: its backward graph comes out empty), then moved to the trace's device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .compiled import capture
+
+    if autocast is not None:
+        raise ValueError("cswap.plan: a compiled step under autocast (amp) is not modelled yet; cast the model to "
+                         "bf16 or fp16 instead, or predict it without compile")
+    arch = sdpa_arch if isinstance(sdpa_arch, int) else None
+    copy = _fake_copy(model, dtype)
+    for module in copy.modules():  # (a training step keeps no key/value cache; capturing one breaks)
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", None):
+            config.use_cache = False
+    cpu = torch.device("cpu")
+    with FakeTensorMode(allow_non_fake_inputs=True):  # (the graph's constants are real)
+        _to_fake(copy, cpu)
+        inputs = _fake_inputs(example_inputs, cpu, dtype)
+    return capture(copy, inputs, arch).moved(torch.device(DEVICE))
+
+
 def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], dtype, autocast, sdpa_arch,
-           drop: bool) -> StepTrace:
+           drop: bool, compiled=None) -> StepTrace:
     device = torch.device(DEVICE)
     loss = loss or default_loss
     mode = _fake_mode()
@@ -454,13 +509,16 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
         _no_grad_hooks_on_frozen(memory, fake)
         tracker.attach(fake)
         try:
-            with memory, recorder.mode, fused, masks, torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with memory, recorder.mode, fused, masks, torch.autograd.graph.saved_tensors_hooks(pack, unpack), \
+                    warnings.catch_warnings():
+                # (MemTracker asks for the storages of the replay's None gradients: nothing to count)
+                warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass")
                 recorder.paused = True  # the batch is made in the tracker's sight, not as an op of the step
                 inputs = _fake_inputs(example_inputs, device, dtype)
                 recorder.paused = False
                 input_ids.update(id(x) for x in inputs.tensors())
                 with _autocast_mode(autocast) if autocast is not None else contextlib.nullcontext():
-                    value = loss(inputs(fake))
+                    value = loss(compiled.replay(fake, inputs) if compiled is not None else inputs(fake))
                 in_forward = dict(attention)
                 recorder.phase = "backward"
                 _backward(value)

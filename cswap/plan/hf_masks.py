@@ -31,7 +31,10 @@ __all__ = ["as_in_a_real_step"]
 
 
 def _is_fake(t) -> bool:
-    return isinstance(t, FakeTensor)
+    """A tensor without values: fake, on "meta", or one torch.compile traces (as
+    cswap.plan.compiled's capture sees the fake ones)."""
+    return isinstance(t, FakeTensor) or (isinstance(t, torch.Tensor) and t.device.type == "meta") or \
+        torch.compiler.is_compiling()
 
 
 def _known(t) -> bool:

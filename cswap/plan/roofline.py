@@ -45,7 +45,7 @@ import torch
 from .gpus import GPU
 
 __all__ = ["CLASSES", "LAUNCH_FLOOR_S", "PRECISIONS", "TIME_MODEL_FILE", "OpTimeModel", "fit", "op_class",
-           "op_seconds", "step_seconds", "time_model", "trace_for"]
+           "op_seconds", "op_times", "step_seconds", "time_model", "trace_for"]
 
 # An eager PyTorch op costs the host about this much to launch (dispatch + cudaLaunchKernel);
 # a step of many tiny ops is bound by it, not by the GPU. Assumed, not measured here.
@@ -149,16 +149,53 @@ def op_seconds(op, gpu: GPU, precision: str, model: OpTimeModel) -> float:
                           gpu.hbm_bytes_per_s, model, gpu.family))
 
 
+def op_times(ops, gpu: GPU, precision: str, model: OpTimeModel) -> np.ndarray:
+    """Predicted seconds of each traced op, in order. In a compiled graph's replay
+    (cswap.plan.compiled) each run of memory-bound ops between two others is one kernel,
+    as inductor fuses them: it reads once what the run did not make and writes once what
+    ops outside it read (or nothing reads), timed as one memory-bound op on the run's
+    first op, the rest taking none."""
+    times = np.array([op_seconds(op, gpu, precision, model) for op in ops], dtype=np.float64)
+    if not any(op.compiled for op in ops if hasattr(op, "compiled")):
+        return times
+    readers: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        for key, _ in op.reads:
+            readers.setdefault(key, []).append(i)
+
+    def fusible(op, phase) -> bool:
+        return op.compiled and op.phase == phase and op_class(op.name) in ("memory", "free")
+
+    i = 0
+    while i < len(ops):
+        if not fusible(ops[i], ops[i].phase):
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(ops) and fusible(ops[j + 1], ops[i].phase):
+            j += 1
+        made = {key for op in ops[i:j + 1] for key, _ in op.writes}
+        reads = {key: n for op in ops[i:j + 1] for key, n in op.reads if key not in made}
+        writes = {key: n for op in ops[i:j + 1] for key, n in op.writes
+                  if not readers.get(key) or any(r < i or r > j for r in readers[key])}
+        nbytes = sum(reads.values()) + sum(writes.values())
+        times[i:j + 1] = 0.0
+        if nbytes:
+            times[i] = max(nbytes / (gpu.hbm_bytes_per_s * model.bandwidth_efficiency), LAUNCH_FLOOR_S)
+        i = j + 1
+    return times
+
+
 def step_seconds(ops, gpu: GPU, precision: str, model: OpTimeModel) -> dict[str, float]:
     """Predicted seconds per phase ("forward", "backward", "optimizer") of a traced step."""
     out = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-    for op in ops:
-        out[op.phase] += op_seconds(op, gpu, precision, model)
+    for op, seconds in zip(ops, op_times(ops, gpu, precision, model)):
+        out[op.phase] += float(seconds)
     return out
 
 
 def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", loss=None, drop: bool = True,
-              arch: int | None = None, optimizer_in_backward: bool = False):
+              arch: int | None = None, optimizer_in_backward: bool = False, compile: bool = False):
     """Trace one step of `model` at `precision` (PRECISIONS): fp32/tf32 as float32,
     amp as float16 autocast, bf16 and fp16 as the model cast to that type; attention
     as a GPU of compute capability `arch` runs it (cswap.plan.attention).
@@ -174,7 +211,7 @@ def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", los
     kwargs = {"amp": {"autocast": torch.float16}, "bf16": {"dtype": torch.bfloat16},
               "fp16": {"dtype": torch.float16}}.get(precision, {})
     return fake_gpu.trace_step(model, example_inputs, loss=loss, optimizer=optimizer, drops=drop, sdpa_arch=arch,
-                               optimizer_in_backward=optimizer_in_backward, **kwargs)
+                               optimizer_in_backward=optimizer_in_backward, compile=compile, **kwargs)
 
 
 # -- fitting ----------------------------------------------------------------------------------------------
@@ -197,6 +234,8 @@ class Sample:
 
     @classmethod
     def of(cls, name: str, ops, gpu: GPU, precision: str, published_s: float) -> "Sample":
+        if any(getattr(op, "compiled", False) for op in ops):
+            raise ValueError("cswap.plan.roofline: a compiled step's ops fuse (op_times); fit on eager steps")
         moving = [op for op in ops if (op.flops or op.bytes) and op.name not in _FREE]
         kind = np.array([CLASSES.index(op_class(op.name)) for op in moving])
         peak = np.array([gpu.peak_flops(_peak_key(op, gpu, precision)) if k < 3 and op.flops else 1.0

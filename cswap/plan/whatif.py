@@ -64,7 +64,7 @@ from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
 from .gpus import GPU, gpu as lookup
 from .inputs import Inputs
 from .optimizers import paged_bytes
-from .roofline import PRECISIONS, op_seconds, time_model, trace_for
+from .roofline import PRECISIONS, op_times, time_model, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, dtype_name, record_keys
 
 __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_BYTES", "ModePrediction",
@@ -481,7 +481,8 @@ def measured_times(source) -> tuple[dict, str]:
 
 def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", optimizer: str = "sgd",
             loss=None, budget=None, profile=None, sparsity=None, times=None,
-            reserve_bytes: int = RESERVE_BYTES, recompute="auto", optimizer_in_backward: bool = False) -> Prediction:
+            reserve_bytes: int = RESERVE_BYTES, recompute="auto", optimizer_in_backward: bool = False,
+            compile: bool = False) -> Prediction:
     """Predict one training step of `model` on `example_inputs` (a tensor, a tuple of
     forward's positional arguments or a dict of its keyword arguments such as
     {"input_ids": ids, "labels": ids}; any device, "meta" included: only shapes and
@@ -506,7 +507,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     they replace the roofline's phase totals (the roofline still shares them out per op).
     recompute: the blocks mode "recompute" may checkpoint ("auto": the repeated blocks,
     transformer layers and residual blocks; module names; a predicate (name, module) ->
-    bool; False for none)."""
+    bool; False for none). compile: the model under torch.compile (inductor): what its
+    partitioner saves and recomputes, and its pointwise ops fused (cswap.plan.compiled)."""
     from .sparsity import auto, from_number
 
     if not isinstance(model, nn.Module):
@@ -535,10 +537,11 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     budget_bytes = parse_bytes(budget, g.memory_bytes) if budget is not None else None
 
     x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
-    trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch, optimizer_in_backward=optimizer_in_backward)
+    trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch, optimizer_in_backward=optimizer_in_backward,
+                      compile=compile)
     paged = paged_bytes(optimizer, model)
     model_of_time, model_source = time_model(g)
-    op_s = np.array([op_seconds(op, g, precision, model_of_time) for op in trace.ops])
+    op_s = op_times(trace.ops, g, precision, model_of_time)
     compute_source = f"predicted: FLOPs and bytes per op against the {g.label} datasheet, by an {model_source}"
     if times is not None:
         measured, where = measured_times(times)
@@ -585,7 +588,9 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         "measured on an H200's host by benchmarks/overhead.py --devices cuda"
     sources = {
         "memory": f"predicted: one {optimizer} step{' (in backward, per parameter)' if optimizer_in_backward else ''} "
-                  f"traced on a fake GPU (FakeTensorMode + MemTracker, torch {torch.__version__}); reserve "
+                  f"traced on a fake GPU (FakeTensorMode + MemTracker, torch {torch.__version__})"
+                  + (", compiled: the graphs torch.compile's partitioner makes, replayed" if compile else "")
+                  + f"; reserve "
                   f"{reserve_bytes / 2**30:.2f} GiB assumed for the CUDA context and workspaces"
                   + (f"; plus {paged / 2**30:.2f} GiB of paged optimizer state in unified memory, outside "
                      f"PyTorch's allocator (in no peak: what the GPU has left beside the peak holds part of it, "

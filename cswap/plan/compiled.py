@@ -1,0 +1,218 @@
+"""A step under torch.compile, for the fake trace: what inductor's partitioner saves and recomputes.
+
+`capture` compiles the model (on fake tensors: nothing runs) with a backend that keeps the
+forward and backward graphs AOTAutograd makes for inductor, partitioned as inductor's
+default does (min_cut_rematerialization_partition: it saves what is dear to recompute,
+matmul and attention outputs, and recomputes in backward the cheap pointwise and norm
+work between them). F.scaled_dot_product_attention is captured as the fused kernel the
+target GPU runs (cswap.plan.attention). `Captured.replay` then runs those graphs inside
+cswap.plan.fake_gpu's trace as one autograd Function: the forward graph's extra outputs
+are saved for backward, and the trace sees every op of both graphs.
+
+Inductor also fuses the pointwise ops of each graph into fewer kernels, each reading its
+inputs and writing its outputs once: the replay notes each op's data flow, and
+cswap.plan.roofline.op_times times each run of them as one kernel. What the replay does not
+model: the intermediates inside a fused kernel never reach memory, where the replay
+allocates each for the moment its op runs (between two saved tensors: not in the peak of a
+step whose peak is its saved activations).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import _sdpa_args, backend
+from .hf_masks import as_in_a_real_step
+from .inputs import default_loss
+
+__all__ = ["Captured", "CompileUnsupported", "capture", "running"]
+
+_running = threading.local()
+
+
+def running() -> bool:
+    """Whether this thread runs a captured graph now (its ops are one compiled kernel's
+    candidates for fusion: cswap.plan.fake_gpu notes their data flow)."""
+    return getattr(_running, "depth", 0) > 0
+
+
+def _run(graph: torch.fx.GraphModule, args: list):
+    """The graph on `args` (cleared: each value is dropped after its last use)."""
+    _running.depth = getattr(_running, "depth", 0) + 1
+    try:
+        return torch.fx.Interpreter(graph).boxed_run(args)
+    finally:
+        _running.depth -= 1
+
+
+class CompileUnsupported(ValueError):
+    """The model cannot be captured as one compiled graph (a graph break, an input
+    that is neither a parameter, a buffer nor an example input)."""
+
+
+@dataclass
+class Captured:
+    """One compiled step's graphs: `forward(*primals)` returns the graph's outputs (the
+    inputs it mutates, then the model's outputs) and then what it saves for backward;
+    `backward(*saved, *tangents)` returns a gradient per primal. `primals` names each
+    primal: ("param", name), ("buffer", name), ("arg", index) or ("kwarg", key)."""
+
+    forward: torch.fx.GraphModule
+    backward: torch.fx.GraphModule
+    primals: list[tuple[str, object]]
+    outputs: int      # the model's outputs (after the mutated inputs)
+    saved: int        # forward outputs saved for backward
+    tangents: int     # gradients of outputs that backward takes
+
+    def moved(self, device: torch.device) -> "Captured":
+        """These graphs with the tensors they make (arange, full, casts) made on `device`."""
+        graphs = []
+        for gm in (self.forward, self.backward):
+            gm = copy.deepcopy(gm)
+            for node in gm.graph.nodes:
+                if isinstance(node.kwargs.get("device"), torch.device) and node.kwargs["device"] != device:
+                    node.kwargs = {**node.kwargs, "device": device}
+            gm.recompile()
+            graphs.append(gm)
+        return Captured(*graphs, self.primals, self.outputs, self.saved, self.tangents)
+
+    def replay(self, model: nn.Module, inputs):
+        """The model's outputs for `inputs` (cswap.plan.inputs.Inputs), computed by the
+        captured graphs on `model`'s parameters and buffers (by name): a tuple, or
+        {"loss": ..., "outputs": ...} when one output is a scalar (a loss computed inside)."""
+        params = dict(model.named_parameters(remove_duplicate=False))
+        buffers = dict(model.named_buffers(remove_duplicate=False))
+        primals = []
+        for kind, key in self.primals:
+            source = {"param": params, "buffer": buffers, "arg": inputs.args, "kwarg": inputs.kwargs}[kind]
+            primals.append(source[key])
+        outs = _Replay.apply(self, *primals)
+        outs = outs[len(outs) - self.outputs:]
+        scalars = [o for o in outs if isinstance(o, torch.Tensor) and o.dim() == 0 and o.is_floating_point()]
+        return {"loss": scalars[0], "outputs": outs} if len(scalars) == 1 else tuple(outs)
+
+
+class _Replay(torch.autograd.Function):
+    """The captured graphs as one autograd node. Backward runs as AOTAutograd's does: the
+    saved tensors leave the node (maybe_clear_saved_tensors, private) and the graph runs
+    boxed, dropping each value after its last use, so activations free as backward goes."""
+
+    @staticmethod
+    def forward(ctx, captured: Captured, *primals):
+        outs = _run(captured.forward, list(primals))
+        visible, saved = outs[:len(outs) - captured.saved], outs[len(outs) - captured.saved:]
+        ctx.captured = captured
+        ctx.save_for_backward(*saved)
+        ctx.differentiable = [isinstance(o, torch.Tensor) and o.is_floating_point() for o in visible]
+        ctx.mark_non_differentiable(*[o for o, d in zip(visible, ctx.differentiable) if not d])
+        return tuple(visible)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        captured = ctx.captured
+        differentiable = [g for g, d in zip(grads, ctx.differentiable) if d]
+        args = [*ctx.saved_tensors, *differentiable[len(differentiable) - captured.tangents:]]
+        ctx.maybe_clear_saved_tensors()
+        del grads, differentiable
+        return (None, *_run(captured.backward, args))
+
+
+def _fused_sdpa(arch: int):
+    """F.scaled_dot_product_attention as the fused kernel a GPU of compute capability
+    `arch` runs (a plain function: dynamo traces into it)."""
+    aten = torch.ops.aten
+    plain = torch.nn.functional.scaled_dot_product_attention
+
+    def sdpa(*args, **kwargs):
+        q, k, v, mask, dropout_p, is_causal, scale, gqa = _sdpa_args(*args, **kwargs)
+        if q.dim() == 4:
+            chosen = backend(arch, q.dtype, q.shape, k.shape, v.shape, masked=mask is not None,
+                             is_causal=is_causal, gqa=gqa, dropout=dropout_p > 0)
+            if chosen == "flash":
+                return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
+                                                                scale=scale)[0]
+            if chosen == "efficient" and mask is None:
+                return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, dropout_p, is_causal,
+                                                                    scale=scale)[0]
+        return plain(*args, **kwargs)
+
+    return sdpa
+
+
+def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
+    """Compile `model` and keep its partitioned graphs: its parameters and the example
+    `inputs` (cswap.plan.inputs.Inputs) fake tensors whose mode allows real ones (the
+    graph's constants), not on "meta" (where dynamo drops the loss's gradient); `arch`: the
+    GPU's compute capability, for the attention kernel. Resets dynamo's caches before and
+    after (each capture compiles afresh). Raises CompileUnsupported on a graph break."""
+    import torch._dynamo
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    names = {id(t): ("param", n) for n, t in model.named_parameters(remove_duplicate=False)}
+    names.update({id(t): ("buffer", n) for n, t in model.named_buffers(remove_duplicate=False)})
+    names.update({id(t): ("arg", i) for i, t in enumerate(inputs.args) if isinstance(t, torch.Tensor)})
+    names.update({id(t): ("kwarg", k) for k, t in inputs.kwargs.items() if isinstance(t, torch.Tensor)})
+    got: dict = {}
+
+    def keep_forward(gm, example_inputs):
+        got["forward"] = gm
+        return _in_their_mode(gm.forward)
+
+    def keep_backward(gm, example_inputs):
+        got["backward"] = gm
+        return _in_their_mode(gm.forward)
+
+    inner = aot_autograd(fw_compiler=keep_forward, bw_compiler=keep_backward,
+                         partition_fn=min_cut_rematerialization_partition)
+
+    def backend_(gm, example_inputs):
+        missing = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor) and id(t) not in names]
+        if missing:
+            raise CompileUnsupported(f"cswap.plan: the compiled graph reads {len(missing)} tensor(s) that are "
+                                     f"neither the model's parameters or buffers nor its example inputs")
+        got["primals"] = [names[id(t)] for t in example_inputs]
+        got["outputs"] = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        return inner(gm, example_inputs)
+
+    torch._dynamo.reset()
+    masks = as_in_a_real_step(inputs)  # (no padding: transformers then asks SDPA for is_causal, as a real step)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if arch is not None:
+        torch.nn.functional.scaled_dot_product_attention = _fused_sdpa(arch)
+    try:
+        compiled = torch.compile(model, backend=backend_, fullgraph=True, dynamic=False)
+        with masks:
+            out = inputs(compiled)
+        default_loss(out).backward()
+    except torch._dynamo.exc.Unsupported as exc:
+        raise CompileUnsupported(f"cswap.plan: torch.compile cannot capture this model as one graph "
+                                 f"({str(exc).splitlines()[0]}); predict it without --compile") from None
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+        torch._dynamo.reset()
+    bw = got["backward"]
+    placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    tangents = sum(n.name.startswith("tangents") for n in placeholders)
+    return Captured(got["forward"], bw, got["primals"], got["outputs"], len(placeholders) - tangents, tangents)
+
+
+def _in_their_mode(run):
+    """`run` inside its fake arguments' FakeTensorMode, if any: the graph's constants, made
+    real while tracing, then meet the fake inputs (their mode must allow_non_fake_inputs)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def call(args: list):  # (AOTAutograd's boxed convention: a list, which the callee may clear)
+        mode = next((a.fake_mode for a in args if isinstance(a, FakeTensor)), None)
+        with mode if mode is not None else contextlib.nullcontext():
+            return run(*args)
+
+    call._boxed_call = True
+    return call
+

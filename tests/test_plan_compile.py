@@ -1,0 +1,124 @@
+"""cswap-plan --compile (issue 40 §2): the step as torch.compile runs it, from the graphs
+AOTAutograd's min-cut partitioner makes, replayed in the fake trace; and inductor's fusion
+of pointwise ops in the time model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import cswap
+import modern
+from cswap.plan import compiled, fake_gpu, roofline
+from cswap.plan.gpus import gpu
+
+
+def _fake(model, inputs):
+    """A copy of `model` and `inputs` as fake CPU tensors (as cswap.plan.fake_gpu captures)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = copy.deepcopy(model)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake_gpu._to_fake(model, torch.device("cpu"))
+        inputs = fake_gpu._fake_inputs(inputs, torch.device("cpu"))
+    return model, inputs
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    model, inputs = modern.llama(seq=32)
+    model.config.use_cache = False
+    return model, inputs
+
+
+@pytest.fixture(scope="module")
+def captured(llama):
+    return compiled.capture(*_fake(*llama))
+
+
+def test_the_captured_graphs_compute_the_eager_step(llama, captured):
+    """Replayed on real CPU tensors, the captured forward and backward give the eager
+    loss and gradients (the graphs were captured on "meta": only their plumbing, the
+    primals by name, the tangents and the saved tensors, is checked here)."""
+    model, inputs = llama
+    eager = copy.deepcopy(model)
+    loss = inputs(eager).loss
+    loss.backward()
+    replayed = copy.deepcopy(model)
+    out = captured.moved(torch.device("cpu")).replay(replayed, inputs)
+    out["loss"].backward()
+    torch.testing.assert_close(out["loss"], loss, rtol=1e-5, atol=1e-5)
+    grads = dict(eager.named_parameters())
+    for name, p in replayed.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert captured.saved > 0 and captured.tangents >= 1
+    assert {kind for kind, _ in captured.primals} >= {"param", "kwarg"}
+
+
+def test_a_compiled_step_saves_what_the_partitioner_saves(llama, captured):
+    """The trace saves exactly the forward graph's saved outputs, fewer bytes than eager
+    (the partitioner recomputes norms and activations in backward), and every saved
+    tensor is used in backward."""
+    model, inputs = llama
+    eager = fake_gpu.trace_step(model, inputs, optimizer="adamw", drops=False)
+    traced = fake_gpu.trace_step(model, inputs, optimizer="adamw", drops=False, compile=True)
+    assert len(traced.saved) == captured.saved
+    assert sum(r.nbytes for r in traced.activations()) < sum(r.nbytes for r in eager.activations())
+    assert all(r.use is not None for r in traced.saved)
+    assert any(op.compiled for op in traced.ops) and not any(op.compiled for op in eager.ops)
+    assert all(not op.compiled for op in traced.ops if op.phase == "optimizer")
+
+
+def test_predict_with_compile_says_so_and_fuses(llama):
+    model, inputs = llama
+    a100 = "a100-sxm4-80gb"
+    eager = cswap.predict(model, inputs, a100, precision="bf16", optimizer="adamw", recompute=False)
+    fused = cswap.predict(model, inputs, a100, precision="bf16", optimizer="adamw", recompute=False, compile=True)
+    assert "compiled" in fused.sources["memory"] and "compiled" not in eager.sources["memory"]
+    assert fused.peak_bytes("none") != eager.peak_bytes("none")
+    assert set(fused.modes) == set(eager.modes)
+
+
+def _op(name, reads=(), writes=(), compiled=True, phase="forward", flops=0):
+    nbytes = sum(n for _, n in reads) + sum(n for _, n in writes)
+    return fake_gpu.OpRecord(0, name, phase, flops, nbytes, torch.bfloat16, "", 0, tuple(reads), tuple(writes),
+                             compiled)
+
+
+def test_a_run_of_pointwise_ops_in_a_compiled_graph_is_one_kernel():
+    """x -> mul -> add -> silu -> mm: the three pointwise ops read x once and write the
+    silu output once (what the mm reads); their intermediates never reach memory."""
+    h100 = gpu("h100-sxm-80gb")
+    m = roofline.OpTimeModel(bandwidth_efficiency=0.5)
+    mb = 64 << 20  # (far above the launch floor)
+    ops = [_op("mul", [(1, mb)], [(2, mb)]), _op("add", [(2, mb)], [(3, mb)]), _op("silu", [(3, mb)], [(4, mb)]),
+           _op("mm", [(4, mb), (9, mb)], [(5, mb)], flops=10**9)]
+    times = roofline.op_times(ops, h100, "bf16", m)
+    assert times[0] == pytest.approx(2 * mb / (h100.hbm_bytes_per_s * 0.5))  # x in, silu's out
+    assert list(times[1:3]) == [0.0, 0.0]
+    assert times[3] == roofline.op_seconds(ops[3], h100, "bf16", m)
+    # eager (not compiled): each op on its own
+    eager = [_op(o.name, o.reads, o.writes, compiled=False, flops=o.flops) for o in ops]
+    assert list(roofline.op_times(eager, h100, "bf16", m)) == [roofline.op_seconds(o, h100, "bf16", m) for o in eager]
+    # an intermediate read again later (saved for backward) is written too
+    later = ops + [_op("mul", [(3, mb)], [(6, mb)], phase="backward")]
+    assert roofline.op_times(later, h100, "bf16", m)[0] == pytest.approx(3 * mb / (h100.hbm_bytes_per_s * 0.5))
+
+
+def test_a_model_that_breaks_the_graph_is_refused_clearly():
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            print("a graph break")  # (dynamo cannot trace print into a graph)
+            return y
+
+    model, inputs = _fake(Breaks(), cswap.plan.inputs.Inputs((torch.zeros(2, 4),)))
+    with pytest.raises(compiled.CompileUnsupported, match="one graph"):
+        compiled.capture(model, inputs)
