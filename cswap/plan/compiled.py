@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -29,9 +30,9 @@ from torch import nn
 
 from .attention import _sdpa_args, backend
 from .hf_masks import as_in_a_real_step
-from .inputs import default_loss
+from .inputs import Inputs, default_loss
 
-__all__ = ["Captured", "CompileUnsupported", "capture", "running"]
+__all__ = ["Captured", "CompileUnsupported", "capture", "capture_blocks", "replay_blocks", "running"]
 
 _running = threading.local()
 
@@ -61,7 +62,8 @@ class Captured:
     """One compiled step's graphs: `forward(*primals)` returns the graph's outputs (the
     inputs it mutates, then the model's outputs) and then what it saves for backward;
     `backward(*saved, *tangents)` returns a gradient per primal. `primals` names each
-    primal: ("param", name), ("buffer", name), ("arg", index) or ("kwarg", key)."""
+    primal: ("param", name), ("buffer", name) or ("input", i), the i-th tensor of the
+    call's arguments (torch.utils._pytree's leaves of (args, kwargs))."""
 
     forward: torch.fx.GraphModule
     backward: torch.fx.GraphModule
@@ -69,6 +71,7 @@ class Captured:
     outputs: int      # the model's outputs (after the mutated inputs)
     saved: int        # forward outputs saved for backward
     tangents: int     # gradients of outputs that backward takes
+    spec: object = None  # the output's pytree structure, its tensors the graph's outputs in order
 
     def moved(self, device: torch.device) -> "Captured":
         """These graphs with the tensors they make (arange, full, casts) made on `device`."""
@@ -80,20 +83,23 @@ class Captured:
                     node.kwargs = {**node.kwargs, "device": device}
             gm.recompile()
             graphs.append(gm)
-        return Captured(*graphs, self.primals, self.outputs, self.saved, self.tangents)
+        return Captured(*graphs, self.primals, self.outputs, self.saved, self.tangents, self.spec)
 
     def replay(self, model: nn.Module, inputs):
-        """The model's outputs for `inputs` (cswap.plan.inputs.Inputs), computed by the
-        captured graphs on `model`'s parameters and buffers (by name): a tuple, or
-        {"loss": ..., "outputs": ...} when one output is a scalar (a loss computed inside)."""
+        """The model's output for `inputs` (cswap.plan.inputs.Inputs), computed by the
+        captured graphs on `model`'s parameters and buffers (by name): as the model returns
+        it, or, where its structure was not kept, {"loss": ..., "outputs": ...} when one
+        output is a scalar (a loss computed inside) and a tuple otherwise."""
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
         params = dict(model.named_parameters(remove_duplicate=False))
         buffers = dict(model.named_buffers(remove_duplicate=False))
-        primals = []
-        for kind, key in self.primals:
-            source = {"param": params, "buffer": buffers, "arg": inputs.args, "kwarg": inputs.kwargs}[kind]
-            primals.append(source[key])
+        given = tree_flatten((inputs.args, inputs.kwargs))[0]
+        primals = [{"param": params, "buffer": buffers, "input": given}[kind][key] for kind, key in self.primals]
         outs = _Replay.apply(self, *primals)
         outs = outs[len(outs) - self.outputs:]
+        if self.spec is not None:
+            return tree_unflatten(list(outs), self.spec)
         scalars = [o for o in outs if isinstance(o, torch.Tensor) and o.dim() == 0 and o.is_floating_point()]
         return {"loss": scalars[0], "outputs": outs} if len(scalars) == 1 else tuple(outs)
 
@@ -155,10 +161,12 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from torch.utils._pytree import tree_flatten
+
     names = {id(t): ("param", n) for n, t in model.named_parameters(remove_duplicate=False)}
     names.update({id(t): ("buffer", n) for n, t in model.named_buffers(remove_duplicate=False)})
-    names.update({id(t): ("arg", i) for i, t in enumerate(inputs.args) if isinstance(t, torch.Tensor)})
-    names.update({id(t): ("kwarg", k) for k, t in inputs.kwargs.items() if isinstance(t, torch.Tensor)})
+    names.update({id(t): ("input", i) for i, t in enumerate(tree_flatten((inputs.args, inputs.kwargs))[0])
+                  if isinstance(t, torch.Tensor)})
     got: dict = {}
 
     def keep_forward(gm, example_inputs):
@@ -191,6 +199,7 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
         with masks:
             out = inputs(compiled)
         default_loss(out).backward()
+        leaves, spec = tree_flatten(out)
     except torch._dynamo.exc.Unsupported as exc:
         raise CompileUnsupported(f"cswap.plan: torch.compile cannot capture this model as one graph "
                                  f"({str(exc).splitlines()[0]}); predict it without --compile") from None
@@ -200,7 +209,61 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
     bw = got["backward"]
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
     tangents = sum(n.name.startswith("tangents") for n in placeholders)
-    return Captured(got["forward"], bw, got["primals"], got["outputs"], len(placeholders) - tangents, tangents)
+    if not all(isinstance(x, torch.Tensor) for x in leaves) or len(leaves) != got["outputs"]:
+        spec = None  # (an output structure the graph's outputs do not map onto one for one)
+    return Captured(got["forward"], bw, got["primals"], got["outputs"], len(placeholders) - tangents, tangents, spec)
+
+
+def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None = None) -> dict[str, Captured]:
+    """Regional compilation, as torchtune compiles a model (and PyTorch's tutorials advise
+    for transformers): each of the blocks `names` (the repeated layers) compiled on its
+    own, the rest of the step eager. A block's example arguments are taken from one
+    forward of the model (fake, as for capture); blocks alike (the same class, parameter
+    names and shapes) share one capture. Returns block name -> Captured."""
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    seen: dict[str, tuple] = {}
+    hooks = []
+
+    def keep(name):
+        def hook(module, args, kwargs):
+            if name not in seen:
+                seen[name] = tree_map(lambda t: t.detach().requires_grad_(t.requires_grad)
+                                      if isinstance(t, torch.Tensor) else t, (args, kwargs))
+        return hook
+
+    for name in names:
+        hooks.append(model.get_submodule(name).register_forward_pre_hook(keep(name), with_kwargs=True))
+    try:
+        with as_in_a_real_step(inputs):  # (with autograd on: what needs a gradient is as in training)
+            inputs(model)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    regions, by_kind = {}, {}
+    for name in names:
+        block = model.get_submodule(name)
+        kind = (type(block), tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in block.named_parameters()))
+        if kind not in by_kind:
+            args, kwargs = seen[name]
+            leaves = tree_flatten((args, kwargs))[0]
+            if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves) and \
+                    not any(p.requires_grad for p in block.parameters()):
+                continue  # (nothing to differentiate: frozen and fed no gradient)
+            by_kind[kind] = capture(block, Inputs(tuple(args), dict(kwargs)), arch)
+        regions[name] = by_kind[kind]
+    return regions
+
+
+def replay_blocks(model: nn.Module, regions: dict[str, Captured]) -> None:
+    """Run each block of `regions` by its captured graphs from now on (its forward replaced)."""
+    for name, captured in regions.items():
+        block = model.get_submodule(name)
+        block.forward = functools.partial(_replay_block, captured, block)
+
+
+def _replay_block(captured: Captured, block: nn.Module, *args, **kwargs):
+    return captured.replay(block, Inputs(args, kwargs))
 
 
 def _in_their_mode(run):

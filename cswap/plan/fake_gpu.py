@@ -50,7 +50,7 @@ from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
 from . import optimizers
 from .attention import fused_attention_mode
-from .compiled import running as compiled_running
+from .compiled import replay_blocks, running as compiled_running
 from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
 from .optimizers import OPTIMIZERS
@@ -419,7 +419,8 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
     gradient: its backward graph comes out empty), then moved to the trace's device."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .compiled import capture
+    from .compiled import capture, capture_blocks
+    from .recompute import repeated_blocks
 
     if autocast is not None:
         raise ValueError("cswap.plan: a compiled step under autocast (amp) is not modelled yet; cast the model to "
@@ -434,7 +435,12 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
     with FakeTensorMode(allow_non_fake_inputs=True):  # (the graph's constants are real)
         _to_fake(copy, cpu)
         inputs = _fake_inputs(example_inputs, cpu, dtype)
-    return capture(copy, inputs, arch).moved(torch.device(DEVICE))
+    device = torch.device(DEVICE)
+    blocks = repeated_blocks(copy)
+    if blocks:  # (regional compilation: each repeated block compiled, the rest eager)
+        regions = capture_blocks(copy, inputs, blocks, arch)
+        return {name: captured.moved(device) for name, captured in regions.items()}
+    return capture(copy, inputs, arch).moved(device)
 
 
 def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], dtype, autocast, sdpa_arch,
@@ -518,7 +524,10 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
                 recorder.paused = False
                 input_ids.update(id(x) for x in inputs.tensors())
                 with _autocast_mode(autocast) if autocast is not None else contextlib.nullcontext():
-                    value = loss(compiled.replay(fake, inputs) if compiled is not None else inputs(fake))
+                    if isinstance(compiled, dict):
+                        replay_blocks(fake, compiled)
+                    whole = compiled is not None and not isinstance(compiled, dict)
+                    value = loss(compiled.replay(fake, inputs) if whole else inputs(fake))
                 in_forward = dict(attention)
                 recorder.phase = "backward"
                 _backward(value)

@@ -508,7 +508,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     recompute: the blocks mode "recompute" may checkpoint ("auto": the repeated blocks,
     transformer layers and residual blocks; module names; a predicate (name, module) ->
     bool; False for none). compile: the model under torch.compile (inductor): what its
-    partitioner saves and recomputes, and its pointwise ops fused (cswap.plan.compiled)."""
+    partitioner saves and recomputes, and its pointwise ops fused; each repeated block
+    compiled on its own where the model has them, as torchtune does (cswap.plan.compiled)."""
     from .sparsity import auto, from_number
 
     if not isinstance(model, nn.Module):
