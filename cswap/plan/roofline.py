@@ -4,7 +4,7 @@ An op of a traced step (cswap.plan.fake_gpu.OpRecord) falls in one of four
 classes, each timed against the GPU's datasheet (cswap.plan.gpus):
 
     matmul     mm, addmm, bmm, baddbmm: flops / (peak * e_mm(flops)), where
-               e_mm(f) = MATMUL_EFFICIENCY * f / (f + MATMUL_HALF_FLOPS): large
+               e_mm(f) = matmul_efficiency * f / (f + matmul_half_flops): large
                multiplies run near a fixed share of peak, small ones (a LoRA
                adapter's, a batch of one's) far below it
     conv       convolutions and their backward: flops / (peak * e_conv)
@@ -17,7 +17,7 @@ and no op is faster than its bytes at that bandwidth, nor than LAUNCH_FLOOR_S
 one) move nothing and take no time. The compute classes' factors are scaled
 per GPU family (how much of a generation's datasheet peak its libraries reach:
 less, the newer the generation, against Ampere's 1.0), within what each class can
-reach. The factors are fitted together (a OpTimeModel, committed as
+reach. The factors are fitted together (an OpTimeModel, committed as
 cswap/data/time_model.json by `python benchmarks/plan_accuracy.py --fit`) on a
 calibration set of published training runs, CNNs and LLMs on several GPUs;
 another set of published runs, kept apart, measures the model
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -97,11 +97,12 @@ class OpTimeModel:
 # copy kernel about 92% of HBM bandwidth. Unbounded, the fit trades every compute factor up to
 # 1.0 against the bandwidth's, which the published step times alone cannot tell apart.
 _UPPER = OpTimeModel(matmul_efficiency=0.8, matmul_half_flops=1e13, conv_efficiency=0.8, attention_efficiency=0.75,
-                   bandwidth_efficiency=0.92)
+                     bandwidth_efficiency=0.92)
 
 
 def op_class(name: str) -> str:
-    """The class of an aten op by its name (module docstring)."""
+    """The class of an aten op by its name (module docstring), or "free" for those that
+    only reinterpret their input."""
     if name in _FREE:
         return "free"
     if name in _MATMUL:
