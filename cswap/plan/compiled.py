@@ -207,11 +207,40 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
         torch.nn.functional.scaled_dot_product_attention = sdpa
         torch._dynamo.reset()
     bw = got["backward"]
+    for gm in (got["forward"], bw):
+        _without_rng_state(gm)
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
     tangents = sum(n.name.startswith("tangents") for n in placeholders)
     if not all(isinstance(x, torch.Tensor) for x in leaves) or len(leaves) != got["outputs"]:
         spec = None  # (an output structure the graph's outputs do not map onto one for one)
     return Captured(got["forward"], bw, got["primals"], got["outputs"], len(placeholders) - tangents, tangents, spec)
+
+
+def _without_rng_state(gm: torch.fx.GraphModule) -> None:
+    """Run the ops that torch 2.11 wraps to replay their random state (a fused attention
+    kernel in a checkpointed region: run_and_save_rng_state in forward, run_with_rng_state
+    in backward) as plain calls: a trace's values are never read, and the recorder cannot
+    enter those higher-order operators."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if str(node.target) == "run_and_save_rng_state":
+            node.target, changed = _run_keeping_no_state, True
+        elif str(node.target) == "run_with_rng_state":
+            node.target, changed = _run_ignoring_state, True
+    if changed:
+        gm.recompile()
+
+
+def _run_keeping_no_state(op, *args, **kwargs):
+    out = op(*args, **kwargs)
+    device = next(t.device for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor))
+    return torch.empty(0, dtype=torch.uint8, device=device), out
+
+
+def _run_ignoring_state(state, op, *args, **kwargs):
+    return op(*args, **kwargs)
 
 
 def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None = None) -> dict[str, Captured]:
