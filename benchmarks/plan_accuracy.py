@@ -298,8 +298,8 @@ def summary(rows: list[dict]) -> dict:
     for which in (CALIBRATION, EVALUATION):
         errors = [abs(r.get("tokens_per_s_error", r.get("images_per_s_error"))) for r in rows if r["set"] == which]
         if errors:
-            out[which] = {"runs": len(errors), "mean_abs_error": sum(errors) / len(errors), "max_abs_error": max(errors),
-                          "within_15pct": sum(e <= 0.15 for e in errors)}
+            out[which] = {"runs": len(errors), "mean_abs_error": sum(errors) / len(errors),
+                          "max_abs_error": max(errors), "within_15pct": sum(e <= 0.15 for e in errors)}
     return out
 
 

@@ -26,7 +26,8 @@ def test_the_setups_tried_start_with_the_plain_one_and_add_8bit_only_to_adam():
     assert sum(s.compile for s in llm) == len(llm) // 2
     cnn = setups("sgd", hf_causal_lm=False)
     assert cnn == [Setup(optimizer="sgd"), Setup(optimizer="sgd", optimizer_in_backward=True),
-                   Setup(optimizer="sgd", compile=True), Setup(optimizer="sgd", optimizer_in_backward=True, compile=True)]
+                   Setup(optimizer="sgd", compile=True),
+                   Setup(optimizer="sgd", optimizer_in_backward=True, compile=True)]
     assert setups("sgd", hf_causal_lm=False, compile=False) == cnn[:2]
     assert not Setup(optimizer="adamw8bit").exact and Setup(True, 8, "adamw", True).exact
 

@@ -50,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "alone (torchtune's CEWithChunkedOutputLoss)")
     p.add_argument("--compile", action="store_true",
                    help="the model under torch.compile (inductor): what its partitioner saves and recomputes, its "
-                        "pointwise ops fused; the model must compile as one graph")
+                        "pointwise ops fused; each repeated block compiled on its own (as torchtune), or the whole "
+                        "model where there are none, as one graph")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="with --hf-config: the model's activation_checkpointing_enable() (non-reentrant)")
     p.add_argument("--batch", type=int, help="default 64, or 1 with --hf-config")

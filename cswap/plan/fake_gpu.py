@@ -354,7 +354,8 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
     whose fused attention kernels F.scaled_dot_product_attention runs as
     (cswap.plan.attention; StepTrace.attention counts them); None: the fake device's
     math fallback. The model itself is not touched: a copy is. `compile`: the step as
-    torch.compile runs it (cswap.plan.compiled: what inductor's partitioner saves).
+    torch.compile runs it (cswap.plan.compiled: what inductor's partitioner saves), each
+    repeated block compiled on its own where the model has them.
 
     With `drops` the step runs twice: as is, and with every saved activation
     dropped by the pack hook and made again by the unpack hook, which tells when
@@ -438,8 +439,8 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
     device = torch.device(DEVICE)
     blocks = repeated_blocks(copy)
     if blocks:  # (regional compilation: each repeated block compiled, the rest eager)
-        regions = capture_blocks(copy, inputs, blocks, arch)
-        return {name: captured.moved(device) for name, captured in regions.items()}
+        regions, moved = capture_blocks(copy, inputs, blocks, arch), {}
+        return {name: moved.setdefault(id(c), c.moved(device)) for name, c in regions.items()}
     return capture(copy, inputs, arch).moved(device)
 
 

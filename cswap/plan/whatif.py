@@ -16,9 +16,9 @@ The pieces, each saying where its figures come from:
   modelled as one tensor in flight), so a tensor is gone by then at the latest.
   It fits when its peak is within the GPU's memory minus RESERVE_BYTES.
 - compute: per op, cswap.plan.roofline's time model by op class (matmul,
-  convolution, attention, memory-bound), fitted on published runs; with `times` (forward and backward seconds a cswap
-  run measured on that GPU, e.g. its epoch report), each phase's ops scaled so
-  the phase takes the measured time.
+  convolution, attention, memory-bound), fitted on published runs; with
+  `times` (forward and backward seconds a cswap run measured on that GPU, e.g.
+  its epoch report), each phase's ops scaled so the phase takes the measured time.
 - transfers and codecs: a cswap-tune profile of that GPU when given (measured);
   otherwise AssumedProfile: PCIe at LINK_EFFICIENCY of the link's rate and each
   codec at a stated fraction of HBM bandwidth (assumed).
