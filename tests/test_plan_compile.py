@@ -95,6 +95,10 @@ def test_a_compiled_step_saves_what_the_partitioner_saves(llama):
     assert all(r.use is not None for r in traced.saved)
     assert any(op.compiled for op in traced.ops) and not any(op.compiled for op in eager.ops)
     assert all(not op.compiled for op in traced.ops if op.phase == "optimizer")
+    # the compiled ops' pointwise runs take less as fused kernels than op by op
+    ops = [op for op in traced.ops if op.compiled]
+    a100, m = gpu("a100-sxm4-80gb"), roofline.time_model()[0]
+    assert roofline.op_times(ops, a100, "bf16", m).sum() < sum(roofline.op_seconds(op, a100, "bf16", m) for op in ops)
 
 
 def test_predict_with_compile_says_so_and_fuses(llama):
@@ -147,3 +151,19 @@ def test_a_model_that_breaks_the_graph_is_refused_clearly():
     model, inputs = _fake(Breaks(), cswap.plan.inputs.Inputs((torch.zeros(2, 4),)))
     with pytest.raises(compiled.CompileUnsupported, match="one graph"):
         compiled.capture(model, inputs)
+
+
+@pytest.mark.slow  # (two captures: the quick set stays under its five minutes)
+def test_cswap_plan_compile_flag(tmp_path, capsys):
+    from cswap.cli.plan import main
+
+    config = modern.llama_config(seq=32)
+    config.architectures = ["LlamaForCausalLM"]
+    path = tmp_path / "config.json"
+    path.write_text(config.to_json_string())
+    assert main(["--hf-config", str(path), "--seq-len", "32", "--batch", "2", "--gpu", "a100-sxm4-80gb",
+                 "--dtype", "bf16", "--compile"]) == 0
+    assert "compiled: the graphs torch.compile's partitioner makes" in capsys.readouterr().out
+    assert main(["--hf-config", str(path), "--seq-len", "32", "--gpu", "a100-sxm4-80gb", "--dtype", "amp",
+                 "--compile"]) == 2
+    assert "autocast" in capsys.readouterr().err

@@ -285,7 +285,8 @@ def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None 
 
 
 def replay_blocks(model: nn.Module, regions: dict[str, Captured]) -> None:
-    """Run each block of `regions` by its captured graphs from now on (its forward replaced)."""
+    """Run each block of `regions` ("" for `model` itself) by its captured graphs from now
+    on (its forward replaced)."""
     for name, captured in regions.items():
         block = model.get_submodule(name)
         block.forward = functools.partial(_replay_block, captured, block)

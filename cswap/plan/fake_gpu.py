@@ -77,7 +77,7 @@ class _Recorder:
         made = self.made = {}
         ops = self.ops = []
         self._storages = None
-        self._freed = 0
+        self._numbers = itertools.count()
         self.phase = "forward"
         self.paused = False
         recorder = self
@@ -121,12 +121,8 @@ class _Recorder:
             self._storages = WeakIdKeyDictionary()  # weak: a freed storage's address is reused
         st = t.untyped_storage()
         if st not in self._storages:
-            self._storages[st] = len(self._storages) + self._freed
-            weakref.finalize(st, self._count_freed)
+            self._storages[st] = next(self._numbers)
         return self._storages[st], t.numel() * t.element_size()
-
-    def _count_freed(self) -> None:
-        self._freed += 1
 
     def made_in(self, t: torch.Tensor) -> tuple[str, str]:
         """The module that made `t`, through a view to its base (as the runtime names it)."""
@@ -415,9 +411,10 @@ def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
 
 
 def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
-    """The compiled step's graphs (cswap.plan.compiled), captured on a copy whose
-    parameters and inputs are fake CPU tensors (on "meta", dynamo loses the loss's
-    gradient: its backward graph comes out empty), then moved to the trace's device."""
+    """The compiled step's graphs (cswap.plan.compiled), by the module each replaces (""
+    for the whole model), captured on a copy whose parameters and inputs are fake CPU
+    tensors (on "meta", dynamo loses the loss's gradient: its backward graph comes out
+    empty), then moved to the trace's device."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .compiled import capture, capture_blocks
@@ -436,12 +433,10 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
     with FakeTensorMode(allow_non_fake_inputs=True):  # (the graph's constants are real)
         _to_fake(copy, cpu)
         inputs = _fake_inputs(example_inputs, cpu, dtype)
-    device = torch.device(DEVICE)
-    blocks = repeated_blocks(copy)
-    if blocks:  # (regional compilation: each repeated block compiled, the rest eager)
-        regions, moved = capture_blocks(copy, inputs, blocks, arch), {}
-        return {name: moved.setdefault(id(c), c.moved(device)) for name, c in regions.items()}
-    return capture(copy, inputs, arch).moved(device)
+    blocks = repeated_blocks(copy)  # (regional compilation: each repeated block compiled, the rest eager)
+    regions = capture_blocks(copy, inputs, blocks, arch) if blocks else {"": capture(copy, inputs, arch)}
+    device, moved = torch.device(DEVICE), {}
+    return {name: moved.setdefault(id(c), c.moved(device)) for name, c in regions.items()}
 
 
 def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], dtype, autocast, sdpa_arch,
@@ -525,10 +520,9 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
                 recorder.paused = False
                 input_ids.update(id(x) for x in inputs.tensors())
                 with _autocast_mode(autocast) if autocast is not None else contextlib.nullcontext():
-                    if isinstance(compiled, dict):
+                    if compiled:
                         replay_blocks(fake, compiled)
-                    whole = compiled is not None and not isinstance(compiled, dict)
-                    value = loss(compiled.replay(fake, inputs) if whole else inputs(fake))
+                    value = loss(inputs(fake))
                 in_forward = dict(attention)
                 recorder.phase = "backward"
                 _backward(value)

@@ -31,10 +31,9 @@ __all__ = ["as_in_a_real_step"]
 
 
 def _is_fake(t) -> bool:
-    """A tensor without values: fake, on "meta", or one torch.compile traces (as
-    cswap.plan.compiled's capture sees the fake ones)."""
-    return isinstance(t, FakeTensor) or (isinstance(t, torch.Tensor) and t.device.type == "meta") or \
-        torch.compiler.is_compiling()
+    """A tensor without values: fake, or one torch.compile traces (as cswap.plan.compiled's
+    capture sees the fake ones)."""
+    return isinstance(t, FakeTensor) or torch.compiler.is_compiling()
 
 
 def _known(t) -> bool:

@@ -123,9 +123,21 @@ def _peak_key(op, gpu: GPU, precision: str) -> str:
     return "tf32" if tf32 and "tf32" in gpu.flops else "fp32"
 
 
-def _seconds(kind, flops, nbytes, peak, bandwidth, m: OpTimeModel, family: str):
-    """Vectorised over ops: kind (class index), FLOPs, bytes, the op's peak FLOP/s and
-    the GPU's bandwidth and family; the same arithmetic op_seconds does for one op."""
+def _arrays(ops, gpu: GPU, precision: str):
+    """Per op: its class index, FLOPs, bytes and peak FLOP/s on `gpu` (ops that only
+    reinterpret their input: no FLOPs, no bytes)."""
+    classes = [op_class(op.name) for op in ops]
+    free = np.array([c == "free" for c in classes], dtype=bool)
+    kind = np.array([CLASSES.index("memory" if c == "free" else c) for c in classes], dtype=np.int64)
+    flops = np.where(free, 0.0, np.array([float(op.flops) for op in ops], dtype=np.float64))
+    nbytes = np.where(free, 0.0, np.array([float(op.bytes) for op in ops], dtype=np.float64))
+    peak = np.array([gpu.peak_flops(_peak_key(op, gpu, precision)) if k < 3 and f else 1.0
+                     for op, k, f in zip(ops, kind, flops)], dtype=np.float64)
+    return kind, flops, nbytes, peak
+
+
+def _seconds(kind, flops, nbytes, peak, bandwidth, m: OpTimeModel, family: str) -> np.ndarray:
+    """Vectorised over ops (_arrays), on a GPU of this bandwidth and family."""
     scale = m.scale(family)
     with np.errstate(invalid="ignore", divide="ignore"):
         sized = m.matmul_efficiency * flops / (flops + m.matmul_half_flops)
@@ -141,13 +153,8 @@ def _seconds(kind, flops, nbytes, peak, bandwidth, m: OpTimeModel, family: str):
 
 
 def op_seconds(op, gpu: GPU, precision: str, model: OpTimeModel) -> float:
-    """Predicted seconds of one traced op (module docstring)."""
-    if (op.bytes == 0 and op.flops == 0) or op.name in _FREE:
-        return 0.0
-    kind = CLASSES.index(op_class(op.name))
-    peak = gpu.peak_flops(_peak_key(op, gpu, precision)) if kind < 3 and op.flops else 1.0
-    return float(_seconds(np.array(kind), np.array(float(op.flops)), np.array(float(op.bytes)), np.array(peak),
-                          gpu.hbm_bytes_per_s, model, gpu.family))
+    """Predicted seconds of one traced op on its own (module docstring)."""
+    return float(_seconds(*_arrays([op], gpu, precision), gpu.hbm_bytes_per_s, model, gpu.family)[0])
 
 
 def op_times(ops, gpu: GPU, precision: str, model: OpTimeModel) -> np.ndarray:
@@ -156,8 +163,8 @@ def op_times(ops, gpu: GPU, precision: str, model: OpTimeModel) -> np.ndarray:
     as inductor fuses them: it reads once what the run did not make and writes once what
     ops outside it read (or nothing reads), timed as one memory-bound op on the run's
     first op, the rest taking none."""
-    times = np.array([op_seconds(op, gpu, precision, model) for op in ops], dtype=np.float64)
-    if not any(op.compiled for op in ops if hasattr(op, "compiled")):
+    times = _seconds(*_arrays(ops, gpu, precision), gpu.hbm_bytes_per_s, model, gpu.family)
+    if not any(op.compiled for op in ops):
         return times
     readers: dict[int, list[int]] = {}
     for i, op in enumerate(ops):
@@ -235,14 +242,9 @@ class Sample:
 
     @classmethod
     def of(cls, name: str, ops, gpu: GPU, precision: str, published_s: float) -> "Sample":
-        if any(getattr(op, "compiled", False) for op in ops):
+        if any(op.compiled for op in ops):
             raise ValueError("cswap.plan.roofline: a compiled step's ops fuse (op_times); fit on eager steps")
-        moving = [op for op in ops if (op.flops or op.bytes) and op.name not in _FREE]
-        kind = np.array([CLASSES.index(op_class(op.name)) for op in moving])
-        peak = np.array([gpu.peak_flops(_peak_key(op, gpu, precision)) if k < 3 and op.flops else 1.0
-                         for op, k in zip(moving, kind)])
-        return cls(name, kind, np.array([float(op.flops) for op in moving]),
-                   np.array([float(op.bytes) for op in moving]), peak, gpu.hbm_bytes_per_s, gpu.family, published_s)
+        return cls(name, *_arrays(ops, gpu, precision), gpu.hbm_bytes_per_s, gpu.family, published_s)
 
     def predicted_s(self, model: OpTimeModel) -> float:
         return float(_seconds(self.kind, self.flops, self.bytes, self.peak, self.bandwidth, model,
