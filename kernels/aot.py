@@ -47,7 +47,7 @@ import torch
 from .launch import MAX_REGISTERS, LaunchConfig
 
 __all__ = ["ARCHS", "MAX_REGISTERS", "WORD_DTYPES", "Launch", "Build", "record", "codec_launches", "build",
-           "build_matrix", "format_table", "spill_sites", "summary"]
+           "build_matrix", "format_table", "spill_sites", "load_bytes_per_iteration", "summary"]
 
 ARCHS = (80, 90)
 # The gate: at most MAX_REGISTERS per thread (launch.py: every launch asks ptxas for
@@ -106,6 +106,7 @@ class Build:
     spill_bytes: int = -1       # spill stores + spill loads, bytes
     hot_spills: int = -1        # spill instructions in innermost loops (0 when none spill)
     shared_bytes: int = -1
+    load_bytes: int = -1        # global bytes a thread's loads ask for in one loop pass (load_bytes_per_iteration)
     error: str = ""
     log: str = field(default="", repr=False)
 
@@ -314,9 +315,9 @@ def build(launch: Launch, arch: int) -> Build:
     result.registers = max(int(r) for r in registers)
     result.spill_bytes = max(int(s) + int(l) for s, l in spills)
     result.shared_bytes = int(compiled.metadata.shared)
-    result.hot_spills = 0
-    if result.spill_bytes:
-        result.hot_spills = sum(1 for _, inner in spill_sites(_disassemble(compiled.asm["cubin"])) if inner)
+    sass = _disassemble(compiled.asm["cubin"])
+    result.hot_spills = sum(1 for _, inner in spill_sites(sass) if inner)
+    result.load_bytes = load_bytes_per_iteration(sass)
     return result
 
 
@@ -330,10 +331,42 @@ _SASS_SPILL = re.compile(r"\b(STL|LDL)(\.\w+)*\b")
 def spill_sites(sass: str) -> list[tuple[int, bool]]:
     """For each spill instruction (STL/LDL) in `sass` (nvdisasm -c output): how many
     loops contain it, and whether one of them is innermost (contains no other
-    loop), where a kernel spends its time. Loops are the natural loops of the
-    control-flow graph (a back edge to a block that dominates it, and the blocks
-    that reach it without passing there), so loops ptxas laid out out of order
-    still nest right."""
+    loop), where a kernel spends its time (see _loops)."""
+    code, block_of, bodies = _loops(sass)
+    innermost = [body for body in bodies if not any(other < body for other in bodies)]
+    return [(sum(1 for body in bodies if block_of[i] in body), any(block_of[i] in body for body in innermost))
+            for i, text in enumerate(code) if _SASS_SPILL.search(text)]
+
+
+_SASS_GLOBAL_LOAD = re.compile(r"\bLDG((?:\.\w+)*)")
+_LOAD_BYTES = {"128": 16, "64": 8, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
+
+
+def load_bytes_per_iteration(sass: str) -> int:
+    """The global bytes one thread's loads (LDG) ask for in one pass through a loop's
+    own code (its nested loops aside), the most over the kernel's loops and the code
+    outside them: what a thread can have in flight at once, since ptxas issues a
+    pass's independent loads before their first use. A static figure from `sass`
+    (nvdisasm -c output), not a measurement."""
+    code, block_of, bodies = _loops(sass)
+    regions = [{b for b in body if not any(other < body and b in other for other in bodies)} for body in bodies]
+    regions.append(set(block_of.values()) - set().union(*bodies))  # the code outside every loop
+    per_region = [0] * len(regions)
+    for i, text in enumerate(code):
+        load = _SASS_GLOBAL_LOAD.search(text)
+        if load:
+            width = next((_LOAD_BYTES[m] for m in load.group(1).split(".") if m in _LOAD_BYTES), 4)
+            for r, region in enumerate(regions):
+                if block_of[i] in region:
+                    per_region[r] += width
+    return max(per_region, default=0)
+
+
+def _loops(sass: str) -> tuple[list[str], dict[int, int], list[set[int]]]:
+    """(instructions, the basic block of each, the blocks of each loop) of `sass`.
+    Loops are the natural loops of the control-flow graph (a back edge to a block
+    that dominates it, and the blocks that reach it without passing there), so
+    loops ptxas laid out out of order still nest right."""
     labels, code, pending = {}, [], []
     for line in sass.splitlines():
         label = _SASS_LABEL.match(line)
@@ -346,7 +379,7 @@ def spill_sites(sass: str) -> list[tuple[int, bool]]:
             pending = []
             code.append(found.group(2))
     if not code:
-        return []
+        return [], {}, []
     # Basic blocks: a block starts at the first instruction, a branch target, or after a branch or exit.
     starts = {0} | set(labels.values())
     for i, text in enumerate(code):
@@ -402,10 +435,7 @@ def spill_sites(sass: str) -> list[tuple[int, bool]]:
                     if block not in body:
                         body.add(block)
                         stack.extend(predecessors[block])
-    bodies = list(loops.values())
-    innermost = [body for body in bodies if not any(other < body for other in bodies)]
-    return [(sum(1 for body in bodies if block_of[i] in body), any(block_of[i] in body for body in innermost))
-            for i, text in enumerate(code) if _SASS_SPILL.search(text)]
+    return code, block_of, list(loops.values())
 
 
 def _disassemble(cubin: bytes) -> str:
@@ -442,10 +472,11 @@ def build_matrix(blocks=(128,), word_dtypes=WORD_DTYPES, archs=ARCHS, large: boo
 
 
 def format_table(builds: list[Build]) -> str:
-    rows = [("kernel", "config", "arch", "registers", "spilled B", "hot spills", "shared B", "status")]
+    rows = [("kernel", "config", "arch", "registers", "spilled B", "hot spills", "shared B", "loads B/pass",
+             "status")]
     for b in sorted(builds, key=lambda b: (b.kernel, b.config, b.arch)):
         rows.append((b.kernel, b.config, f"sm_{b.arch}", str(b.registers), str(b.spill_bytes), str(b.hot_spills),
-                     str(b.shared_bytes), b.status))
+                     str(b.shared_bytes), str(b.load_bytes), b.status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

@@ -150,7 +150,7 @@ __all__ = [
     "DENSE", "MASKED",
     "OK", "BAD_OFFSETS", "BAD_LENGTH", "BAD_FREQUENCIES", "OVERRUN", "BAD_STATE", "TRAILING_WORDS", "BAD_ENDS",
     "MASK_COUNT",
-    "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "geometry", "mask_nbytes", "stream_bounds",
+    "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "decoder_tables_ref", "geometry", "mask_nbytes", "stream_bounds",
     "layout", "size_bound", "byte_histograms", "predicted_size",
     "sections", "zans_compress", "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
 ]
@@ -396,10 +396,24 @@ def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tenso
 
 def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From the payload's tables (int16 [C, 256], on its device; no host sync):
-    dec int32 [W + 1, 4096] (slot -> sym | (f - 1) << 8 | (slot - c) << 20), table_ok
-    int32 [W + 1] (1 where the plane is raw or its table sums to M) and the sums.
-    A corrupt table still gives in-range entries (garbage symbols, flagged)."""
+    """From the payload's tables (int16 [C, 256], on its device), in one kernel and no
+    host sync: dec int32 [W + 1, 4096] (slot -> sym | (f - 1) << 8 | (slot - c) << 20),
+    table_ok int32 [W + 1] (1 where the plane is raw or its table sums to M) and the
+    sums. A corrupt table still gives in-range entries (garbage symbols, flagged)."""
+    device = freqs.device
+    planes = itemsize + 1
+    dec = torch.empty(planes, PROB_SCALE, dtype=torch.int32, device=device)
+    ok = torch.empty(planes, dtype=torch.int32, device=device)
+    sums = torch.empty(planes, dtype=torch.int64, device=device)
+    if freqs.numel() == 0:  # (a pointer for the kernel's masked-off loads)
+        freqs = torch.zeros(1, 256, dtype=torch.int16, device=device)
+    _zans_tables_kernel[(planes,)](freqs, dec, ok, sums, coded_planes, num_warps=4, maxnreg=max_registers(4))
+    return dec, ok, sums
+
+
+def decoder_tables_ref(freqs: torch.Tensor, coded_planes: int, itemsize: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """decoder_tables in PyTorch ops, one plane at a time (the reference decoder's)."""
     device = freqs.device
     planes = itemsize + 1
     dec = torch.zeros(planes, PROB_SCALE, dtype=torch.int32, device=device)
@@ -618,6 +632,43 @@ def _zans_pack_kernel(values_ptr, mask_ptr, scratch_ptr, sbase_ptr, offsets_ptr,
             tl.store(streams_ptr + start + i, tl.where(raw, tl.where(is_mask, pm, pv), sc), mask=inb)
 
 
+@triton.jit(do_not_specialize=["coded_planes"])
+def _zans_tables_kernel(freqs_ptr, dec_ptr, ok_ptr, sums_ptr, coded_planes):
+    """decoder_tables, one plane per program. A slot's symbol is the k-th present one,
+    k the number of present symbols whose start c = f[0] + ... + f[s - 1] is at or below
+    the slot (starts rise with s): a 1 at each start, summed over the slots, then the
+    present symbols listed in order. The table's own row is the scratch for both."""
+    q = tl.program_id(0)
+    sym = tl.arange(0, 256)
+    slots = tl.arange(0, 4096)
+    coded = ((coded_planes >> q) & 1) == 1
+    bits = tl.arange(0, 16)
+    row = tl.sum(tl.where(bits < q, (coded_planes >> bits) & 1, 0), axis=0)  # its table among the coded planes'
+    f = tl.load(freqs_ptr + row * 256 + sym, mask=coded, other=0).to(tl.int32) & 0xFFFF
+    start = tl.cumsum(f, axis=0) - f
+    total = tl.sum(f, axis=0)
+    present = coded & (f > 0)
+    starts_here = present & (start < 4096)
+    table = dec_ptr + q * 4096
+    tl.store(table + slots, tl.zeros([4096], dtype=tl.int32))
+    tl.debug_barrier()
+    tl.store(table + start, tl.full([256], 1, dtype=tl.int32), mask=starts_here)
+    tl.debug_barrier()
+    k = tl.cumsum(tl.load(table + slots), axis=0)  # present symbols starting at or below each slot
+    tl.debug_barrier()
+    rank = tl.cumsum(present.to(tl.int32), axis=0) - 1
+    tl.store(table + rank, start << 8 | sym, mask=starts_here)  # the k-th present symbol and its start
+    tl.debug_barrier()
+    mark = tl.load(table + k - 1, mask=k > 0, other=0)
+    chosen = mark & 255
+    fs = tl.load(freqs_ptr + row * 256 + chosen, mask=coded, other=0).to(tl.int32) & 0xFFFF
+    entry = chosen | ((fs - 1) & 4095) << 8 | ((slots - (mark >> 8)) & 4095) << 20
+    tl.debug_barrier()
+    tl.store(table + slots, tl.where(coded, entry, 0))
+    tl.store(ok_ptr + q, tl.where(coded, total == 4096, True).to(tl.int32))
+    tl.store(sums_ptr + q, tl.where(coded, total, 4096).to(tl.int64))
+
+
 @triton.jit(do_not_specialize=["symbols", "mask_bytes", "tile", "tiles_per_plane", "total_tiles", "coded_planes",
                                "streams_nbytes"])
 def _zans_decode_kernel(s16_ptr, s8_ptr, offsets_ptr, dec_ptr, table_ok_ptr, table_sum_ptr,
@@ -691,6 +742,12 @@ def _zans_decode_kernel(s16_ptr, s8_ptr, offsets_ptr, dec_ptr, table_ok_ptr, tab
                                 tl.where(is_coded & (consumed != nwords), nwords - consumed, pos)))
         tl.store(status_ptr + 2 * t, code.to(tl.int64), mask=live)
         tl.store(status_ptr + 2 * t + 1, pos.to(tl.int64), mask=live)
+    if pid == 0:  # row TT: the offsets start at 0 and end at the streams' size
+        first = tl.load(offsets_ptr)
+        last = tl.load(offsets_ptr + total_tiles)
+        bad_first, bad_last = first != 0, last != streams_nbytes
+        tl.store(status_ptr + 2 * total_tiles, tl.where(bad_first | bad_last, 7, 0).to(tl.int64))  # BAD_ENDS
+        tl.store(status_ptr + 2 * total_tiles + 1, tl.where(bad_first, first, tl.where(bad_last, last, 0)))
 
 
 @triton.jit(do_not_specialize=["n", "num_tiles"])
@@ -825,23 +882,21 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
     offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
     dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize)
     out = decoder_output(out, n, word_dtype, device, zero=False)
-    status = torch.zeros(total_tiles + 1, 2, dtype=torch.int64, device=device)
+    status = torch.empty(total_tiles + 1, 2, dtype=torch.int64, device=device)  # the kernel writes every row
     if mode == MASKED:
         masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
         values = torch.empty(symbols, dtype=word_dtype, device=device)
     else:
         masks = torch.empty(0, dtype=torch.int32, device=device)
         values = out
-    if total_tiles:
-        warps = launch_grid(config, 1, device)[1]
-        grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
-        s16 = streams[: streams_nbytes // 2 * 2].view(torch.int16) if streams_nbytes >= 2 else \
-            torch.empty(0, dtype=torch.int16, device=device)
-        _zans_decode_kernel[(grid,)](s16, streams, offsets, dec, table_ok, table_sum, _as_u8(values), _as_u8(masks),
-                                     status, symbols, mask_nbytes(n) if mode == MASKED else 0, tile, tv,
-                                     total_tiles, coded_planes, streams_nbytes, W=itemsize, K=LANES, ROWS=warps,
-                                     num_warps=warps, maxnreg=max_registers(warps))
-    _global_checks(status, offsets, streams_nbytes)
+    warps = launch_grid(config, 1, device)[1]
+    grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
+    s16 = streams[: streams_nbytes // 2 * 2].view(torch.int16) if streams_nbytes >= 2 else \
+        torch.empty(0, dtype=torch.int16, device=device)
+    _zans_decode_kernel[(grid,)](s16, streams, offsets, dec, table_ok, table_sum, _as_u8(values), _as_u8(masks),
+                                 status, symbols, mask_nbytes(n) if mode == MASKED else 0, tile, tv,
+                                 total_tiles, coded_planes, streams_nbytes, W=itemsize, K=LANES, ROWS=warps,
+                                 num_warps=warps, maxnreg=max_registers(warps))
     if mode == MASKED and n:
         zvc_tiles = _cdiv(n, _zvc.TILE)
         grid, warps = launch_grid(config, zvc_tiles, device)
@@ -850,7 +905,7 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
                                          num_warps=warps, maxnreg=max_registers(warps))
         tile_offsets = torch.cumsum(counts, 0)
         _mask_count_check(status, tile_offsets[-1], symbols)
-        zvc_status = torch.zeros(zvc_tiles, dtype=torch.int8, device=device)
+        zvc_status = torch.empty(zvc_tiles, dtype=torch.int8, device=device)  # (its checks are the mask count's)
         _zvc._zvc_decompress_kernel[(grid,)](masks, tile_offsets, values, out, zvc_status, n, symbols, zvc_tiles,
                                              TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
                                              num_warps=warps, maxnreg=max_registers(warps))
@@ -1132,7 +1187,7 @@ def zans_decompress_ref(payload: torch.Tensor, n: int, tile: int, mode: int, sym
     itemsize = torch.empty((), dtype=word_dtype).element_size()
     tv, tm, total_tiles = geometry(n, tile, mode, symbols, itemsize)
     offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
-    dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize)
+    dec, table_ok, table_sum = decoder_tables_ref(freqs, coded_planes, itemsize)
     status = torch.zeros(total_tiles + 1, 2, dtype=torch.int64, device=device)
     q, first, tlen = _tile_table(n, tile, mode, symbols, itemsize, device)
     raw_len = tlen + (tlen & 1)

@@ -97,6 +97,76 @@ def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_t
             count += tl.sum(row_count, axis=0)
 
 
+# The one-pass encoder's tile states (state_ptr[1 + t]): a count with its kind in the top bits.
+# AGGREGATE: the tile's own non-zeros; INCLUSIVE: the non-zeros up to and including the tile.
+_AGGREGATE = tl.constexpr(1 << 60)
+_INCLUSIVE = tl.constexpr(2 << 60)
+_COUNT = tl.constexpr((1 << 60) - 1)
+
+
+@triton.jit(do_not_specialize=["n", "num_tiles", "offsets_pad", "masks_pad"])
+def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, n, num_tiles, offsets_pad,
+                         masks_pad, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
+    """Count, place and write each tile in one read of the input: a tile publishes its
+    count, finds the non-zeros before it by decoupled look-back over its predecessors'
+    published states (Merrill and Garland 2016), then writes. Tiles are taken by ticket
+    (state_ptr[0]) in order, so a tile waits only on tiles that running programs hold,
+    which never wait on it: no deadlock, however many programs the grid has.
+    state_ptr: int64[num_tiles + 1], zero before the launch. The last tile also writes
+    the total and zeroes the padding (offsets_pad int64 words after the offsets,
+    masks_pad int32 words after the masks, the values' up to VALUES_PAD words)."""
+    ROWS: tl.constexpr = TILE // 32
+    rows = tl.arange(0, ROWS)
+    lane = tl.arange(0, 32)
+    look = tl.arange(0, LOOK)
+    offs = rows[:, None] * 32 + lane[None, :]
+    t = tl.atomic_add(state_ptr, 1).to(tl.int64)
+    while t < num_tiles:
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        inb = offs < tile_len
+        w = tl.load(words_ptr + t * TILE + offs, mask=inb, other=0)
+        nz = (w != 0).to(tl.int32)
+        bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
+        tl.store(masks_ptr + t * ROWS + rows, tl.sum(bits, axis=1).to(tl.int32, bitcast=True),
+                 mask=rows * 32 < tile_len)
+        row_count = tl.sum(nz, axis=1)
+        total = tl.sum(row_count, axis=0).to(tl.int64)
+        first = t == 0
+        tl.atomic_xchg(state_ptr + 1 + t, total | tl.where(first, _INCLUSIVE, _AGGREGATE))
+        # Look back over windows of LOOK predecessors until one holds an inclusive count;
+        # a window with a tile not yet published is read again.
+        prefix = total * 0
+        end = t
+        done = first.to(tl.int32)
+        while done == 0:
+            idx = end - LOOK + look
+            state = tl.atomic_add(state_ptr + 1 + idx, 0, mask=idx >= 0)
+            state = tl.where(idx >= 0, state, _INCLUSIVE)  # before tile 0: an inclusive count of 0
+            kind = state >> 60
+            last = tl.max(tl.where(kind == 2, look, -1), axis=0)
+            ready = tl.min(tl.where(look >= last, kind, 2), axis=0) > 0
+            add = tl.sum(tl.where(look >= last, state & _COUNT, 0), axis=0)
+            prefix += tl.where(ready, add, 0)
+            end = tl.where(ready & (last < 0), end - LOOK, end)
+            done = (ready & (last >= 0)).to(tl.int32)
+        if t > 0:
+            tl.atomic_xchg(state_ptr + 1 + t, (prefix + total) | _INCLUSIVE)
+        tl.store(offsets_ptr + t, prefix)
+        row_before = tl.cumsum(row_count, axis=0) - row_count
+        pos = prefix + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
+        tl.store(values_ptr + pos, w, mask=inb & (nz != 0))
+        if t == num_tiles - 1:
+            nnz = prefix + total
+            tl.store(offsets_ptr + num_tiles, nnz)
+            pad = tl.arange(0, 4)
+            tl.store(offsets_ptr + num_tiles + 1 + pad, pad.to(tl.int64) * 0, mask=pad < offsets_pad)
+            tl.store(masks_ptr + (n + 31) // 32 + pad, pad * 0, mask=pad < masks_pad)
+            vpad = tl.arange(0, VALUES_PAD)
+            tl.store(values_ptr + nnz + vpad, tl.zeros([VALUES_PAD], dtype=w.dtype),
+                     mask=vpad < (VALUES_PAD - nnz % VALUES_PAD) % VALUES_PAD)
+        t = tl.atomic_add(state_ptr, 1).to(tl.int64)
+
+
 @triton.jit(do_not_specialize=["n", "nnz", "num_tiles"])
 def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_ptr, n, nnz,
                            num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
@@ -131,6 +201,8 @@ def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_p
             tl.store(dst + offs, v, mask=inb)
             count += tl.sum(row_count, axis=0)
         bad = (count != end - start) | (raw_start != start) | (raw_end != end)
+        # The tiles must account for exactly nnz values, from the first.
+        bad |= ((t == 0) & (raw_start != 0)) | ((t == num_tiles - 1) & (raw_end != nnz))
         tl.store(status_ptr + t, bad.to(tl.int8))
 
 
@@ -157,66 +229,57 @@ def nonzero_offsets(words: torch.Tensor, tile: int, config: LaunchConfig | None 
     return torch.cumsum(counts, 0)
 
 
-def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE) -> int:
-    """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns nnz."""
-    n = words.numel()
+# Predecessors a tile's look-back reads at once: one warp-wide load.
+LOOK_BACK = 32
+# The one-pass encoder holds a whole tile in registers: under 8 warps, ptxas spills it
+# (sm_90, 128 registers a thread; `python -m cswap.kernels.aot`), so it runs at least 8.
+ONE_PASS_MIN_WARPS = 8
+
+
+def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig | None, tile: int) -> torch.Tensor:
+    """Write the whole payload of `words` into `payload` (at least its size) in one
+    kernel (_zvc_one_pass_kernel); returns the offsets' last entry, nnz, as a 1-element
+    int64 view on the device."""
+    n, itemsize = words.numel(), words.element_size()
     num_tiles = -(-n // tile)
+    offsets, masks, values = _sections(payload, n, tile, n, words.dtype)
+    if not num_tiles:
+        payload[:16].zero_()  # the offsets' one entry (0) and its padding
+        return offsets[:1]
+    state = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
     grid, warps = launch_grid(config, num_tiles, words.device)
-    tile_offsets = nonzero_offsets(words, tile, config)
-    nnz = int(tile_offsets[-1])  # the one host sync: sizes the buffer
+    warps = max(warps, ONE_PASS_MIN_WARPS)
+    offsets_pad, masks_pad = (-(num_tiles + 1)) % (_ALIGN // 8), (-masks.numel()) % (_ALIGN // 4)
+    _zvc_one_pass_kernel[(grid,)](words, offsets, masks, values, state, n, num_tiles, offsets_pad, masks_pad,
+                                  TILE=tile, LOOK=LOOK_BACK, VALUES_PAD=_ALIGN // itemsize,
+                                  num_warps=warps, maxnreg=max_registers(warps))
+    return offsets[num_tiles:]
+
+
+def zvc_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE) -> int:
+    """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns nnz.
+    The payload's size is read on the host (one sync) from a count pass before the
+    one-pass encoder writes it: zvc_launch, into room for the largest, reads once."""
+    n = words.numel()
+    nnz = int(nonzero_offsets(words, tile, config)[-1])  # the one host sync: sizes the buffer
     payload = alloc(layout(n, tile, nnz, words.element_size())[3])
-    payload.zero_()  # padding bytes are part of the format: keep them deterministic
-    offsets, masks, values = _sections(payload, n, tile, nnz, words.dtype)
-    offsets.copy_(tile_offsets)
-    if num_tiles:
-        sub = step_elements(tile, warps, words.element_size())
-        _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile, SUB=sub,
-                                      num_warps=warps, maxnreg=max_registers(warps))
+    _one_pass(words, payload, config, tile)
     return nnz
 
 
 def reserve_nbytes(n: int, tile: int, itemsize: int) -> int:
-    """The bytes zvc_launch writes into: the largest payload of n elements (every one
-    non-zero), and 16 more for the scatter that zeroes the values' padding (below)."""
-    return layout(n, tile, n, itemsize)[3] + _ALIGN
-
-
-def _zero_padding(reserved: torch.Tensor, n: int, tile: int, nnz: torch.Tensor, itemsize: int) -> None:
-    """Zero the padding bytes of a payload written into `reserved` before its size is
-    known on the host: between the sections (known offsets) and after the last value
-    (an offset on the device: a scatter of zeros, whose unused lanes go to the last
-    byte of `reserved`, past any payload)."""
-    num_tiles = -(-n // tile)
-    _, off_masks, off_values, _ = layout(n, tile, n, itemsize)
-    reserved[8 * (num_tiles + 1): off_masks].zero_()
-    reserved[off_masks + 4 * (-(-n // 32)): off_values].zero_()
-    first = off_values + nnz * itemsize  # 0-d int64 on the device
-    lanes = first + torch.arange(_ALIGN, dtype=torch.int64, device=reserved.device)
-    end = off_values + (nnz * itemsize + _ALIGN - 1) // _ALIGN * _ALIGN
-    reserved.scatter_(0, torch.where(lanes < end, lanes, reserved.numel() - 1), 0)
+    """The bytes zvc_launch writes into: the largest payload of n elements (every one non-zero)."""
+    return layout(n, tile, n, itemsize)[3]
 
 
 def zvc_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
                tile: int = TILE) -> torch.Tensor:
-    """zvc_compress without the host sync: the payload is written into `reserved`
-    (reserve_nbytes bytes, 16-byte aligned), byte for byte what zvc_compress writes
-    for the same input, in the first layout(n, tile, nnz, itemsize)[3] bytes. Returns
-    nnz as a 1-element int64 tensor on the device, for the caller to read back when
-    the work has run."""
-    n = words.numel()
-    itemsize = words.element_size()
-    num_tiles = -(-n // tile)
-    tile_offsets = nonzero_offsets(words, tile, config)
-    nnz = tile_offsets[num_tiles:]
-    offsets, masks, values = _sections(reserved, n, tile, n, words.dtype)
-    offsets.copy_(tile_offsets)
-    if num_tiles:
-        grid, warps = launch_grid(config, num_tiles, words.device)
-        sub = step_elements(tile, warps, itemsize)
-        _zvc_compress_kernel[(grid,)](words, offsets, masks, values, n, num_tiles, TILE=tile, SUB=sub,
-                                      num_warps=warps, maxnreg=max_registers(warps))
-    _zero_padding(reserved, n, tile, nnz[0], itemsize)
-    return nnz
+    """zvc_compress without the host sync, in one read of the input: the payload is
+    written into `reserved` (reserve_nbytes bytes, 16-byte aligned), byte for byte what
+    zvc_compress writes for the same input, in the first layout(n, tile, nnz, itemsize)[3]
+    bytes. Returns nnz as a 1-element int64 tensor on the device, for the caller to
+    read back when the work has run."""
+    return _one_pass(words, reserved, config, tile)
 
 
 def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype,
@@ -227,14 +290,12 @@ def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtyp
     offsets, masks, values = _sections(payload, n, tile, nnz, word_dtype)
     num_tiles = -(-n // tile)
     out = decoder_output(out, n, word_dtype, payload.device, zero=False)
-    status = torch.zeros(num_tiles, dtype=torch.int8, device=payload.device)
+    status = torch.empty(num_tiles, dtype=torch.int8, device=payload.device)  # every tile writes its own
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, payload.device)
         _zvc_decompress_kernel[(grid,)](masks, offsets, values, out, status, n, nnz, num_tiles, TILE=tile,
-                                        SUB=step_elements(tile, warps, out.element_size()), num_warps=warps, maxnreg=max_registers(warps))
-        # The tiles must account for exactly nnz values (checked on the device: no sync).
-        status[0] |= (offsets[0] != 0).to(torch.int8)
-        status[-1] |= (offsets[-1] != nnz).to(torch.int8)
+                                        SUB=step_elements(tile, warps, out.element_size()), num_warps=warps,
+                                        maxnreg=max_registers(warps))
     return out, status
 
 
@@ -280,19 +341,10 @@ def zvc_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> int:
 
 
 def zvc_launch_ref(words: torch.Tensor, reserved: torch.Tensor, tile: int = TILE) -> torch.Tensor:
-    """zvc_launch's reference: the same bytes in `reserved`, nnz as a 1-element int64 tensor."""
-    n = words.numel()
-    nz = words != 0
-    counts = _tile_counts(nz, tile)
-    nnz = counts.sum().reshape(1)
-    offsets, masks, values = _sections(reserved, n, tile, n, words.dtype)
-    offsets[0] = 0
-    offsets[1:].copy_(torch.cumsum(counts, 0))
-    masks.copy_(_mask_words(nz))
-    found = words[nz]  # (the reference may read sizes on the host: on a GPU the Triton launch does not)
-    values[: found.numel()].copy_(found)
-    _zero_padding(reserved, n, tile, nnz[0], words.element_size())
-    return nnz
+    """zvc_launch's reference: the same bytes in `reserved`, nnz as a 1-element int64 tensor
+    (the reference reads sizes on the host: on a GPU the Triton launch does not)."""
+    nnz = zvc_compress_ref(words, lambda nbytes: reserved[:nbytes], tile)
+    return torch.full((1,), nnz, dtype=torch.int64, device=words.device)
 
 
 def zvc_decompress_ref(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype,

@@ -23,6 +23,7 @@ import pytest
 
 from cswap.kernels.aot import MAX_REGISTERS, spill_sites
 from cswap.kernels.launch import LaunchConfig
+from cswap.kernels.zvc import ONE_PASS_MIN_WARPS
 from cswap.tune.tuner import DEFAULT_BLOCKS
 
 pytestmark = pytest.mark.slow  # the compile gate: CI runs it (pytest -m slow), on both version jobs
@@ -30,9 +31,11 @@ pytestmark = pytest.mark.slow  # the compile gate: CI runs it (pytest -m slow), 
 DEFAULT_BLOCK = LaunchConfig(grid=1).block
 KERNELS = {f"{codec}._{codec}_{part}_kernel" for codec in ("zvc", "rle", "csr") for part in ("compress", "decompress")}
 KERNELS |= {"zvc._nonzero_count_kernel", "rle._rle_count_kernel"}  # ZVC's count pass serves CSR too
+KERNELS |= {"zvc._zvc_one_pass_kernel"}  # ZVC's encoder; _zvc_compress_kernel serves ZANS's masked mode
 KERNELS |= {"lz4._lz4_compress_kernel", "lz4._lz4_decompress_kernel"}
-KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "encode", "pack", "decode", "mask_count")}
-ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_mask_count_kernel"}  # counts bits of the mask words, whatever the tensor
+KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "encode", "pack", "decode", "mask_count", "tables")}
+ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_mask_count_kernel", "zans._zans_tables_kernel"}  # mask bits; decoder tables: whatever the tensor
+MIN_BLOCK = {"zvc._zvc_one_pass_kernel": 32 * ONE_PASS_MIN_WARPS}  # holds a whole tile: at least this many threads
 
 
 def _build(tmp_path, name, *args):
@@ -59,7 +62,7 @@ def test_every_kernel_is_built_at_every_tuner_block_and_word_type(builds):
     assert {b["kernel"] for b in results} == KERNELS
     for kernel in KERNELS:
         configs = {b["config"] for b in results if b["kernel"] == kernel}
-        for block in DEFAULT_BLOCKS:
+        for block in {max(b, MIN_BLOCK.get(kernel, 0)) for b in DEFAULT_BLOCKS}:
             words = {c.split()[1] for c in configs if c.startswith(f"block={block} ")}
             if kernel.startswith("lz4"):
                 expected = {"u8"}

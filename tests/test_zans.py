@@ -379,6 +379,33 @@ def test_decoder_tables_invert_the_encoder_tables():
     assert np.array_equal(((d >> 8) & 4095) + 1, f[sym]) and np.array_equal(d >> 20, slots - cum[sym])
 
 
+@pytest.mark.parametrize("table", ["valid", "overfull", "short", "empty", "huge"])
+def test_the_decoder_table_kernel_builds_the_references_tables(table):
+    """One kernel builds every plane's table (issue 41: it took about 10 torch ops a
+    plane): the same entries, sums and flags as the reference's torch ops, also for
+    tables a corrupt payload holds."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for _ in range(3):  # planes 0, 2 and 3 coded; 1 and 4 raw
+        h = rng.integers(0, 1000, 256) * (rng.random(256) < 0.4)
+        rows.append(kz.normalize(h).astype(np.int64))
+    f = np.stack(rows)
+    if table == "overfull":
+        f[1, 7] += 900
+    elif table == "short":
+        f[1, :] //= 2
+    elif table == "empty":
+        f[1, :] = 0
+    elif table == "huge":
+        f[1, :3] = 0xFFFF  # starts past M: never a slot's symbol
+    freqs = torch.from_numpy(f.astype(np.uint16).view(np.int16))
+    got = kz.decoder_tables(freqs, 0b01101, 4)
+    want = kz.decoder_tables_ref(freqs, 0b01101, 4)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert got[1].tolist() == [1, 1, int(table == "valid"), 1, 1]
+
+
 # -- corruption -----------------------------------------------------------------------------------
 
 
