@@ -24,7 +24,7 @@ from torch import nn
 
 from cswap.kernels import lz4
 from cswap.models import build
-from cswap.cli.train import load_data
+from cswap.models.data import load_data
 
 
 def activations(name: str, images: torch.Tensor) -> list[torch.Tensor]:

@@ -81,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, environment
 
 from cswap import codecs
-from cswap.cli.train import load_data
+from cswap.models.data import load_data
 from cswap.models import build
 from cswap.runtime.candidates import SPARSE_PRODUCERS, is_activation, op_name, producer
 

@@ -72,7 +72,7 @@ import torch.nn.functional as F
 
 import cswap
 from cswap.models import build, names
-from cswap.cli.train import load_data
+from cswap.models.data import load_data
 
 from common import environment, format_row, synchronize, write_results
 

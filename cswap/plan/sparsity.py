@@ -165,7 +165,7 @@ def auto(model: nn.Module, example_inputs, data: str = "digits", steps: int = 3,
     gen = torch.Generator().manual_seed(0)
     if len(inputs.args) == 1 and not inputs.kwargs and len(shape) == 3 and shape[0] == 3 and \
             shape[1] == shape[2] and inputs.args[0].is_floating_point():
-        from ..cli.train import load_data
+        from ..models.data import load_data
 
         x, y = load_data(data, shape[-1], seed=0)[:2]
         pick = torch.randint(len(x), (steps * batch,), generator=gen)
