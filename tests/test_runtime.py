@@ -267,6 +267,12 @@ def test_stats_count_offload_and_restore_vdnn():
     assert "offloaded_tensors=" in repr(s)
     with pytest.raises(KeyError, match="no field"):
         s["no_such_field"]
+    # What the repr shows works as written: every field it prints is an attribute too.
+    for name in s:
+        assert getattr(s, name) == s[name] and f"{name}=" in repr(s)
+    assert s.offloaded_tensors > 0 and "offloaded_tensors" in dir(s)
+    with pytest.raises(AttributeError, match="no field 'offloaded'.*offloaded_tensors"):
+        s.offloaded
 
 
 def test_stats_sc_compresses_relu_sparse_activations():

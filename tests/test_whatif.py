@@ -64,6 +64,20 @@ def test_modes_step_times_and_peaks_are_consistent(small, prediction):
     assert p.fits("none") and p.capacity_bytes == gpu("v100-sxm2-16gb").memory_bytes - whatif.RESERVE_BYTES
 
 
+def test_a_prediction_prints_as_cswap_plan_does(prediction):
+    """print(cswap.predict(...)) shows cswap-plan's summary; its repr is one line."""
+    p = prediction
+    text = str(p)
+    assert text == p.summary() and text.startswith("cswap-plan: 16 per step on")
+    assert "PREDICTED" in text and "how each figure was obtained:" in text
+    for mode, mp in p.modes.items():
+        assert f"{mp.step_seconds * 1e3:.2f}" in text and mode in text
+    assert len(text) < 6000 and text.count("\n") < 60  # a summary, not every tensor's record
+    one = repr(p)
+    assert "\n" not in one and one.startswith("Prediction(") and len(one) < 400
+    assert f"batch {p.batch}" in one and "predicted" in one
+
+
 def test_memory_model_meets_the_traced_offload_floor(small):
     """Offloading every saved activation over an instantaneous link, the curve the
     model builds from the kept trace reaches the peak of the trace that drops them."""

@@ -27,7 +27,7 @@ from ..plan import sparsity as sparsity_sources
 from ..plan.gpus import gpus
 from ..plan.optimizers import OPTIMIZERS
 from ..plan.roofline import PRECISIONS
-from ..plan.whatif import RESERVE_BYTES, Prediction, parse_bytes, predict
+from ..plan.whatif import RESERVE_BYTES, Prediction, gib as _gib, parse_bytes, predict
 
 __all__ = ["main", "parse_args"]
 
@@ -128,41 +128,6 @@ def _recompute(spec: str):
 def _lora_targets(spec: str):
     """--lora-targets: 'all-linear' or module names separated by commas."""
     return spec if spec == "all-linear" else [name.strip() for name in spec.split(",") if name.strip()]
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def report(p: Prediction, largest: bool, tensors: int) -> str:
-    g = p.gpu
-    lines = [f"cswap-plan: {p.batch} per step on {g.label} ({_gib(g.memory_bytes)}), {p.precision}, "
-             f"{p.optimizer}{' in backward' if p.optimizer_in_backward else ''}. PREDICTED, nothing measured on "
-             f"the GPU.",
-             f"limit {_gib(p.capacity_bytes)} ({'budget' if p.budget_bytes else 'memory minus reserve'})", ""]
-    w = max(6, *(len(m) for m in p.modes))
-    head = f"{'mode':<{w}} {'peak':>10} {'fits':>4} {'step ms':>9} {'slowdown':>8} {'PCIe GiB':>8} " \
-           f"{'offload':>7} {'compr.':>6}" + (f" {'max batch':>9}" if largest else "")
-    lines += [head, "-" * len(head)]
-    for m, mp in p.modes.items():
-        row = (f"{m:<{w}} {_gib(mp.peak_bytes):>10} {'yes' if p.fits(m) else 'NO':>4} {mp.step_seconds * 1e3:>9.2f} "
-               f"{p.slowdown(m):>+8.1%} {mp.pcie_bytes / 2**30:>8.2f} {mp.offloaded:>7} {mp.compressed:>6}")
-        if largest:
-            row += f" {p.largest_batch(m):>9}"
-        lines.append(row)
-    lines += ["", "how each figure was obtained:"]
-    lines += [f"  {k:<9} {v}" for k, v in p.sources.items()]
-    shown = sorted(p.tensors, key=lambda t: -t.nbytes)
-    shown = shown[:tensors] if tensors else shown
-    lines += ["", f"saved activations ({len(shown)} of {len(p.tensors)}, largest first), named by the module "
-                  f"that made them:",
-              f"{'made in':<28} {'op':<12} {'saved by':<20} {'MiB':>7} {'sparsity':>8}  "
-              + " ".join(f"{m:<6}" for m in p.modes) + "  why (cswap)"]
-    for t in shown:
-        where = f"{t.made_in or '<root>'} ({t.made_in_type})"
-        lines.append(f"{where[:28]:<28} {t.op[:12]:<12} {t.saved_by[:20]:<20} {t.nbytes / 2**20:>7.1f} "
-                     f"{t.sparsity:>8.2f}  " + " ".join(f"{t.decisions[m]:<6}" for m in p.modes) + f"  {t.why}")
-    return "\n".join(lines)
 
 
 def fit_report(choices, tried: int, gpu_label: str, precision: str, shown: int = 15) -> str:
@@ -285,7 +250,7 @@ def main(argv=None) -> int:
                     profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
                     recompute=_recompute(args.recompute), optimizer_in_backward=args.optimizer_in_backward,
                     compile=args.compile)
-        print(report(p, not (args.no_largest_batch or args.hf_config), args.tensors))
+        print(p.summary(largest=not (args.no_largest_batch or args.hf_config), tensors=args.tensors))
     except ValueError as exc:
         print(f"cswap-plan: {exc}", file=sys.stderr)
         return 2

@@ -68,7 +68,7 @@ from .roofline import PRECISIONS, op_times, time_model, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, dtype_name, record_keys
 
 __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_BYTES", "ModePrediction",
-           "Prediction", "TensorPrediction", "measured_times", "parse_bytes", "predict"]
+           "Prediction", "TensorPrediction", "gib", "measured_times", "parse_bytes", "predict"]
 
 MODES = ("none", "vdnn", "sc", "cswap")
 BUDGETED = ("budget", "recompute")  # the modes that run under a memory budget (its windows)
@@ -106,6 +106,11 @@ class AssumedProfile:
     def seconds(self, codec: str, direction: str, size: float, sparsity: float) -> float:
         which = 0 if direction == "compress" else 1
         return CODEC_FIXED_S[codec][which] + size / (self.gpu.hbm_bytes_per_s * CODEC_HBM_FRACTION[codec][which])
+
+
+def gib(n: float) -> str:
+    """Bytes as "1.23 GiB" (or "45.6 MiB" below a GiB)."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,50 @@ class Prediction:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
+
+    def summary(self, largest: bool = False, tensors: int = 10) -> str:
+        """What cswap-plan prints: the per-mode table, how each figure was obtained, and
+        the `tensors` largest saved activations (0: all). largest: add each mode's
+        largest batch that fits (a prediction per batch tried)."""
+        g = self.gpu
+        lines = [f"cswap-plan: {self.batch} per step on {g.label} ({gib(g.memory_bytes)}), {self.precision}, "
+                 f"{self.optimizer}{' in backward' if self.optimizer_in_backward else ''}. PREDICTED, nothing "
+                 f"measured on the GPU.",
+                 f"limit {gib(self.capacity_bytes)} ({'budget' if self.budget_bytes else 'memory minus reserve'})",
+                 ""]
+        w = max(6, *(len(m) for m in self.modes))
+        head = f"{'mode':<{w}} {'peak':>10} {'fits':>4} {'step ms':>9} {'slowdown':>8} {'PCIe GiB':>8} " \
+               f"{'offload':>7} {'compr.':>6}" + (f" {'max batch':>9}" if largest else "")
+        lines += [head, "-" * len(head)]
+        for m, mp in self.modes.items():
+            row = (f"{m:<{w}} {gib(mp.peak_bytes):>10} {'yes' if self.fits(m) else 'NO':>4} "
+                   f"{mp.step_seconds * 1e3:>9.2f} {self.slowdown(m):>+8.1%} {mp.pcie_bytes / 2**30:>8.2f} "
+                   f"{mp.offloaded:>7} {mp.compressed:>6}")
+            if largest:
+                row += f" {self.largest_batch(m):>9}"
+            lines.append(row)
+        lines += ["", "how each figure was obtained:"]
+        lines += [f"  {k:<9} {v}" for k, v in self.sources.items()]
+        shown = sorted(self.tensors, key=lambda t: -t.nbytes)
+        shown = shown[:tensors] if tensors else shown
+        lines += ["", f"saved activations ({len(shown)} of {len(self.tensors)}, largest first), named by the "
+                      f"module that made them:",
+                  f"{'made in':<28} {'op':<12} {'saved by':<20} {'MiB':>7} {'sparsity':>8}  "
+                  + " ".join(f"{m:<6}" for m in self.modes) + "  why (cswap)"]
+        for t in shown:
+            where = f"{t.made_in or '<root>'} ({t.made_in_type})"
+            lines.append(f"{where[:28]:<28} {t.op[:12]:<12} {t.saved_by[:20]:<20} {t.nbytes / 2**20:>7.1f} "
+                         f"{t.sparsity:>8.2f}  " + " ".join(f"{t.decisions[m]:<6}" for m in self.modes)
+                         + f"  {t.why}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def __repr__(self) -> str:
+        modes = ", ".join(f"{m} {gib(p.peak_bytes)} {p.step_seconds * 1e3:.2f} ms" for m, p in self.modes.items())
+        return (f"Prediction({self.gpu.name}, batch {self.batch}, {self.precision}, {len(self.tensors)} saved "
+                f"activations; {modes}; predicted)")
 
     def to_json(self) -> str:
         g = self.gpu

@@ -110,6 +110,15 @@ class SwapStats(Mapping):
     def __len__(self) -> int:
         return len(_FIELDS)
 
+    def __getattr__(self, name: str):
+        """stats.offloaded_tensors as stats["offloaded_tensors"]: what the repr shows works."""
+        if name in _FIELDS:
+            return self[name]
+        raise AttributeError(f"cswap.stats: no field {name!r}; fields are {', '.join(_FIELDS)}")
+
+    def __dir__(self):
+        return [*super().__dir__(), *_FIELDS]
+
     def __repr__(self) -> str:
         return "SwapStats(" + ", ".join(f"{k}={self[k]}" for k in self) + ")"
 
