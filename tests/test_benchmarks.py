@@ -47,6 +47,23 @@ def test_codec_benchmark_quick_run_writes_results(tmp_path, capsys):
     assert "zvc" in capsys.readouterr().out
 
 
+def test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200(tmp_path, capsys):
+    bench = _load(BENCHMARKS / "codec_counts.py")
+    doc = bench.main(["--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.5", "0.8", "--mib", "0.0625",
+                      "--no-builds", "--out", str(tmp_path)])
+    now = {(r["sparsity"], r["path"]): r for r in doc["counts"]}
+    before = {(r["sparsity"], r["path"]): r for r in doc["measured_counts"]}
+    # The one-pass encoder reads its input once where the measured code read it twice (a
+    # compress into a buffer of the exact size still counts the non-zeros first).
+    assert now[(0.8, "launch_into")]["read_per_byte"] < before[(0.8, "compress")]["read_per_byte"] - 0.9
+    assert now[(0.8, "launch_into")]["syncs"] == 0 and (0.8, "launch_into") not in before
+    model = doc["model"]
+    assert model["launch_us"] > 0 and model["bandwidth_gbps"] > 100
+    assert {r["path"] for r in model["rows"]} == {"compress", "decompress"} and len(model["rows"]) == 2 * 2 * 3
+    assert json.loads((tmp_path / "counts.json").read_text())["counts"] == doc["counts"]
+    assert "static model" in capsys.readouterr().out
+
+
 def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
     bench = _load(BENCHMARKS / "runtime.py")
     rows = bench.main(["--quick", "--batch", "2", "--warmup", "2", "--iters", "1", "--check-decisions", "1",
