@@ -18,7 +18,9 @@ class ZVC(Codec):
 
     def _encode_scratch_bytes(self, numel, itemsize):
         tiles = -(-numel // kernels.TILE)
-        return 16 * (tiles + 1)  # the count pass's per-tile counts and their prefix sums (int64)
+        # int64 per tile and one more: the count pass's counts and their prefix sums (encode),
+        # the one-pass encoder's tile states (both paths)
+        return 24 * (tiles + 1)
 
     def _encode(self, words, shape, config, backend, alloc):
         if backend == "triton":
