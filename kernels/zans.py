@@ -405,8 +405,8 @@ def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int
     dec = torch.empty(planes, PROB_SCALE, dtype=torch.int32, device=device)
     ok = torch.empty(planes, dtype=torch.int32, device=device)
     sums = torch.empty(planes, dtype=torch.int64, device=device)
-    if freqs.numel() == 0:  # (a pointer for the kernel's masked-off loads)
-        freqs = torch.zeros(1, 256, dtype=torch.int16, device=device)
+    if freqs.numel() == 0:  # no plane coded: any int16 pointer for the kernel's masked-off loads
+        freqs = dec.view(torch.int16)
     _zans_tables_kernel[(planes,)](freqs, dec, ok, sums, coded_planes, num_warps=4, maxnreg=max_registers(4))
     return dec, ok, sums
 

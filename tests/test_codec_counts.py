@@ -81,7 +81,7 @@ def test_zvc_encode_into_an_exact_buffer_reads_its_size_once():
 @pytest.mark.parametrize("name", sorted(cswap.codecs.names()))
 def test_no_codec_reads_the_device_on_the_host_to_decode(name):
     codec = cswap.codecs.get(name)
-    payload, header = codec.encode(activation(1 << 14), CONFIG, "triton")
+    payload, header = codec.encode(activation(1 << 12), CONFIG, "triton")
     with CallCounts() as counts:
         codec.decode(payload, header, config=CONFIG, backend="triton")
     assert counts.syncs == [] and counts.names(triton=True)
@@ -92,7 +92,7 @@ def test_zans_builds_its_decoder_tables_in_one_kernel(sparsity):
     """The tables took about 30 torch ops a coded plane (89 launches a bf16 decode): now
     one kernel; a dense tensor decodes in 4 launches, a masked one adds the mask's count
     and ZVC's expansion."""
-    x = make_tensor(1 << 14, sparsity, torch.bfloat16, "blocky", torch.device("cpu"), seed=0)
+    x = make_tensor(1 << 12, sparsity, torch.bfloat16, "blocky", torch.device("cpu"), seed=0)
     codec = cswap.codecs.get("zans")
     payload, header = codec.encode(x, CONFIG, "triton")
     with CallCounts() as counts:
