@@ -394,7 +394,7 @@ def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tenso
     return packed_t, magic_t
 
 
-def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int
+def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int, config: LaunchConfig | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From the payload's tables (int16 [C, 256], on its device), in one kernel and no
     host sync: dec int32 [W + 1, 4096] (slot -> sym | (f - 1) << 8 | (slot - c) << 20),
@@ -407,7 +407,8 @@ def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int
     sums = torch.empty(planes, dtype=torch.int64, device=device)
     if freqs.numel() == 0:  # no plane coded: any int16 pointer for the kernel's masked-off loads
         freqs = dec.view(torch.int16)
-    _zans_tables_kernel[(planes,)](freqs, dec, ok, sums, coded_planes, num_warps=4, maxnreg=max_registers(4))
+    warps = launch_grid(config, planes, device)[1]
+    _zans_tables_kernel[(planes,)](freqs, dec, ok, sums, coded_planes, num_warps=warps, maxnreg=max_registers(warps))
     return dec, ok, sums
 
 
@@ -880,7 +881,7 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
     itemsize = torch.empty((), dtype=word_dtype).element_size()
     tv, tm, total_tiles = geometry(n, tile, mode, symbols, itemsize)
     offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
-    dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize)
+    dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize, config)
     out = decoder_output(out, n, word_dtype, device, zero=False)
     status = torch.empty(total_tiles + 1, 2, dtype=torch.int64, device=device)  # the kernel writes every row
     if mode == MASKED:

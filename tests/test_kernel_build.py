@@ -35,6 +35,7 @@ KERNELS |= {"zvc._zvc_one_pass_kernel"}  # ZVC's encoder; _zvc_compress_kernel s
 KERNELS |= {"lz4._lz4_compress_kernel", "lz4._lz4_decompress_kernel"}
 KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "encode", "pack", "decode", "mask_count", "tables")}
 ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_mask_count_kernel", "zans._zans_tables_kernel"}  # mask bits; decoder tables: whatever the tensor
+NO_SIZES = {"zans._zans_tables_kernel"}  # pointers and a plane mask: no argument grows with the tensor
 MIN_BLOCK = {"zvc._zvc_one_pass_kernel": 32 * ONE_PASS_MIN_WARPS}  # holds a whole tile: at least this many threads
 
 
@@ -71,7 +72,8 @@ def test_every_kernel_is_built_at_every_tuner_block_and_word_type(builds):
             else:
                 expected = {"int8", "int16", "int32", "int64"}
             assert words == expected, (kernel, block, words)
-        assert any(" i64 " in c for c in configs), f"{kernel}: no build with 64-bit sizes"
+        if kernel not in NO_SIZES:
+            assert any(" i64 " in c for c in configs), f"{kernel}: no build with 64-bit sizes"
 
 
 def test_no_compile_errors_and_no_hot_spills(builds):
