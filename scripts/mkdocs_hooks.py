@@ -14,12 +14,14 @@ import re
 import shutil
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 FROM_ROOT = {"index.md": "README.md", "changelog.md": "CHANGELOG.md"}
 
 
+@event_priority(100)  # before mkdocstrings reads its paths: the first build of a clean checkout
 def on_config(config):
     tree = ROOT / "build" / "docs-api" / "cswap"
     if tree.exists():
