@@ -23,33 +23,18 @@ import contextlib
 import gc
 import importlib
 import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import warnings
-from io import BytesIO
 from pathlib import Path
 
 import torch
 
 from cswap.tune.host_cost import chain, time_steps, young_collections_only  # (overhead.py's chain and clock)
-from common import settle  # (a sibling: benchmarks/ is on the path when run as a script)
+from common import installed_tree, settle  # (a sibling: benchmarks/ is on the path when run as a script)
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS, WIDTH, BATCH = 100, 64, 32
-
-
-def extract(commit: str, into: Path) -> None:
-    """The commit's cswap package (kernels and models live beside it in the repo) as cswap_base."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "cswap", "kernels", "models"],
-                             check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    base = into / "cswap_base"
-    (into / "cswap").rename(base)
-    for sub in ("kernels", "models"):
-        (into / sub).rename(base / sub)
 
 
 def compare(base, new, mode: str, rounds: int, steps: int = 10) -> dict:
@@ -86,7 +71,7 @@ def main(argv=None) -> dict:
     warnings.filterwarnings("ignore", message=".*saves no memory", category=RuntimeWarning)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
-        extract(args.commit, Path(folder))
+        installed_tree(args.commit, Path(folder), "cswap_base")
         sys.path.insert(0, folder)
         base, new = importlib.import_module("cswap_base"), importlib.import_module("cswap")
         result = compare(base, new, args.mode, args.rounds)

@@ -30,9 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-from io import BytesIO
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
@@ -76,6 +74,7 @@ def count_rows(codecs, dtypes, sparsities, mib: float, progress=print) -> list[d
                 paths["decompress"] = counts
                 if not torch.equal(y.view(torch.uint8), x.view(torch.uint8)):
                     raise AssertionError(f"{name} did not round-trip")
+                # (the measured commit's codecs predate Codec.reserve_nbytes and launch_into)
                 reserve = getattr(codec, "reserve_nbytes", lambda *a: None)(x.numel(), x.element_size())
                 if reserve is not None:
                     reserved = torch.empty(reserve, dtype=torch.uint8)
@@ -95,15 +94,11 @@ def count_rows(codecs, dtypes, sparsities, mib: float, progress=print) -> list[d
 
 def count_commit(commit: str, args) -> list[dict]:
     """count_rows in `commit`'s cswap (extracted with git archive; this tree's counter put in)."""
+    from common import installed_tree  # (not at the top: the worker runs without benchmarks/ on its path)
+
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "cswap", "kernels", "models"],
-                                 check=True, capture_output=True).stdout
-        with tarfile.open(fileobj=BytesIO(archive)) as tar:
-            tar.extractall(tmp, filter="data")
         tree = Path(tmp)
-        for sub in ("kernels", "models"):
-            (tree / sub).rename(tree / "cswap" / sub)
-        shutil.copy(ROOT / "kernels" / "counting.py", tree / "cswap" / "kernels" / "counting.py")
+        shutil.copy(ROOT / "kernels" / "counting.py", installed_tree(commit, tree) / "kernels" / "counting.py")
         out = tree / "rows.json"
         env = {**os.environ, "PYTHONPATH": str(tree), "TRITON_INTERPRET": "1"}
         subprocess.run([sys.executable, "-P", __file__, "--worker", str(out), "--codecs", *args.codecs,

@@ -8,7 +8,10 @@ import importlib
 import json
 import platform
 import re
+import subprocess
 import sys
+import tarfile
+from io import BytesIO
 from pathlib import Path
 
 import torch
@@ -16,6 +19,22 @@ import torch
 import cswap
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def installed_tree(commit: str, into: Path, name: str = "cswap") -> Path:
+    """`commit`'s cswap extracted (git archive) into `into`/`name`, laid out as installed:
+    kernels/ and models/ inside it, as cswap.kernels and cswap.models."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "cswap", "kernels", "models"],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    package = into / name
+    if name != "cswap":
+        (into / "cswap").rename(package)
+    for sub in ("kernels", "models"):
+        (into / sub).rename(package / sub)
+    return package
 
 
 def synchronize(device: torch.device) -> None:

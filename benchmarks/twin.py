@@ -39,11 +39,9 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import warnings
-from io import BytesIO
 from pathlib import Path
 
 import torch
@@ -417,12 +415,9 @@ def replay(args) -> list[dict]:
 def extract(commit: str, into: Path) -> Path:
     """The commit's cswap laid out as installed (kernels and models inside it), with this
     tree's emulator, seam, twin and the twin's table put in."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "cswap", "kernels", "models"],
-                             check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    for sub in ("kernels", "models"):
-        (into / sub).rename(into / "cswap" / sub)
+    from common import installed_tree
+
+    installed_tree(commit, into)
     for path in ("cswap/runtime/device.py", "cswap/runtime/emulator.py", "cswap/runtime/twin.py",
                  "cswap/data/twin-nvidia-h200.json"):
         shutil.copy(ROOT / path, into / path)

@@ -27,7 +27,7 @@ from ..plan import sparsity as sparsity_sources
 from ..plan.gpus import gpus
 from ..plan.optimizers import OPTIMIZERS
 from ..plan.roofline import PRECISIONS
-from ..plan.whatif import RESERVE_BYTES, Prediction, gib as _gib, parse_bytes, predict
+from ..plan.whatif import RESERVE_BYTES, Prediction, gib, parse_bytes, predict
 
 __all__ = ["main", "parse_args"]
 
@@ -141,12 +141,12 @@ def fit_report(choices, tried: int, gpu_label: str, precision: str, shown: int =
     head = f"{'rank':>4} {'step ms':>9} {'peak':>10} {'mode':<9} {'exact':<5} setup"
     lines += [head, "-" * len(head)]
     for i, c in enumerate(rows, 1):
-        paged = f" (+{_gib(c.paged_bytes)} paged)" if c.paged_bytes else ""
-        lines.append(f"{i:>4} {c.step_seconds * 1e3:>9.2f} {_gib(c.peak_bytes):>10} {c.mode:<9} "
+        paged = f" (+{gib(c.paged_bytes)} paged)" if c.paged_bytes else ""
+        lines.append(f"{i:>4} {c.step_seconds * 1e3:>9.2f} {gib(c.peak_bytes):>10} {c.mode:<9} "
                      f"{'yes' if c.exact else 'no':<5} {c.setup.label()}{paged}")
     exact = next((c for c in fitting if c.exact), None)
     if fitting and exact is not None and not fitting[0].exact:
-        lines += ["", f"fastest exact: {exact.step_seconds * 1e3:.2f} ms, {_gib(exact.peak_bytes)}, {exact.mode}, "
+        lines += ["", f"fastest exact: {exact.step_seconds * 1e3:.2f} ms, {gib(exact.peak_bytes)}, {exact.mode}, "
                       f"{exact.setup.label()} (rank {fitting.index(exact) + 1})"]
     lines += ["", "exact: trains the numbers the plain step would (8-bit optimizer states do not); "
                   "of combinations predicted alike, the simplest is shown."]
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
         table = [gpu(name) for name in gpus()]
         width = max(len(g.name) for g in table), max(len(g.label) for g in table)
         for g in table:
-            print(f"{g.name:<{width[0]}} {g.label:<{width[1]}} {_gib(g.memory_bytes):>11} "
+            print(f"{g.name:<{width[0]}} {g.label:<{width[1]}} {gib(g.memory_bytes):>11} "
                   f"{g.hbm_bytes_per_s / 1e12:5.2f} TB/s {g.link}")
         return 0
     try:
