@@ -42,6 +42,23 @@ def test_host_cost_is_measured_and_leaves_no_threads_behind():
     assert threading.active_count() == threads  # the patched chain was unpatched: its swapper's threads stopped
 
 
+def test_host_cost_noise_pushed_to_zero_is_measured_again_with_more_steps(monkeypatch):
+    from cswap.tune import host_cost
+
+    seen = []
+
+    def noisy(device, layers, width, batch, steps, rounds, warmup):
+        seen.append(steps)
+        return -1e-3 if len(seen) < 3 else 2e-3  # a parallel test run swamps the first two
+
+    monkeypatch.setattr(host_cost, "_added_seconds", noisy)
+    assert host_cost.host_seconds_per_tensor(torch.device("cpu"), layers=10, steps=4) == pytest.approx(2e-4)
+    assert seen == [4, 8, 16]
+    seen.clear()
+    monkeypatch.setattr(host_cost, "_added_seconds", lambda *a: seen.append(a) or -1.0)
+    assert host_cost.host_seconds_per_tensor(torch.device("cpu"), attempts=2) == 0.0 and len(seen) == 2
+
+
 def test_compare_prints_search_and_regressor_tables(tmp_path, capsys):
     out = tmp_path / "p.json"
     code = main(["--quick", "--compare", "--codecs", "rle", "--out", str(out), "--no-progress",
