@@ -86,20 +86,22 @@ pass, so both write the same bytes):
     is right and also sees entropy-coded masks of clustered zeros, zeros that
     are cheap in dense mode (int8, bool) and compressible low bytes.
 
-Encoding: one histogram pass (one host sync: 256 x (W + 1) counts), then in
-masked mode ZVC's compaction kernel (mask words + non-zeros into scratch),
-then ONE rANS pass that writes every coded tile's stream into bounded scratch
-(the tile's raw_len bytes: a tile whose stream would not be shorter is stored
-raw, so the scratch never overflows), then the tiles' lengths are summed (the
-second host sync), alloc(payload_nbytes) is called once and a pack kernel
-copies streams and raw tiles into place. One rANS pass plus a copy of the
-compressed bytes, rather than two rANS passes (size, then write): the rANS
-step (a division per symbol) costs more than copying its output once. Two host
-syncs rather than the other codecs' one: the tables must be known before the
-encoder runs and the sizes after it. Scratch: the coded planes' raw bytes
-(a byte per symbol), plus in masked mode the mask (n / 8 bytes) and the
-non-zeros (nnz x W bytes); decoding in masked mode needs the same mask and
-non-zeros scratch.
+Encoding (zans_launch, the runtime's path): one histogram pass and its counts read
+back (the one host sync: 256 x (W + 1) counts, which the plan needs), then in masked
+mode ZVC's compaction kernel (mask words + non-zeros into scratch), then ONE rANS
+pass that writes every coded tile's stream into bounded scratch (the tile's raw_len
+bytes: a tile whose stream would not be shorter is stored raw, so the scratch never
+overflows) and every tile's length, their prefix sums (torch.cumsum), and a pack
+kernel that copies streams and raw tiles into place in a buffer reserved for the
+largest payload (reserve_nbytes), writes the offset table and leaves streams_nbytes
+on the device beside the meta. The host's tables go up in one queued copy, and the
+payload's head (the offset table's padding, the frequency tables) in another. One
+rANS pass plus a copy of the compressed bytes, rather than two rANS passes (size,
+then write): the rANS step (a division per symbol) costs more than copying its
+output once. zans_compress, into a buffer of the exact size, reads the size back
+(a second sync) and copies the payload there. Scratch: the coded planes' raw bytes
+(a byte per symbol), plus in masked mode the mask (n / 8 bytes) and the non-zeros
+(nnz x W bytes); decoding in masked mode needs the same mask and non-zeros scratch.
 
 Decoding: tables (torch, on the device: 4096-entry slot -> (symbol, f,
 slot - c) per coded plane), one kernel over every tile of every plane (raw
@@ -143,7 +145,8 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
-from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements, to_device
+from .launch import (LaunchConfig, copy_from_host, decoder_output, launch_grid, max_registers, step_elements,
+                     to_device)
 
 __all__ = [
     "TILE", "LANES", "PROB_BITS", "PROB_SCALE", "STATE_LOW", "CODE_BELOW", "MIN_TILE", "MAX_TILE",
@@ -152,7 +155,8 @@ __all__ = [
     "MASK_COUNT",
     "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "decoder_tables_ref", "geometry", "mask_nbytes", "stream_bounds",
     "layout", "size_bound", "byte_histograms", "predicted_size",
-    "sections", "zans_compress", "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
+    "sections", "reserve_nbytes", "encoder_tables_np", "zans_launch", "zans_launch_ref", "zans_compress",
+    "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
 ]
 
 # TILE = 16384 symbols per tile: the K x 4-byte state flush is 128 bytes a tile per
@@ -376,9 +380,9 @@ def plan(hist, n: int, itemsize: int, tile: int = TILE, code_below: float = CODE
                 int(masked_cost if use_masked else dense_cost))
 
 
-def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+def encoder_tables_np(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per plane and symbol: packed f | c << 13 | sh2 << 25 | sh1 << 29, and the magic
-    reciprocal m (int32 bit patterns), so that x // f = (t + ((x - t) >> sh1)) >> sh2
+    reciprocal m (int32 bit patterns, as int64), so that x // f = (t + ((x - t) >> sh1)) >> sh2
     with t = umulhi(x, m) for every 32-bit x (Granlund & Montgomery 1994, fig. 4.1)."""
     f = np.asarray(freqs, dtype=np.int64)
     c = np.cumsum(f, axis=1) - f
@@ -388,8 +392,13 @@ def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tenso
     sh1 = np.minimum(bits, 1)
     sh2 = np.maximum(bits - 1, 0)
     packed = f | (c & 4095) << 13 | sh2 << 25 | sh1 << 29
-    magic32 = np.where(magic >= 1 << 31, magic - (1 << 32), magic)
-    tables = torch.from_numpy(np.stack([packed.astype(np.int32), magic32.astype(np.int32)]))
+    return packed, np.where(magic >= 1 << 31, magic - (1 << 32), magic)
+
+
+def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """encoder_tables_np's (packed, magic) as int32 on `device`, in one queued copy."""
+    packed, magic = encoder_tables_np(freqs)
+    tables = torch.from_numpy(np.stack([packed.astype(np.int32), magic.astype(np.int32)]))
     packed_t, magic_t = to_device(tables, device)  # one copy, queued: no host sync
     return packed_t, magic_t
 
@@ -442,11 +451,10 @@ def decoder_tables_ref(freqs: torch.Tensor, coded_planes: int, itemsize: int
     return dec, ok, sums
 
 
-def _freqs_int16(freqs: np.ndarray, coded_planes: int) -> torch.Tensor:
+def _freqs_int16(freqs: np.ndarray, coded_planes: int) -> np.ndarray:
+    """The coded planes' tables as stored: int16 [C, 256] (uint16 bit patterns)."""
     rows = [freqs[q] for q in range(freqs.shape[0]) if (coded_planes >> q) & 1]
-    if not rows:
-        return torch.zeros(0, 256, dtype=torch.int16)
-    return torch.from_numpy(np.stack(rows).astype(np.uint16).view(np.int16))
+    return np.stack(rows).astype(np.uint16).view(np.int16) if rows else np.zeros((0, 256), dtype=np.int16)
 
 
 # -- Triton -------------------------------------------------------------------------------
@@ -605,21 +613,27 @@ def _zans_encode_kernel(values_ptr, mask_ptr, enc_ptr, magic_ptr, sbase_ptr, scr
 
 
 @triton.jit(do_not_specialize=["symbols", "mask_bytes", "tile", "tiles_per_plane", "total_tiles"])
-def _zans_pack_kernel(values_ptr, mask_ptr, scratch_ptr, sbase_ptr, offsets_ptr, streams_ptr,
-                      symbols, mask_bytes, tile, tiles_per_plane, total_tiles,
+def _zans_pack_kernel(values_ptr, mask_ptr, scratch_ptr, sbase_ptr, lens_ptr, ends_ptr, offsets_ptr, streams_ptr,
+                      size_ptr, symbols, mask_bytes, tile, tiles_per_plane, total_tiles,
                       W: tl.constexpr, BLOCK: tl.constexpr):
-    """Copy each tile's stream into the payload: the encoder's stream from scratch, or
-    the tile's raw bytes (and a zero pad byte) from the plane."""
+    """Copy each tile's stream into the payload (the encoder's stream from scratch, or the
+    tile's raw bytes and a zero pad byte from the plane) at its offset (`ends`: the
+    lengths' inclusive prefix sums), and write the offset table; the last tile also
+    zeroes the streams' alignment padding and leaves streams_nbytes in `size_ptr`."""
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     i0 = tl.arange(0, BLOCK)
+    first_lane = i0 == 0
     for t0 in range(pid, total_tiles, nprog):
         # Everything per tile as a block of BLOCK equal values: the CPU interpreter (Triton
         # 3.9) turns a 0-d bool & a block of bools into integers, which a mask rejects.
         t = t0 + i0 * 0
         is_mask, q, tip, first, tlen = _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W)
-        start = tl.load(offsets_ptr + t)
-        length = tl.load(offsets_ptr + t + 1) - start
+        end = tl.load(ends_ptr + t)
+        length = tl.load(lens_ptr + t)
+        start = end - length
+        tl.store(offsets_ptr + t + 1, end, mask=first_lane)
+        tl.store(offsets_ptr + t, start, mask=first_lane & (t == 0))
         raw = length == tlen + (tlen & 1)
         # A coded tile's stream ends where its scratch region does (byte 2 * (region + cap)).
         src = tl.load(sbase_ptr + q) * 2 + tip * tile + 2 * ((tlen + 1) // 2) - length
@@ -631,6 +645,10 @@ def _zans_pack_kernel(values_ptr, mask_ptr, scratch_ptr, sbase_ptr, offsets_ptr,
             pm = tl.load(mask_ptr + first + i, mask=in_tile & is_mask, other=0)
             sc = tl.load(scratch_ptr + src + i, mask=inb & (raw == 0), other=0)
             tl.store(streams_ptr + start + i, tl.where(raw, tl.where(is_mask, pm, pv), sc), mask=inb)
+        last = t == total_tiles - 1
+        pad = (16 - end % 16) % 16
+        tl.store(streams_ptr + end + i0, tl.zeros([BLOCK], dtype=tl.uint8), mask=last & (i0 < pad))
+        tl.store(size_ptr + t * 0, end, mask=first_lane & last)
 
 
 @triton.jit(do_not_specialize=["coded_planes"])
@@ -799,8 +817,8 @@ def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.nda
     tile on the device."""
     n, itemsize = words.numel(), words.element_size()
     num_tiles = _cdiv(n, _zvc.TILE)
-    hist = torch.zeros(itemsize + 1, 256, dtype=torch.int64, device=words.device)
-    counts = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
+    zeroed = torch.zeros((itemsize + 1) * 256 + num_tiles + 1, dtype=torch.int64, device=words.device)
+    hist, counts = zeroed[: (itemsize + 1) * 256].view(itemsize + 1, 256), zeroed[(itemsize + 1) * 256:]
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, words.device)
         sub = step_elements(_zvc.TILE, warps, itemsize)
@@ -809,13 +827,36 @@ def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.nda
     return hist.cpu().numpy(), counts
 
 
-def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE,
-                  code_below: float = CODE_BELOW) -> tuple[int, int, int, int, int]:
-    """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns the
-    meta (tile, mode, symbols, coded_planes, streams_nbytes). Two host syncs: the
-    histograms read back, and the streams' size; the host's tables go up queued."""
+def reserve_nbytes(n: int, itemsize: int, tile: int = TILE) -> int:
+    """The bytes zans_launch writes into for n words of `itemsize` bytes, whatever its
+    plan: the offsets of either mode's tiles, a table for every plane and every tile raw
+    (a coded tile is kept only when shorter), aligned as `layout` aligns them."""
+    tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)
+    streams = itemsize * (n + 1) + mask_nbytes(n)  # raw planes: a pad byte each after an odd last tile
+    return _align(8 * (tiles + 1)) + 512 * (itemsize + 1) + _align(streams)
+
+
+def _host_tables(p: Plan, bases: list[int], meta: tuple[int, ...], device) -> tuple[torch.Tensor, ...]:
+    """The plan's tables, made on the host, up to the device in one queued copy: the
+    encoder's (packed, magic), the planes' scratch bases and the size words (meta)."""
+    packed, magic = encoder_tables_np(p.freqs)
+    parts = [np.asarray(meta, dtype=np.int64), np.asarray(bases, dtype=np.int64),
+             packed.astype(np.int32).view(np.int64), magic.astype(np.int32).view(np.int64)]
+    blob = to_device(torch.from_numpy(np.concatenate([a.reshape(-1) for a in parts])), device)
+    cuts = np.cumsum([0] + [a.size for a in parts])
+    sizes, sbase, enc, mg = (blob[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
+    return sizes, sbase, enc.view(torch.int32), mg.view(torch.int32)
+
+
+def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
+                tile: int = TILE, code_below: float = CODE_BELOW) -> torch.Tensor:
+    """Compress 1-D integer `words` with Triton into `reserved` (reserve_nbytes bytes,
+    16-byte aligned) with one host sync, the histograms read back for the plan: the
+    streams' size stays on the device. Returns the meta (tile, mode, symbols,
+    coded_planes, streams_nbytes) as int64 [5] on the device; the payload is the first
+    layout(...)[3] bytes of `reserved`, byte for byte what zans_compress_ref writes."""
     n, itemsize, device = words.numel(), words.element_size(), words.device
-    hist, counts = _histogram(words, config)
+    hist, counts = _histogram(words, config)  # the one host sync
     p = plan(hist, n, itemsize, tile, code_below)
     tv, tm, total_tiles = geometry(n, tile, p.mode, p.symbols, itemsize)
     mbytes = mask_nbytes(n) if p.mode == MASKED else 0
@@ -831,32 +872,50 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
         masks = torch.empty(0, dtype=torch.int32, device=device)
         values = words
     bases, scratch_halves = _scratch_bases(n, tile, p.mode, p.symbols, p.coded_planes, itemsize)
-    sbase = to_device(torch.tensor(bases, dtype=torch.int64), device)
-    scratch = torch.empty(max(scratch_halves, 1), dtype=torch.int16, device=device)
-    lens = torch.zeros(total_tiles, dtype=torch.int64, device=device)
-    values8, masks8 = _as_u8(values), _as_u8(masks)
+    sizes, sbase, enc, magic = _host_tables(p, bases, (tile, p.mode, p.symbols, p.coded_planes, 0), device)
+    _, off_freqs, off_streams, _ = layout(n, tile, p.mode, p.symbols, p.coded_planes, 0, itemsize)
+    # What the host knows of the payload's head, in one queued copy: the offset table's
+    # alignment padding and the coded planes' tables (with offsets[0] when there is no tile).
+    head_from = 8 * (total_tiles + 1) if total_tiles else 0
+    head = np.zeros(off_streams - head_from, dtype=np.uint8)
+    head[off_freqs - head_from:] = _freqs_int16(p.freqs, p.coded_planes).view(np.uint8).reshape(-1)
+    if head.size:
+        copy_from_host(reserved[head_from:off_streams], torch.from_numpy(head))
     if total_tiles:
-        enc, magic = encoder_tables(p.freqs, device)
+        scratch = torch.empty(max(scratch_halves, 1), dtype=torch.int16, device=device)
+        lens = torch.empty(total_tiles, dtype=torch.int64, device=device)
+        values8, masks8 = _as_u8(values), _as_u8(masks)
         warps = launch_grid(config, 1, device)[1]  # one warp per tile: a program takes `warps` tiles
         grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
         _zans_encode_kernel[(grid,)](values8, masks8, enc, magic, sbase, scratch, lens, p.symbols, mbytes, tile,
                                      tv, total_tiles, p.coded_planes, W=itemsize, K=LANES, ROWS=warps,
                                      num_warps=warps, maxnreg=max_registers(warps))
-    offsets = torch.zeros(total_tiles + 1, dtype=torch.int64, device=device)
-    torch.cumsum(lens, 0, out=offsets[1:])
-    streams_nbytes = int(offsets[-1])  # the second host sync: sizes the buffer
-    payload = alloc(layout(n, tile, p.mode, p.symbols, p.coded_planes, streams_nbytes, itemsize)[3])
-    payload.zero_()
-    out_offsets, out_freqs, streams = sections(payload, n, tile, p.mode, p.symbols, p.coded_planes,
-                                               streams_nbytes, itemsize)
-    out_offsets.copy_(offsets)
-    out_freqs.copy_(to_device(_freqs_int16(p.freqs, p.coded_planes), device))
-    if total_tiles:
+        ends = torch.cumsum(lens, 0)
+        offsets = reserved[: 8 * (total_tiles + 1)].view(torch.int64)
         grid, warps = launch_grid(config, total_tiles, device)
-        _zans_pack_kernel[(grid,)](values8, masks8, scratch.view(torch.uint8), sbase, offsets, streams,
-                                   p.symbols, mbytes, tile, tv, total_tiles, W=itemsize,
-                                   BLOCK=32 * warps * 4, num_warps=warps, maxnreg=max_registers(warps))
-    return tile, p.mode, p.symbols, p.coded_planes, streams_nbytes
+        _zans_pack_kernel[(grid,)](values8, masks8, scratch.view(torch.uint8), sbase, lens, ends, offsets,
+                                   reserved[off_streams:], sizes[4:], p.symbols, mbytes, tile, tv, total_tiles,
+                                   W=itemsize, BLOCK=32 * warps * 4, num_warps=warps, maxnreg=max_registers(warps))
+    return sizes
+
+
+def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE,
+                  code_below: float = CODE_BELOW) -> tuple[int, int, int, int, int]:
+    """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns the
+    meta (tile, mode, symbols, coded_planes, streams_nbytes). zans_launch, then its
+    size read back (the second host sync) and the payload copied to its exact size."""
+    n, itemsize, device = words.numel(), words.element_size(), words.device
+    reserved = torch.empty(reserve_nbytes(n, itemsize, tile), dtype=torch.uint8, device=device)
+    meta = tuple(zans_launch(words, reserved, config, tile, code_below).tolist())
+    payload = alloc(layout(n, *meta[:4], meta[4], itemsize)[3])
+    payload.copy_(reserved[: payload.numel()])
+    return meta
+
+
+def zans_launch_ref(words: torch.Tensor, reserved: torch.Tensor, tile: int = TILE) -> torch.Tensor:
+    """zans_launch in plain PyTorch (the reference encoder into `reserved`)."""
+    meta = zans_compress_ref(words, lambda nbytes: reserved[:nbytes], tile)
+    return torch.tensor(meta, dtype=torch.int64, device=words.device)
 
 
 def _global_checks(status: torch.Tensor, offsets: torch.Tensor, streams_nbytes: int) -> None:
@@ -1072,7 +1131,7 @@ def zans_compress_ref(words: torch.Tensor, alloc, tile: int = TILE, code_below: 
     out_offsets, out_freqs, streams = sections(payload, n, tile, p.mode, p.symbols, p.coded_planes,
                                                streams_nbytes, itemsize)
     out_offsets.copy_(offsets)
-    out_freqs.copy_(to_device(_freqs_int16(p.freqs, p.coded_planes), device))
+    out_freqs.copy_(to_device(torch.from_numpy(_freqs_int16(p.freqs, p.coded_planes)), device))
     s16 = streams.view(torch.int16) if streams_nbytes else None
     offs = offsets.tolist()
     t0 = 0

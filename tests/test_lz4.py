@@ -241,7 +241,10 @@ def test_unaligned_and_odd_sized_input():
     assert_bit_equal(LZ4.decompress(a, backend="triton"), x)
 
 
-@pytest.mark.parametrize("grid,block", [(1, 32), (2, 64), (3, 128), (1000, 256)])
+# (3, 128) in the quick run: several programs, each looping; the rest with the slow tests
+@pytest.mark.parametrize("grid,block", [pytest.param(1, 32, marks=pytest.mark.slow),
+                                        pytest.param(2, 64, marks=pytest.mark.slow), (3, 128),
+                                        pytest.param(1000, 256, marks=pytest.mark.slow)])
 def test_launch_config_does_not_change_result(grid, block):
     x = blocky((CHUNK + 100,), torch.uint8, 0.5, run=5000)  # few sequences: fast to interpret
     config = cswap.LaunchConfig(grid=grid, block=block)

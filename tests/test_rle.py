@@ -152,7 +152,10 @@ def test_backends_write_identical_bytes_and_decode_each_other(x):
     assert_bit_equal(RLE.decompress(b, backend="torch"), x)
 
 
-@pytest.mark.parametrize("grid,block", [(1, 32), (2, 64), (3, 128), (1000, 256)])
+# (3, 128) in the quick run: several programs, each looping; the rest with the slow tests
+@pytest.mark.parametrize("grid,block", [pytest.param(1, 32, marks=pytest.mark.slow),
+                                        pytest.param(2, 64, marks=pytest.mark.slow), (3, 128),
+                                        pytest.param(1000, 256, marks=pytest.mark.slow)])
 def test_launch_config_does_not_change_result(grid, block):
     x = blocky((5 * T + 3,), torch.float32, 0.5, run=50)
     config = cswap.LaunchConfig(grid=grid, block=block)
@@ -173,6 +176,7 @@ def test_small_tiles_round_trip_through_the_header(tile, n):
         assert_bit_equal(RLE.decompress(blob, backend=backend), x)
 
 
+@pytest.mark.slow  # 7 s in the interpreter
 def test_largest_tile_uses_all_16_bits():
     # starts and befores above 2**15: the uint16 fields must not sign-extend.
     tile = kr.MAX_TILE

@@ -627,6 +627,20 @@ def test_triton_encode_waits_for_the_device_twice():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or interpreting(), reason="counts CUDA host syncs")
+def test_triton_launch_waits_for_the_device_once():
+    """Issue 41 §1: the runtime's path reads only the histograms back; its size stays on the device."""
+    words = torch.randint(-3, 4, (1 << 16,), dtype=torch.int32, device="cuda")
+    words[::3] = 0
+    reserved = torch.empty(kz.reserve_nbytes(words.numel(), 4), dtype=torch.uint8, device="cuda")
+    kz.zans_launch(words, reserved)  # warm: compiles
+    sizes, syncs = cuda_syncs(lambda: kz.zans_launch(words, reserved))
+    assert len(syncs) == 1, syncs
+    meta = encode(words, "torch", tile=kz.TILE, code_below=kz.CODE_BELOW)[0]
+    assert tuple(sizes.tolist()) == tuple(meta)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="counts CUDA host syncs")
 def test_the_profilers_histograms_never_wait_for_the_device():
     """Issue 26 §4: the profiler samples in forward, on the training thread: bincount (which

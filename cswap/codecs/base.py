@@ -215,6 +215,7 @@ class Codec:
 
     # The three steps of `launch`, for the runtime, which allocates and reads back itself.
     size_words: ClassVar[int] = 1  # int64 words launch_into leaves for the host
+    launch_syncs: ClassVar[int] = 0  # host syncs launch_into makes (ZANS: 1, its plan's histograms)
 
     def reserve_nbytes(self, numel: int, itemsize: int) -> int | None:
         """The device bytes launch_into writes into for `numel` elements of `itemsize`
@@ -224,7 +225,8 @@ class Codec:
     def launch_into(self, x: torch.Tensor, reserved: torch.Tensor, sizes: torch.Tensor,
                     config: LaunchConfig | None = None, backend: str = "auto") -> None:
         """Queue the encode of `x` into `reserved` (reserve_nbytes bytes, 16-byte aligned, on
-        x's device), leaving `size_words` int64 words in `sizes` for launched(); no host sync."""
+        x's device), leaving `size_words` int64 words in `sizes` for launched(); no host sync
+        but the `launch_syncs` a codec's plan needs (ZANS reads its histograms back)."""
         where = f"cswap.codecs.{self.name}.compress"
         backend = resolve_backend(backend, x.device, where)
         sizes.copy_(self._launch(as_words(x), tuple(x.shape), config, backend, reserved))

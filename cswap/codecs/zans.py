@@ -54,6 +54,28 @@ class ZANS(Codec):
             return kernels.zans_compress(words, alloc, config)
         return kernels.zans_compress_ref(words, alloc)
 
+    # launch_into reads the histograms back for its plan (the one host sync); the
+    # streams' size stays on the device with the meta, the five size words.
+    size_words = 5
+    launch_syncs = 1
+
+    def _reserve_nbytes(self, numel, itemsize):
+        return kernels.reserve_nbytes(numel, itemsize)
+
+    def _launch(self, words, shape, config, backend, reserved):
+        if backend == "triton":
+            return kernels.zans_launch(words, reserved, config)
+        return kernels.zans_launch_ref(words, reserved)
+
+    def _meta_from(self, words, numel, itemsize):
+        tile, mode, symbols, coded, streams_nbytes = words
+        lo, hi = kernels.stream_bounds(numel, tile, mode, symbols, coded, itemsize) if 0 <= symbols <= numel \
+            else (0, -1)
+        if tile != kernels.TILE or mode not in (kernels.DENSE, kernels.MASKED) or not lo <= streams_nbytes <= hi:
+            raise RuntimeError(f"cswap.codecs.zans: the encoder left size words {tuple(words)}, impossible "
+                               f"for {numel} elements of {itemsize} bytes")
+        return tuple(words), kernels.layout(numel, tile, mode, symbols, coded, streams_nbytes, itemsize)[3]
+
     def _check_meta(self, header):
         tile, mode, symbols, coded, streams_nbytes = header.meta
         n = header.shape.numel()
