@@ -67,15 +67,16 @@ bits == symbols (MASK_COUNT). Reads stay inside the tile's stream range, table
 lookups inside the tables, writes inside the outputs, whatever the payload
 holds. Both backends report the same codes and positions.
 
-How a buffer is chosen (host code shared by both backends, from one histogram
-pass, so both write the same bytes):
+How a buffer is chosen (from one histogram pass; `plan` on the host for the PyTorch
+backend, its twin kernel on the device for Triton's, so both write the same bytes):
   - histograms: byte q of every word (W planes) and the mask bytes; nnz is
     the mask histogram weighted by popcount;
   - table per plane: f = floor(count * M / m), raised to 1 for present
     symbols, then the rounding remainder handed to the largest fractional
     parts (or taken from the largest frequencies), integers only;
-  - a plane is coded iff its estimate sum count[s] * log2(M / f[s]) bits +
-    4 K bytes per tile + its 512-byte table is below CODE_BELOW (95%) of raw:
+  - a plane is coded iff its estimate sum count[s] * log2(M / f[s]) bits (in fixed
+    point, 2**-16 bit) + 4 K bytes per tile + its 512-byte table is below CODE_BELOW
+    (95%, in 1024ths) of raw:
     a plane that saves less is not worth a rANS decode instead of a copy;
   - mode: masked iff the estimated size of (mask + non-zero planes) is below
     that of (all planes); both come from the same histograms (a masked
@@ -86,22 +87,25 @@ pass, so both write the same bytes):
     is right and also sees entropy-coded masks of clustered zeros, zeros that
     are cheap in dense mode (int8, bool) and compressible low bytes.
 
-Encoding (zans_launch, the runtime's path): one histogram pass and its counts read
-back (the one host sync: 256 x (W + 1) counts, which the plan needs), then in masked
-mode ZVC's compaction kernel (mask words + non-zeros into scratch), then ONE rANS
-pass that writes every coded tile's stream into bounded scratch (the tile's raw_len
-bytes: a tile whose stream would not be shorter is stored raw, so the scratch never
-overflows) and every tile's length, their prefix sums (torch.cumsum), and a pack
-kernel that copies streams and raw tiles into place in a buffer reserved for the
-largest payload (reserve_nbytes), writes the offset table and leaves streams_nbytes
-on the device beside the meta. The host's tables go up in one queued copy, and the
-payload's head (the offset table's padding, the frequency tables) in another. One
-rANS pass plus a copy of the compressed bytes, rather than two rANS passes (size,
-then write): the rANS step (a division per symbol) costs more than copying its
-output once. zans_compress, into a buffer of the exact size, reads the size back
-(a second sync) and copies the payload there. Scratch: the coded planes' raw bytes
-(a byte per symbol), plus in masked mode the mask (n / 8 bytes) and the non-zeros
-(nnz x W bytes); decoding in masked mode needs the same mask and non-zeros scratch.
+Encoding (zans_launch, the runtime's path), with no host sync: one histogram pass,
+then the plan in one kernel (2W + 1 programs, one per candidate plane, choosing what
+`plan` chooses on the host: integers only, the estimate in fixed point; the last to
+finish picks the mode and writes the plan's words, the encoder tables and the
+payload's head), then ZVC's compaction (mask words + non-zeros into scratch; its
+programs return at once in dense mode), then ONE rANS pass that writes every coded
+tile's stream into bounded scratch (the tile's raw_len bytes: a tile whose stream
+would not be shorter is stored raw, so the scratch never overflows) and every tile's
+length, their prefix sums (torch.cumsum), and a pack kernel that copies streams and
+raw tiles into place in a buffer reserved for the largest payload (reserve_nbytes),
+writes the offset table and leaves streams_nbytes on the device beside the meta.
+Each kernel after the plan is launched for the largest geometry and reads the real
+one from the plan. One rANS pass plus a copy of the compressed bytes, rather than two
+rANS passes (size, then write): the rANS step (a division per symbol) costs more than
+copying its output once. zans_compress, into a buffer of the exact size, reads the
+meta back (its one host sync) and copies the payload there. Scratch: the coded
+planes' raw bytes (a byte per symbol), the mask (n / 8 bytes) and room for n
+non-zeros (launch_scratch_bytes); decoding in masked mode needs the mask and the
+non-zeros.
 
 Decoding: tables (torch, on the device: 4096-entry slot -> (symbol, f,
 slot - c) per coded plane), one kernel over every tile of every plane (raw
@@ -155,7 +159,8 @@ __all__ = [
     "MASK_COUNT",
     "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "decoder_tables_ref", "geometry", "mask_nbytes", "stream_bounds",
     "layout", "size_bound", "byte_histograms", "predicted_size",
-    "sections", "reserve_nbytes", "encoder_tables_np", "zans_launch", "zans_launch_ref", "zans_compress",
+    "sections", "reserve_nbytes", "launch_scratch_bytes", "encoder_tables_np", "zans_launch", "zans_launch_ref",
+    "zans_compress",
     "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
 ]
 
@@ -325,12 +330,28 @@ def normalize(counts) -> np.ndarray:
     return f
 
 
-def _coded_estimate(h: np.ndarray, f: np.ndarray, tile: int) -> float:
-    """Estimated coded bytes of a plane with histogram h and table f."""
+# The estimate in fixed point, integers only, so that the device's plan (zans_launch)
+# makes the host's choices: a symbol of frequency f costs EST_BITS[f] = round((12 - log2 f)
+# x 2**16) 65536ths of a bit, and one byte is BYTE_FX of those units.
+_EST_FRAC = 16
+_EST_BITS = np.concatenate([[0], np.rint((PROB_BITS - np.log2(np.arange(1, PROB_SCALE + 1)))
+                                         * (1 << _EST_FRAC)).astype(np.int64)])
+_BYTE_FX = 1 << (_EST_FRAC + 3)
+_BYTE_FX_C = tl.constexpr(_BYTE_FX)
+_BELOW_SCALE = 1024  # code_below in 1024ths: a plane is coded iff estimate * 1024 < below * raw
+
+
+def _below(code_below: float) -> int:
+    """code_below in 1024ths (inf, to code every plane: far above any ratio)."""
+    return 1 << 20 if math.isinf(code_below) else round(code_below * _BELOW_SCALE)
+
+
+def _coded_estimate(h: np.ndarray, f: np.ndarray, tile: int) -> int:
+    """Estimated coded bytes of a plane with histogram h and table f, in BYTE_FX units:
+    its entropy under f, the K states flushed per tile and its 512-byte table."""
     m = int(h.sum())
-    nz = h > 0
-    bits = float((h[nz] * (PROB_BITS - np.log2(f[nz]))).sum())
-    return bits / 8 + _cdiv(m, tile) * 4 * LANES + 512
+    bits = int((h * _EST_BITS[f]).sum())  # f = 0 only where h = 0
+    return bits + (_cdiv(m, tile) * 4 * LANES + 512) * _BYTE_FX
 
 
 @dataclass(frozen=True)
@@ -354,13 +375,15 @@ def plan(hist, n: int, itemsize: int, tile: int = TILE, code_below: float = CODE
     nnz = int((mask_hist * _POPCOUNT8).sum())
     zeros = n - nnz
 
-    def choose(h):
+    below = _below(code_below) * (_BYTE_FX // _BELOW_SCALE)
+
+    def choose(h):  # (cost in BYTE_FX units, coded, table)
         m = int(h.sum())
         if m == 0:
-            return 0.0, False, None
+            return 0, False, None
         f = normalize(h)
         coded = _coded_estimate(h, f, tile)
-        return (coded, True, f) if coded < code_below * m else (float(m), False, None)
+        return (coded, True, f) if coded < below * m else (m * _BYTE_FX, False, None)
 
     dense = [choose(h) for h in hist[:itemsize]]
     masked_hist = hist[:itemsize].copy()
@@ -369,7 +392,7 @@ def plan(hist, n: int, itemsize: int, tile: int = TILE, code_below: float = CODE
     dense_cost = sum(c for c, _, _ in dense)
     masked_cost = sum(c for c, _, _ in masked)
     use_masked = n > 0 and masked_cost < dense_cost
-    chosen = masked if use_masked else dense + [(0.0, False, None)]
+    chosen = masked if use_masked else dense + [(0, False, None)]
     freqs = np.zeros((itemsize + 1, 256), dtype=np.int64)
     coded_planes = 0
     for q, (_, coded, f) in enumerate(chosen):
@@ -377,7 +400,7 @@ def plan(hist, n: int, itemsize: int, tile: int = TILE, code_below: float = CODE
             freqs[q] = f
             coded_planes |= 1 << q
     return Plan(MASKED if use_masked else DENSE, nnz if use_masked else n, coded_planes, freqs,
-                int(masked_cost if use_masked else dense_cost))
+                (masked_cost if use_masked else dense_cost) // _BYTE_FX)
 
 
 def encoder_tables_np(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -543,6 +566,144 @@ def _zans_histogram_kernel(words_ptr, hist_ptr, counts_ptr, n, num_tiles,
         _flush_hist(hist_ptr + W * 256, hm, pad_mask)
 
 
+# The device's plan (zans_launch): int64 words. Words 0-4 are the header's meta (streams_nbytes
+# written by the pack kernel), then what the encode and pack kernels need, then the scratch
+# base of each plane (W + 1 words).
+_PLAN_TILE, _PLAN_MODE, _PLAN_SYMBOLS, _PLAN_CODED, _PLAN_STREAMS = (tl.constexpr(i) for i in range(5))
+_PLAN_TV, _PLAN_TT, _PLAN_MASK_BYTES, _PLAN_OFF_STREAMS, _PLAN_BASES = (tl.constexpr(i) for i in range(5, 10))
+_PLAN_WORDS = 32   # (the bases of at most 9 planes end at word 18)
+_ROW = tl.constexpr(258)  # a candidate plane's work row: cost, coded, its table f[256]
+_M = tl.constexpr(PROB_SCALE)
+_M_BITS = tl.constexpr(PROB_BITS)
+_K = tl.constexpr(LANES)
+_MASKED = tl.constexpr(MASKED)
+
+
+@triton.jit
+def _popcount8(b):
+    b = b - ((b >> 1) & 0x55)
+    b = (b & 0x33) + ((b >> 2) & 0x33)
+    return (b + (b >> 4)) & 0x0F
+
+
+@triton.jit
+def _candidate_hist(hist_ptr, row, less, j):
+    """Bins j of histogram row `row`, bin 0 less `less` (a masked byte plane's zeros)."""
+    return tl.load(hist_ptr + row * 256 + j) - tl.where(j == 0, less, 0)
+
+
+@triton.jit(do_not_specialize=["n", "tile", "below"])
+def _zans_plan_kernel(hist_ptr, est_ptr, work_ptr, ticket_ptr, plan_ptr, enc_ptr, magic_ptr, head_ptr,
+                      n, tile, below, W: tl.constexpr):
+    """`plan` on the device, integers only, choosing what the host's would. Program p < W:
+    dense byte plane p; W <= p < 2W: masked byte plane p - W; p = 2W: the mask. Each
+    normalizes its histogram (as `normalize`) and estimates its cost (as `_coded_estimate`)
+    into its work row; the last to finish (by ticket) picks the mode and writes the plan
+    words, the encoder tables and the payload's head (offset padding, frequency tables)."""
+    p = tl.program_id(0)
+    bins = tl.arange(0, 256)
+    nnz = tl.sum(tl.load(hist_ptr + W * 256 + bins) * _popcount8(bins), axis=0)
+    zeros = n - nnz
+    row = tl.where(p < W, p, tl.where(p < 2 * W, p - W, W))
+    less = tl.where((p >= W) & (p < 2 * W), zeros, 0)
+    h = _candidate_hist(hist_ptr, row, less, bins)
+    m = tl.sum(h, axis=0)
+    mm = tl.maximum(m, 1)
+    present = h > 0
+    f = h * _M // mm
+    f = tl.where(present & (f == 0), 1, f)
+    diff = _M - tl.sum(f, axis=0)
+    # diff > 0: one more to the `diff` first present symbols by (remainder, count) down,
+    # then index up (normalize's lexsort): each symbol's rank is how many come before it.
+    rem = h * _M % mm
+    rank = tl.zeros([256], dtype=tl.int32)
+    for j0 in range(0, 256, 8):  # (8 columns a step: [256, 8] blocks fit 8 warps' registers)
+        j = j0 + tl.arange(0, 8)
+        hj = _candidate_hist(hist_ptr, row, less, j)
+        rj = hj * _M % mm
+        ahead = (rj[None, :] > rem[:, None]) | ((rj[None, :] == rem[:, None]) & (
+            (hj[None, :] > h[:, None]) | ((hj[None, :] == h[:, None]) & (j[None, :] < bins[:, None]))))
+        rank += tl.sum((ahead & (hj[None, :] > 0)).to(tl.int32), axis=1)
+    f = tl.where(present & (rank < diff), f + 1, f)
+    while diff < 0:  # the raised rare symbols took too much: from the largest, half a gap at a time
+        top = tl.max(f, axis=0)
+        i = tl.min(tl.where(f == top, bins, 256), axis=0)
+        second = tl.max(tl.where(bins == i, -1, f), axis=0)
+        half = (top - second) // 2
+        take = tl.maximum(1, tl.minimum(tl.minimum(-diff, top - 1), tl.where(half == 0, 1, half)))
+        f = tl.where(bins == i, f - take, f)
+        diff += take
+    bits = tl.sum(h * tl.load(est_ptr + f, mask=present, other=0), axis=0)
+    coded_cost = bits + ((m + tile - 1) // tile * 4 * _K + 512) * _BYTE_FX_C
+    coded = (m > 0) & (coded_cost < below * m)
+    cost = tl.where(coded, coded_cost, m * _BYTE_FX_C)
+    tl.store(work_ptr + p * _ROW + bins, tl.where(bins == 0, cost, coded.to(tl.int64)), mask=bins < 2)
+    tl.store(work_ptr + p * _ROW + 2 + bins, f)
+    if tl.atomic_add(ticket_ptr, 1) == 2 * W:  # (acq_rel: every other program's rows are written)
+        _zans_plan_final(work_ptr, plan_ptr, enc_ptr, magic_ptr, head_ptr, n, nnz, tile, W)
+
+
+@triton.jit
+def _zans_plan_final(work_ptr, plan_ptr, enc_ptr, magic_ptr, head_ptr, n, nnz, tile, W: tl.constexpr):
+    idx = tl.arange(0, 32)
+    cand = idx < 2 * W + 1
+    cost = tl.load(work_ptr + idx * _ROW, mask=cand, other=0, volatile=True)
+    dense_cost = tl.sum(tl.where(idx < W, cost, 0), axis=0)
+    masked_cost = tl.sum(tl.where((idx >= W) & cand, cost, 0), axis=0)
+    use_masked = (n > 0) & (masked_cost < dense_cost)
+    um = (idx * 0 + use_masked.to(tl.int32)) != 0  # (as a block: the interpreter's masks want one)
+    # plane q's candidate: dense p = q (no mask plane), masked p = W + q (the mask: 2W)
+    q = idx
+    src = tl.where(um, W + q, q)
+    valid = (q <= W) & (um | (q < W))
+    cbit = tl.load(work_ptr + src * _ROW + 1, mask=valid, other=0, volatile=True)
+    coded_planes = tl.sum(cbit << q, axis=0)
+    symbols = tl.where(use_masked, nnz, n)
+    mask_bytes = 4 * ((n + 31) // 32)
+    mbytes = tl.where(use_masked, mask_bytes, 0)
+    tv = (symbols + tile - 1) // tile
+    total_tiles = W * tv + tl.where(use_masked, (mask_bytes + tile - 1) // tile, 0)
+    offsets_end = 8 * (total_tiles + 1)
+    off_freqs = (offsets_end + 15) // 16 * 16
+    off_streams = off_freqs + 512 * tl.sum(cbit, axis=0)
+    length = tl.where(q < W, symbols, mbytes)
+    size = tl.where((cbit != 0) & (length > 0), length // tile * (tile // 2) + (length % tile + 1) // 2, 0)
+    bases = tl.cumsum(size, axis=0) - size
+    words = tl.where(idx == _PLAN_TILE, tile, 0)
+    words = tl.where(idx == _PLAN_MODE, use_masked.to(tl.int64), words)
+    words = tl.where(idx == _PLAN_SYMBOLS, symbols, words)
+    words = tl.where(idx == _PLAN_CODED, coded_planes, words)
+    words = tl.where(idx == _PLAN_TV, tv, words)
+    words = tl.where(idx == _PLAN_TT, total_tiles, words)
+    words = tl.where(idx == _PLAN_MASK_BYTES, mbytes, words)
+    words = tl.where(idx == _PLAN_OFF_STREAMS, off_streams, words)
+    tl.store(plan_ptr + idx, words, mask=idx < _PLAN_BASES)
+    tl.store(plan_ptr + _PLAN_BASES + idx, bases, mask=idx <= W)
+    # The payload's head: zeros from the offset table's end (from 0 with no tile: offsets[0])
+    # to the tables, then each coded plane's table as uint16, in plane order.
+    pad = tl.arange(0, 16)
+    pad_from = tl.where(total_tiles == 0, 0, offsets_end)
+    tl.store(head_ptr + pad_from + pad, tl.zeros([16], dtype=tl.uint8), mask=pad_from + pad < off_freqs)
+    bins = tl.arange(0, 256)
+    for qq in tl.static_range(W + 1):
+        bit = (coded_planes >> qq) & 1
+        row = tl.where(use_masked, W + qq, qq)
+        live = (bins * 0 + bit) != 0
+        f = tl.load(work_ptr + row * _ROW + 2 + bins, mask=live, other=0, volatile=True)
+        c = tl.cumsum(f, axis=0) - f
+        ff = tl.maximum(f, 1)
+        lg = tl.zeros([256], dtype=tl.int64)
+        for b in tl.static_range(_M_BITS + 1):
+            lg += (ff > (1 << b)).to(tl.int64)  # ceil(log2 f)
+        magic = (((tl.full([256], 1, tl.int64) << lg) - ff) << 32) // ff + 1
+        packed = f | (c & 4095) << 13 | tl.maximum(lg - 1, 0) << 25 | tl.minimum(lg, 1) << 29
+        tl.store(enc_ptr + qq * 256 + bins, packed.to(tl.int32))
+        tl.store(magic_ptr + qq * 256 + bins, tl.where(magic >= (1 << 31), magic - (1 << 32), magic).to(tl.int32))
+        at = off_freqs + 512 * _popcount8(coded_planes & ((1 << qq) - 1)) + 2 * bins
+        tl.store(head_ptr + at, (f & 255).to(tl.uint8), mask=live)
+        tl.store(head_ptr + at + 1, (f >> 8).to(tl.uint8), mask=live)
+
+
 @triton.jit
 def _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W: tl.constexpr):
     """Plane q, first symbol and length of global tile(s) t."""
@@ -557,16 +718,24 @@ def _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W: tl.constexp
     return is_mask, q, tip, first, tlen
 
 
-@triton.jit(do_not_specialize=["symbols", "mask_bytes", "tile", "tiles_per_plane", "total_tiles", "coded_planes"])
-def _zans_encode_kernel(values_ptr, mask_ptr, enc_ptr, magic_ptr, sbase_ptr, scratch_ptr, lens_ptr,
-                        symbols, mask_bytes, tile, tiles_per_plane, total_tiles, coded_planes,
-                        W: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr):
+@triton.jit(do_not_specialize=["tile"])
+def _zans_encode_kernel(words_ptr, values_ptr, mask_ptr, enc_ptr, magic_ptr, plan_ptr, scratch_ptr, lens_ptr,
+                        tile, W: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr):
     """rANS-encode every tile of the coded planes, one tile per warp (a [ROWS, K] block:
-    row = tile, column = lane), into its scratch region; write every tile's stream length."""
+    row = tile, column = lane), into its scratch region; write every tile's stream length.
+    The geometry is the device's plan (_PLAN_* words of plan_ptr); the symbols are the
+    words themselves in dense mode, the compacted non-zeros (values_ptr) in masked mode."""
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     r = tl.arange(0, ROWS)
     k = tl.arange(0, K)
+    masked = tl.load(plan_ptr + _PLAN_MODE) == _MASKED
+    symbols = tl.load(plan_ptr + _PLAN_SYMBOLS)
+    coded_planes = tl.load(plan_ptr + _PLAN_CODED)
+    tiles_per_plane = tl.load(plan_ptr + _PLAN_TV)
+    total_tiles = tl.load(plan_ptr + _PLAN_TT)
+    mask_bytes = tl.load(plan_ptr + _PLAN_MASK_BYTES)
+    sbase_ptr = plan_ptr + _PLAN_BASES
     for base in range(pid * ROWS, total_tiles, nprog * ROWS):
         t = base + r
         live = t < total_tiles
@@ -583,7 +752,9 @@ def _zans_encode_kernel(values_ptr, mask_ptr, enc_ptr, magic_ptr, sbase_ptr, scr
             j = g * K + k[None, :]
             act = coded[:, None] & (j < tlen[:, None])
             at = first[:, None] + j
-            sv = tl.load(values_ptr + at * W + q[:, None], mask=act & (is_mask[:, None] == 0), other=0)
+            sv = tl.load(values_ptr + at * W + q[:, None], mask=act & (is_mask[:, None] == 0) & masked, other=0)
+            sv += tl.load(words_ptr + at * W + q[:, None], mask=act & (is_mask[:, None] == 0) & (masked == 0),
+                          other=0)
             sm = tl.load(mask_ptr + at, mask=act & is_mask[:, None], other=0)
             s = tl.where(is_mask[:, None], sm, sv).to(tl.int32) & 255
             e = tl.load(enc_ptr + q[:, None] * 256 + s, mask=act, other=0)
@@ -612,18 +783,24 @@ def _zans_encode_kernel(values_ptr, mask_ptr, enc_ptr, magic_ptr, sbase_ptr, scr
         tl.store(lens_ptr + t, lens.to(tl.int64), mask=live)
 
 
-@triton.jit(do_not_specialize=["symbols", "mask_bytes", "tile", "tiles_per_plane", "total_tiles"])
-def _zans_pack_kernel(values_ptr, mask_ptr, scratch_ptr, sbase_ptr, lens_ptr, ends_ptr, offsets_ptr, streams_ptr,
-                      size_ptr, symbols, mask_bytes, tile, tiles_per_plane, total_tiles,
-                      W: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["tile"])
+def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, lens_ptr, ends_ptr, offsets_ptr,
+                      payload_ptr, tile, W: tl.constexpr, BLOCK: tl.constexpr):
     """Copy each tile's stream into the payload (the encoder's stream from scratch, or the
     tile's raw bytes and a zero pad byte from the plane) at its offset (`ends`: the
     lengths' inclusive prefix sums), and write the offset table; the last tile also
-    zeroes the streams' alignment padding and leaves streams_nbytes in `size_ptr`."""
+    zeroes the streams' alignment padding and leaves streams_nbytes in the plan's meta."""
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     i0 = tl.arange(0, BLOCK)
     first_lane = i0 == 0
+    masked = tl.load(plan_ptr + _PLAN_MODE) == _MASKED
+    symbols = tl.load(plan_ptr + _PLAN_SYMBOLS)
+    tiles_per_plane = tl.load(plan_ptr + _PLAN_TV)
+    total_tiles = tl.load(plan_ptr + _PLAN_TT)
+    mask_bytes = tl.load(plan_ptr + _PLAN_MASK_BYTES)
+    sbase_ptr = plan_ptr + _PLAN_BASES
+    streams_ptr = payload_ptr + tl.load(plan_ptr + _PLAN_OFF_STREAMS)
     for t0 in range(pid, total_tiles, nprog):
         # Everything per tile as a block of BLOCK equal values: the CPU interpreter (Triton
         # 3.9) turns a 0-d bool & a block of bools into integers, which a mask rejects.
@@ -641,14 +818,15 @@ def _zans_pack_kernel(values_ptr, mask_ptr, scratch_ptr, sbase_ptr, lens_ptr, en
             i = s + i0
             inb = i < length
             in_tile = inb & raw & (i < tlen)
-            pv = tl.load(values_ptr + (first + i) * W + q, mask=in_tile & (is_mask == 0), other=0)
+            pv = tl.load(values_ptr + (first + i) * W + q, mask=in_tile & (is_mask == 0) & masked, other=0)
+            pv += tl.load(words_ptr + (first + i) * W + q, mask=in_tile & (is_mask == 0) & (masked == 0), other=0)
             pm = tl.load(mask_ptr + first + i, mask=in_tile & is_mask, other=0)
             sc = tl.load(scratch_ptr + src + i, mask=inb & (raw == 0), other=0)
             tl.store(streams_ptr + start + i, tl.where(raw, tl.where(is_mask, pm, pv), sc), mask=inb)
         last = t == total_tiles - 1
         pad = (16 - end % 16) % 16
         tl.store(streams_ptr + end + i0, tl.zeros([BLOCK], dtype=tl.uint8), mask=last & (i0 < pad))
-        tl.store(size_ptr + t * 0, end, mask=first_lane & last)
+        tl.store(plan_ptr + _PLAN_STREAMS + t * 0, end, mask=first_lane & last)
 
 
 @triton.jit(do_not_specialize=["coded_planes"])
@@ -812,21 +990,6 @@ def _scratch_bases(n: int, tile: int, mode: int, symbols: int, coded_planes: int
     return bases, total
 
 
-def _histogram(words: torch.Tensor, config: LaunchConfig | None) -> tuple[np.ndarray, torch.Tensor]:
-    """Histograms [W + 1, 256] on the host (the first sync) and the non-zeros per ZVC
-    tile on the device."""
-    n, itemsize = words.numel(), words.element_size()
-    num_tiles = _cdiv(n, _zvc.TILE)
-    zeroed = torch.zeros((itemsize + 1) * 256 + num_tiles + 1, dtype=torch.int64, device=words.device)
-    hist, counts = zeroed[: (itemsize + 1) * 256].view(itemsize + 1, 256), zeroed[(itemsize + 1) * 256:]
-    if num_tiles:
-        grid, warps = launch_grid(config, num_tiles, words.device)
-        sub = step_elements(_zvc.TILE, warps, itemsize)
-        _zans_histogram_kernel[(grid,)](words, hist, counts[1:], n, num_tiles, W=itemsize, TILE=_zvc.TILE,
-                                        SUB=sub, ROUND=_HIST_ROUND, num_warps=warps, maxnreg=max_registers(warps))
-    return hist.cpu().numpy(), counts
-
-
 def reserve_nbytes(n: int, itemsize: int, tile: int = TILE) -> int:
     """The bytes zans_launch writes into for n words of `itemsize` bytes, whatever its
     plan: the offsets of either mode's tiles, a table for every plane and every tile raw
@@ -836,74 +999,102 @@ def reserve_nbytes(n: int, itemsize: int, tile: int = TILE) -> int:
     return _align(8 * (tiles + 1)) + 512 * (itemsize + 1) + _align(streams)
 
 
-def _host_tables(p: Plan, bases: list[int], meta: tuple[int, ...], device) -> tuple[torch.Tensor, ...]:
-    """The plan's tables, made on the host, up to the device in one queued copy: the
-    encoder's (packed, magic), the planes' scratch bases and the size words (meta)."""
-    packed, magic = encoder_tables_np(p.freqs)
-    parts = [np.asarray(meta, dtype=np.int64), np.asarray(bases, dtype=np.int64),
-             packed.astype(np.int32).view(np.int64), magic.astype(np.int32).view(np.int64)]
-    blob = to_device(torch.from_numpy(np.concatenate([a.reshape(-1) for a in parts])), device)
-    cuts = np.cumsum([0] + [a.size for a in parts])
-    sizes, sbase, enc, mg = (blob[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
-    return sizes, sbase, enc.view(torch.int32), mg.view(torch.int32)
+def launch_scratch_bytes(n: int, itemsize: int, tile: int = TILE) -> int:
+    """At most the device bytes zans_launch allocates beside `reserved` (the cost table
+    it keeps per device included)."""
+    zvc_tiles = _cdiv(n, _zvc.TILE)
+    most_tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)
+    planes = itemsize + 1
+    return (8 * (planes * 256 + zvc_tiles + 3) + 8 * (zvc_tiles + 1)      # ticket, histograms, counts; sums
+            + 8 * ((2 * planes - 1) * _ROW.value + _PLAN_WORDS + planes * 256)  # the plan's work and tables
+            + mask_nbytes(n) + itemsize * n                              # the compacted mask and non-zeros
+            + 2 * ((itemsize * n + mask_nbytes(n)) // 2 + planes)        # the coded streams' scratch
+            + 16 * most_tiles + 8 * (PROB_SCALE + 1))                     # lengths, their sums; cost table
+
+
+_EST_TABLES: dict = {}
+
+
+def _est_table(device) -> torch.Tensor:
+    """_EST_BITS on `device`, made once per device (the plan kernel's cost per symbol)."""
+    key = str(torch.device(device))
+    if key not in _EST_TABLES:
+        _EST_TABLES[key] = to_device(torch.from_numpy(_EST_BITS), device)
+    return _EST_TABLES[key]
+
+
+def _plan_on_device(hist: torch.Tensor, ticket: torch.Tensor, n: int, itemsize: int, tile: int,
+                    code_below: float, head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(plan words int64 [_PLAN_WORDS], encoder tables, magic reciprocals): `plan` in one
+    kernel of 2W + 1 programs, which also writes the payload's head into `head`."""
+    device = hist.device
+    candidates = 2 * itemsize + 1
+    rows = candidates * _ROW.value
+    work = torch.empty(rows + _PLAN_WORDS + (itemsize + 1) * 256, dtype=torch.int64, device=device)
+    plan_words = work[rows: rows + _PLAN_WORDS]
+    tables = work[rows + _PLAN_WORDS:].view(torch.int32).view(2, itemsize + 1, 256)
+    below = _below(code_below) * (_BYTE_FX // _BELOW_SCALE)
+    # 8 warps whatever the config: a thread per symbol of a table, and [256, 8] compares per
+    # step of the ranking (95 registers on sm_90, no spill; 4 warps spilled 156 bytes at 32 columns).
+    _zans_plan_kernel[(candidates,)](hist, _est_table(device), work, ticket, plan_words, tables[0], tables[1],
+                                     head, n, tile, below, W=itemsize, num_warps=8, maxnreg=max_registers(8))
+    return plan_words, tables[0], tables[1]
 
 
 def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
                 tile: int = TILE, code_below: float = CODE_BELOW) -> torch.Tensor:
     """Compress 1-D integer `words` with Triton into `reserved` (reserve_nbytes bytes,
-    16-byte aligned) with one host sync, the histograms read back for the plan: the
-    streams' size stays on the device. Returns the meta (tile, mode, symbols,
-    coded_planes, streams_nbytes) as int64 [5] on the device; the payload is the first
-    layout(...)[3] bytes of `reserved`, byte for byte what zans_compress_ref writes."""
+    16-byte aligned) without a host sync: the histograms, the plan (mode, coded planes,
+    tables: what `plan` chooses on the host) and every size stay on the device, and each
+    kernel is launched for the largest geometry, its programs past the plan's returning
+    at once. Returns the meta (tile, mode, symbols, coded_planes, streams_nbytes) as int64
+    [5] on the device; the payload is the first layout(...)[3] bytes of `reserved`, byte
+    for byte what zans_compress_ref writes."""
     n, itemsize, device = words.numel(), words.element_size(), words.device
-    hist, counts = _histogram(words, config)  # the one host sync
-    p = plan(hist, n, itemsize, tile, code_below)
-    tv, tm, total_tiles = geometry(n, tile, p.mode, p.symbols, itemsize)
-    mbytes = mask_nbytes(n) if p.mode == MASKED else 0
-    if p.mode == MASKED:  # ZVC's compaction: mask words and the non-zeros, in order
-        masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
-        values = torch.empty(p.symbols, dtype=words.dtype, device=device)
-        zvc_tiles = _cdiv(n, _zvc.TILE)
-        grid, warps = launch_grid(config, zvc_tiles, device)
-        _zvc._zvc_compress_kernel[(grid,)](words, torch.cumsum(counts, 0), masks, values, n, zvc_tiles,
-                                           TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
-                                           num_warps=warps, maxnreg=max_registers(warps))
-    else:
-        masks = torch.empty(0, dtype=torch.int32, device=device)
-        values = words
-    bases, scratch_halves = _scratch_bases(n, tile, p.mode, p.symbols, p.coded_planes, itemsize)
-    sizes, sbase, enc, magic = _host_tables(p, bases, (tile, p.mode, p.symbols, p.coded_planes, 0), device)
-    _, off_freqs, off_streams, _ = layout(n, tile, p.mode, p.symbols, p.coded_planes, 0, itemsize)
-    # What the host knows of the payload's head, in one queued copy: the offset table's
-    # alignment padding and the coded planes' tables (with offsets[0] when there is no tile).
-    head_from = 8 * (total_tiles + 1) if total_tiles else 0
-    head = np.zeros(off_streams - head_from, dtype=np.uint8)
-    head[off_freqs - head_from:] = _freqs_int16(p.freqs, p.coded_planes).view(np.uint8).reshape(-1)
-    if head.size:
-        copy_from_host(reserved[head_from:off_streams], torch.from_numpy(head))
-    if total_tiles:
-        scratch = torch.empty(max(scratch_halves, 1), dtype=torch.int16, device=device)
-        lens = torch.empty(total_tiles, dtype=torch.int64, device=device)
-        values8, masks8 = _as_u8(values), _as_u8(masks)
-        warps = launch_grid(config, 1, device)[1]  # one warp per tile: a program takes `warps` tiles
-        grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
-        _zans_encode_kernel[(grid,)](values8, masks8, enc, magic, sbase, scratch, lens, p.symbols, mbytes, tile,
-                                     tv, total_tiles, p.coded_planes, W=itemsize, K=LANES, ROWS=warps,
-                                     num_warps=warps, maxnreg=max_registers(warps))
-        ends = torch.cumsum(lens, 0)
-        offsets = reserved[: 8 * (total_tiles + 1)].view(torch.int64)
-        grid, warps = launch_grid(config, total_tiles, device)
-        _zans_pack_kernel[(grid,)](values8, masks8, scratch.view(torch.uint8), sbase, lens, ends, offsets,
-                                   reserved[off_streams:], sizes[4:], p.symbols, mbytes, tile, tv, total_tiles,
-                                   W=itemsize, BLOCK=32 * warps * 4, num_warps=warps, maxnreg=max_registers(warps))
-    return sizes
+    num_tiles = _cdiv(n, _zvc.TILE)
+    planes = itemsize + 1
+    # One zeroed buffer: the plan's ticket (and a word of padding, so that every piece is
+    # 16-byte aligned and the kernels compile once whatever the size), histograms, counts.
+    zeroed = torch.zeros(2 + planes * 256 + num_tiles + 1, dtype=torch.int64, device=device)
+    ticket, hist, counts = zeroed[:1], zeroed[2: 2 + planes * 256], zeroed[2 + planes * 256:]
+    if num_tiles:
+        grid, warps = launch_grid(config, num_tiles, device)
+        sub = step_elements(_zvc.TILE, warps, itemsize)
+        _zans_histogram_kernel[(grid,)](words, hist, counts[1:], n, num_tiles, W=itemsize, TILE=_zvc.TILE,
+                                        SUB=sub, ROUND=_HIST_ROUND, num_warps=warps, maxnreg=max_registers(warps))
+    plan_words, enc, magic = _plan_on_device(hist, ticket, n, itemsize, tile, code_below, reserved)
+    if n == 0:
+        return plan_words[:5]
+    # Masked mode's compaction (ZVC's two-pass kernel: the mask words and the non-zeros), a
+    # launch whose programs return at once in dense mode.
+    masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
+    values = torch.empty(n, dtype=words.dtype, device=device)
+    grid, warps = launch_grid(config, num_tiles, device)
+    _zvc._zvc_compress_kernel[(grid,)](words, torch.cumsum(counts, 0), masks, values, n, num_tiles,
+                                       plan_words[_PLAN_MODE.value:], TILE=_zvc.TILE,
+                                       SUB=step_elements(_zvc.TILE, warps, itemsize), num_warps=warps,
+                                       maxnreg=max_registers(warps))
+    most_tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)  # masked mode with every word non-zero
+    scratch = torch.empty((itemsize * n + mask_nbytes(n)) // 2 + planes, dtype=torch.int16, device=device)
+    lens = torch.empty(most_tiles, dtype=torch.int64, device=device)
+    words8, values8, masks8 = _as_u8(words), _as_u8(values), _as_u8(masks)
+    warps = launch_grid(config, 1, device)[1]  # one warp per tile: a program takes `warps` tiles
+    grid = launch_grid(config, _cdiv(most_tiles, warps), device)[0]
+    _zans_encode_kernel[(grid,)](words8, values8, masks8, enc, magic, plan_words, scratch, lens, tile, W=itemsize,
+                                 K=LANES, ROWS=warps, num_warps=warps, maxnreg=max_registers(warps))
+    ends = torch.cumsum(lens, 0)  # (past the plan's tiles: unused)
+    grid, warps = launch_grid(config, most_tiles, device)
+    _zans_pack_kernel[(grid,)](words8, values8, masks8, scratch.view(torch.uint8), plan_words, lens, ends,
+                               reserved.view(torch.int64), reserved, tile, W=itemsize, BLOCK=32 * warps * 4,
+                               num_warps=warps, maxnreg=max_registers(warps))
+    return plan_words[:5]
 
 
 def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None, tile: int = TILE,
                   code_below: float = CODE_BELOW) -> tuple[int, int, int, int, int]:
     """Compress 1-D integer `words` with Triton into `alloc(payload_nbytes)`; returns the
     meta (tile, mode, symbols, coded_planes, streams_nbytes). zans_launch, then its
-    size read back (the second host sync) and the payload copied to its exact size."""
+    meta read back (the one host sync) and the payload copied to its exact size."""
     n, itemsize, device = words.numel(), words.element_size(), words.device
     reserved = torch.empty(reserve_nbytes(n, itemsize, tile), dtype=torch.uint8, device=device)
     meta = tuple(zans_launch(words, reserved, config, tile, code_below).tolist())

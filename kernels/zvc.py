@@ -66,15 +66,19 @@ def _nonzero_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexp
 
 
 @triton.jit(do_not_specialize=["n", "num_tiles"])
-def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_tiles,
+def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_tiles, active_ptr,
                          TILE: tl.constexpr, SUB: tl.constexpr):
+    """The two-pass encoder's second pass (ZANS's masked-mode compaction): every tile's
+    mask words and non-zeros, at the offsets the count pass's prefix sums give; nothing
+    when active_ptr[0] is 0 (ZANS's plan, on the device, chose its dense mode)."""
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     ROWS: tl.constexpr = SUB // 32
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
+    tiles = tl.where(tl.load(active_ptr) != 0, num_tiles, 0)
     # 64-bit arithmetic only for the tile's place in memory; 32-bit within it.
-    for t in range(pid, num_tiles, nprog):
+    for t in range(pid, tiles, nprog):
         src = words_ptr + t * TILE
         dst = values_ptr + tl.load(offsets_ptr + t)
         mask_dst = masks_ptr + t * (TILE // 32)

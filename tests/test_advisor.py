@@ -326,6 +326,27 @@ def test_sparsity_change_flips_the_decision_with_the_default_profile(default_pro
     assert codecs[0] is None and codecs[1] is not None
 
 
+def test_the_default_profile_never_picks_lz4_whose_measured_encoder_cannot_pay(default_profile):
+    """Issue 41 §2: the H200 measured LZ4's GPU encoder at 3-4 GB/s, under the 55 GB/s link
+    it would save bytes on; until it runs faster, no tensor, sparsity, size, run length
+    or hidden time makes it the advisor's choice, in either mode."""
+    assert "lz4" in default_profile.codecs
+    chosen = set()
+    for mode in ("independent", "timeline"):
+        advisor = Advisor(default_profile, mode=mode)
+        for shape in [(1 << 16,), (64, 256, 56, 56), (8, 1 << 24)]:
+            for sparsity in (0.0, 0.3, 0.6, 0.9, 0.99):
+                for runs_of in (1, 64, 4096):  # non-zeros per run: scattered to long blocks
+                    numel = math.prod(shape)
+                    runs = max(1, round(numel * (1 - sparsity)) // runs_of)
+                    for hidden in (0.0, 1e-3):
+                        t = tensor(shape=shape, sparsity=sparsity, runs=runs, hidden_f=hidden, hidden_b=hidden)
+                        d = advisor.decide(iteration(t))["t"]
+                        assert d.codec != "lz4", (mode, shape, sparsity, runs_of, hidden, d.t_codec)
+                        chosen.add(d.codec)
+    assert {None, "zvc"} <= chosen  # the sweep does reach tensors worth compressing
+
+
 def test_t_prime_and_t_by_hand():
     profile = FakeProfile(laws={"zvc": (1e-10, 0.0)}, bw=1e9)
     profile.bw_h2d = 2e9

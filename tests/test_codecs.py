@@ -259,3 +259,17 @@ def test_encoders_allocate_at_most_their_declared_scratch(name, dtype, density):
     payload, _ = out[0]
     scratch = peak - payload.numel()
     assert 0 < scratch <= codec.encode_scratch_bytes(x.numel(), x.element_size()), (scratch, name)
+
+
+@pytest.mark.parametrize("name", ["zvc", "zans"])
+@pytest.mark.parametrize("dtype, density", [(torch.float32, 0.5), (torch.bfloat16, 1.0)])
+def test_launches_allocate_at_most_their_declared_scratch(name, dtype, density):
+    """What launch_into allocates beside its reserved buffer and size words is bounded by
+    launch_scratch_bytes, which the runtime charges while the encode runs."""
+    x = random_bits((64, 64), dtype, density)
+    codec = cswap.codecs.get(name)
+    reserved = torch.empty(codec.reserve_nbytes(x.numel(), x.element_size()), dtype=torch.uint8)
+    sizes = torch.empty(codec.size_words, dtype=torch.int64)
+    codec.launch_into(x, reserved, sizes, backend="triton")  # (ZANS's cost table, made once per device)
+    scratch = _allocated_peak(lambda: codec.launch_into(x, reserved, sizes, backend="triton"))
+    assert 0 < scratch <= codec.launch_scratch_bytes(x.numel(), x.element_size()), (scratch, name)

@@ -615,27 +615,27 @@ def cuda_syncs(fn) -> tuple[object, list[str]]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreting(), reason="counts CUDA host syncs")
-def test_triton_encode_waits_for_the_device_twice():
-    """Issue 26 §4: the histograms read back and the streams' size; the host's tables
-    (tile bases, coding tables, frequencies) go up from pinned memory, queued."""
+def test_triton_encode_waits_for_the_device_once():
+    """Issue 41 §1 (two before, issue 26 §4): into a buffer of the exact size, the meta read
+    back; the plan, its tables and the sizes stay on the device."""
     words = torch.randint(-3, 4, (1 << 16,), dtype=torch.int32, device="cuda")
     words[::3] = 0
     alloc = lambda n: torch.empty(n, dtype=torch.uint8, device="cuda")  # noqa: E731
     kz.zans_compress(words, alloc)  # warm: compiles
     _, syncs = cuda_syncs(lambda: kz.zans_compress(words, alloc))
-    assert len(syncs) == 2, syncs
+    assert len(syncs) == 1, syncs
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreting(), reason="counts CUDA host syncs")
-def test_triton_launch_waits_for_the_device_once():
-    """Issue 41 §1: the runtime's path reads only the histograms back; its size stays on the device."""
+def test_triton_launch_never_waits_for_the_device():
+    """Issue 41 §1: the runtime's path leaves the plan and every size on the device."""
     words = torch.randint(-3, 4, (1 << 16,), dtype=torch.int32, device="cuda")
     words[::3] = 0
     reserved = torch.empty(kz.reserve_nbytes(words.numel(), 4), dtype=torch.uint8, device="cuda")
     kz.zans_launch(words, reserved)  # warm: compiles
     sizes, syncs = cuda_syncs(lambda: kz.zans_launch(words, reserved))
-    assert len(syncs) == 1, syncs
+    assert not syncs, syncs
     meta = encode(words, "torch", tile=kz.TILE, code_below=kz.CODE_BELOW)[0]
     assert tuple(sizes.tolist()) == tuple(meta)
 
@@ -649,3 +649,60 @@ def test_the_profilers_histograms_never_wait_for_the_device():
     hist, syncs = cuda_syncs(lambda: kz.byte_histograms(words))
     assert not syncs
     assert torch.equal(hist.cpu(), kz.byte_histograms(words.cpu()))
+
+
+# -- the plan on the device (zans_launch) ----------------------------------------------------------
+
+
+def _plan_cases():
+    g = torch.Generator().manual_seed(5)
+    dominant = torch.full((5000,), 7, dtype=torch.int8)
+    dominant[:255] = torch.arange(-128, 127, dtype=torch.int8)  # 255 singletons: raised to 1, then taken back
+    dominant[200:255] = 0                                       # (and zeros: masked mode has a plane less zero)
+    uniform = torch.arange(256 * 11 + 77, dtype=torch.int32) % 256 - 128  # ties in every remainder
+    # 176 singletons and three large counts: the raised singletons overdraw the table, and the
+    # loop takes back from the largest, half a gap at a time
+    counts = np.zeros(256, dtype=np.int64)
+    counts[[b for b in range(256) if b not in (155, 171, 205)][:176]] = 1
+    counts[[155, 171, 205]] = [5463, 5378, 3291]
+    three = torch.from_numpy(np.repeat(np.arange(256, dtype=np.uint8), counts)).view(torch.int8)
+    return {
+        "dominant-int8": dominant.to(torch.int8),
+        "three-int8": three,
+        "uniform-int8": uniform.to(torch.int8),
+        "relu-bf16": relu_bf16(3000).view(torch.int16),
+        "sparse-fp32": (torch.randn(4099, generator=g) * (torch.rand(4099, generator=g) > 0.85)).view(torch.int32),
+        "small-int64": torch.randint(-3, 4, (999,), generator=g, dtype=torch.int64),
+        "zeros-int32": torch.zeros(70, dtype=torch.int32),
+        "one-int16": torch.tensor([3], dtype=torch.int16),
+    }
+
+
+@pytest.mark.parametrize("case", list(_plan_cases()))
+@pytest.mark.parametrize("code_below", [kz.CODE_BELOW, INF, 0.5])
+def test_the_device_plan_chooses_what_the_host_plan_does(case, code_below):
+    """One kernel does `plan` on the device (normalize's remainder ranks and its
+    largest-first loop, the fixed-point estimates, the mode): the same mode, planes,
+    tables and layout as the host's, for both backends to keep writing the same bytes."""
+    words = _plan_cases()[case]
+    n, itemsize = words.numel(), words.element_size()
+    hist = kz.byte_histograms(words)
+    tile = 256
+    p = kz.plan(hist.numpy(), n, itemsize, tile, code_below)
+    head = torch.zeros(kz.reserve_nbytes(n, itemsize, tile), dtype=torch.uint8)
+    words_, enc, magic = kz._plan_on_device(hist.clone(), torch.zeros(1, dtype=torch.int64), n, itemsize, tile,
+                                            code_below, head)
+    tv, tm, total_tiles = kz.geometry(n, tile, p.mode, p.symbols, itemsize)
+    _, off_freqs, off_streams, _ = kz.layout(n, tile, p.mode, p.symbols, p.coded_planes, 0, itemsize)
+    assert words_[:9].tolist() == [tile, p.mode, p.symbols, p.coded_planes, 0, tv, total_tiles,
+                                   kz.mask_nbytes(n) if p.mode == kz.MASKED else 0, off_streams]
+    bases = kz._scratch_bases(n, tile, p.mode, p.symbols, p.coded_planes, itemsize)[0]
+    assert words_[9: 10 + itemsize].tolist() == bases
+    packed, magic_np = kz.encoder_tables_np(p.freqs)
+    assert torch.equal(enc.view(-1), torch.from_numpy(packed.astype(np.int32)).view(-1))
+    assert torch.equal(magic.view(-1), torch.from_numpy(magic_np.astype(np.int32)).view(-1))
+    tables = torch.from_numpy(kz._freqs_int16(p.freqs, p.coded_planes).view(np.uint8).reshape(-1).copy())
+    assert torch.equal(head[off_freqs: off_streams], tables)
+    if case in ("dominant-int8", "three-int8") and code_below == INF:  # from normalize's largest-first loop
+        h = hist[0].numpy()
+        assert p.coded_planes & 1 and np.where(h > 0, np.maximum(h * 4096 // h.sum(), 1), 0).sum() > 4096

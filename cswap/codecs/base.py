@@ -141,6 +141,14 @@ class Codec:
     def _encode_scratch_bytes(self, numel: int, itemsize: int) -> int:
         raise NotImplementedError
 
+    def launch_scratch_bytes(self, numel: int, itemsize: int) -> int:
+        """At most the device bytes launch_into allocates beside `reserved` and `sizes`
+        while it runs (the runtime charges them as encode_scratch_bytes)."""
+        return SMALL_TEMPORARIES + self._launch_scratch_bytes(numel, itemsize)
+
+    def _launch_scratch_bytes(self, numel: int, itemsize: int) -> int:
+        return 0
+
     def compress(self, x: torch.Tensor, config: LaunchConfig | None = None, backend: str = "auto") -> Compressed:
         """Compress `x` losslessly (bit for bit) into one contiguous buffer.
 
@@ -215,7 +223,6 @@ class Codec:
 
     # The three steps of `launch`, for the runtime, which allocates and reads back itself.
     size_words: ClassVar[int] = 1  # int64 words launch_into leaves for the host
-    launch_syncs: ClassVar[int] = 0  # host syncs launch_into makes (ZANS: 1, its plan's histograms)
 
     def reserve_nbytes(self, numel: int, itemsize: int) -> int | None:
         """The device bytes launch_into writes into for `numel` elements of `itemsize`
@@ -225,8 +232,7 @@ class Codec:
     def launch_into(self, x: torch.Tensor, reserved: torch.Tensor, sizes: torch.Tensor,
                     config: LaunchConfig | None = None, backend: str = "auto") -> None:
         """Queue the encode of `x` into `reserved` (reserve_nbytes bytes, 16-byte aligned, on
-        x's device), leaving `size_words` int64 words in `sizes` for launched(); no host sync
-        but the `launch_syncs` a codec's plan needs (ZANS reads its histograms back)."""
+        x's device), leaving `size_words` int64 words in `sizes` for launched(); no host sync."""
         where = f"cswap.codecs.{self.name}.compress"
         backend = resolve_backend(backend, x.device, where)
         sizes.copy_(self._launch(as_words(x), tuple(x.shape), config, backend, reserved))

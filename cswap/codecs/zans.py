@@ -41,23 +41,18 @@ class ZANS(Codec):
     n_meta = 5
 
     def _encode_scratch_bytes(self, numel, itemsize):
-        n, w = numel, itemsize
-        tiles = (w + 1) * (-(-n // kernels.TILE) + 1)   # every plane's tiles, the mask's included
-        counts = 16 * (-(-n // kernels._zvc.TILE) + 2)  # non-zeros per ZVC tile, and their prefix sums
-        values = n * w + 4 * -(-n // 32)                # the compacted non-zeros and their mask words
-        scratch = n * w + -(-n // 8) + 2 * tiles        # coded planes' streams before packing (int16)
-        tables = 8 * (w + 1) * 256 + 8 * (w + 1) * 256  # histograms; coding tables and frequencies
-        return counts + values + scratch + tables + 24 * (tiles + 1)  # tile lengths, offsets, bases
+        # into a buffer of the exact size: the launch into one reserved for the largest, then a copy
+        return kernels.reserve_nbytes(numel, itemsize) + self._launch_scratch_bytes(numel, itemsize)
+
+    def _launch_scratch_bytes(self, numel, itemsize):
+        return kernels.launch_scratch_bytes(numel, itemsize)
 
     def _encode(self, words, shape, config, backend, alloc):
         if backend == "triton":
             return kernels.zans_compress(words, alloc, config)
         return kernels.zans_compress_ref(words, alloc)
 
-    # launch_into reads the histograms back for its plan (the one host sync); the
-    # streams' size stays on the device with the meta, the five size words.
-    size_words = 5
-    launch_syncs = 1
+    size_words = 5  # the meta, streams_nbytes included, as the device's plan leaves it
 
     def _reserve_nbytes(self, numel, itemsize):
         return kernels.reserve_nbytes(numel, itemsize)

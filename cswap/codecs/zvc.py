@@ -29,6 +29,9 @@ class ZVC(Codec):
             nnz = kernels.zvc_compress_ref(words, alloc)
         return kernels.TILE, nnz
 
+    def _launch_scratch_bytes(self, numel, itemsize):
+        return 8 * (-(-numel // kernels.TILE) + 1)  # the one-pass encoder's tile states
+
     def _reserve_nbytes(self, numel, itemsize):
         return kernels.reserve_nbytes(numel, kernels.TILE, itemsize)
 

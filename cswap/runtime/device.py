@@ -139,9 +139,10 @@ class Device:
         for dst, src in zip(dsts, srcs):
             self.copy(dst, src, stream)
 
-    def launch(self, stream, fn: Callable[[], object], reads=(), writes=(), work: Work | None = None) -> None:
+    def launch(self, stream, fn: Callable[[], object], reads=(), writes=(), work: Work | None = None,
+               scratch_bytes: int = 0) -> None:
         """Run device work `fn` on `stream` asynchronously; `reads`/`writes`: the tensors it touches;
-        `work`: what it does (Work)."""
+        `work`: what it does (Work); `scratch_bytes` as call's."""
         raise NotImplementedError
 
     def call(self, stream, fn: Callable[[], object], reads=(), writes=(), scratch_bytes: int = 0,
@@ -303,7 +304,7 @@ class CudaDevice(Device):
         with _Current(self.index, stream):
             torch._foreach_copy_(dsts, srcs, non_blocking=True)
 
-    def launch(self, stream, fn, reads=(), writes=(), work=None) -> None:
+    def launch(self, stream, fn, reads=(), writes=(), work=None, scratch_bytes: int = 0) -> None:
         with _Current(self.index, stream):
             fn()
 

@@ -475,8 +475,8 @@ class EmulatedDevice(Device):
             if done.error is not None:  # (a synchronous copy reports its failure itself)
                 raise done.error
 
-    def launch(self, stream: EmulatedStream, fn, reads=(), writes=(), work=None) -> None:
-        self._work(stream, fn, reads, writes, blocking=False)
+    def launch(self, stream: EmulatedStream, fn, reads=(), writes=(), work=None, scratch_bytes: int = 0) -> None:
+        self._work(stream, fn, reads, writes, blocking=False, scratch=scratch_bytes)
 
     def call(self, stream: EmulatedStream, fn, reads=(), writes=(), scratch_bytes: int = 0, work=None):
         with self._lock:  # the host waits for the stream (a codec reading sizes back)

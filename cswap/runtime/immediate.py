@@ -106,7 +106,7 @@ class ImmediateDevice(Device):
     def copy_all(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], stream) -> None:
         torch._foreach_copy_(dsts, srcs)
 
-    def launch(self, stream, fn, reads=(), writes=(), work=None) -> None:
+    def launch(self, stream, fn, reads=(), writes=(), work=None, scratch_bytes: int = 0) -> None:
         fn()
 
     def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0, work=None):

@@ -93,14 +93,15 @@ class Lanes:
 
     # -- forward ----------------------------------------------------------------------------------
 
-    def encode(self, ready, fn, reads, writes, work: Work, read_back=None):
+    def encode(self, ready, fn, reads, writes, work: Work, read_back=None, scratch_bytes: int = 0):
         """Queue an encode (or a gather) on the codec stream after `ready`: the
         tensor it reads has been computed; with `read_back` = (host, device), then copy the
         few words it left on the device (its sizes) to pinned host memory. Its event: the
-        payload is written (and the sizes are on the host)."""
+        payload is written (and the sizes are on the host). `scratch_bytes`: what it
+        allocates beside `writes` while it runs (a codec's launch_scratch_bytes)."""
         dev, stream = self.dev, self.codec
         dev.wait_event(stream, ready, at="offload.compress_after_ready")
-        dev.launch(stream, fn, reads=reads, writes=writes, work=work)
+        dev.launch(stream, fn, reads=reads, writes=writes, work=work, scratch_bytes=scratch_bytes)
         if read_back is not None:
             dev.copy(*read_back, stream)
         return self.record(stream)

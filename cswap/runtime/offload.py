@@ -11,8 +11,7 @@ every wait between them):
             or the gather of a tensor that is not dense. Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
-            host (every one but ZVC and ZANS today; ZANS reads its histograms back here,
-            on this thread, for its plan) is left to the next stage whole.
+            host (every one but ZVC and ZANS today) is left to the next stage whole.
   send      (sender) takes the items in order. For a launched encode it waits for its
             sizes to land (the one blocking read, on this thread only), makes the
             header, takes a host buffer from the pool (allocating outside any lock pack
@@ -410,7 +409,8 @@ class Offloader:
                 work = Work("encode", item.codec, item.info.nbytes, item.info.dtype.itemsize)
                 item.encoded = lanes.encode(
                     item.ready, lambda: codec.launch_into(dense, reserved, sizes.view(torch.int64), config),
-                    reads=[src], writes=[reserved, sizes], work=work, read_back=(slot[: sizes.numel()], sizes))
+                    reads=[src], writes=[reserved, sizes], work=work, read_back=(slot[: sizes.numel()], sizes),
+                    scratch_bytes=codec.launch_scratch_bytes(src.numel(), src.element_size()))
                 item.sizes, item.pending = slot, reserved
                 with sw.lock:
                     item.advance(Phase.LAUNCHED)

@@ -479,11 +479,11 @@ class TimedDevice(EmulatedDevice):
         finally:
             self._leave(clock)
 
-    def launch(self, stream, fn, reads=(), writes=(), work=None) -> None:
+    def launch(self, stream, fn, reads=(), writes=(), work=None, scratch_bytes: int = 0) -> None:
         clock = self._enter(CALL_S["launch"])
         try:
             self._kernel(stream, self._work_seconds(work, reads), clock.t, work)
-            super().launch(stream, fn, reads, writes, work)
+            super().launch(stream, fn, reads, writes, work, scratch_bytes)
         finally:
             self._leave(clock)
 
