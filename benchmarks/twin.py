@@ -145,8 +145,8 @@ def legacy_device():
         return None
 
     class LegacyTimedDevice(TimedDevice):
-        def launch(self, stream, fn, reads=(), writes=(), work=None) -> None:
-            super().launch(stream, fn, reads, writes, read_off(fn, work))
+        def launch(self, stream, fn, reads=(), writes=(), work=None, scratch_bytes: int = 0) -> None:
+            super().launch(stream, fn, reads, writes, read_off(fn, work), scratch_bytes)
 
         def call(self, stream, fn, reads=(), writes=(), scratch_bytes: int = 0, work=None):
             return super().call(stream, fn, reads, writes, scratch_bytes, read_off(fn, work))
