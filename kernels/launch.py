@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device", "decoder_output",
-           "copy_from_host",
            "to_device",
            "step_elements"]
 
@@ -55,14 +54,6 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
-
-
-def copy_from_host(dst: torch.Tensor, t: torch.Tensor) -> None:
-    """Copy a small host-made tensor into `dst` (as to_device: queued, from pinned memory)."""
-    if dst.device.type != "cuda":
-        dst.copy_(t)
-    else:
-        dst.copy_(t.pin_memory(), non_blocking=True)
 
 
 def check_triton_device(device: torch.device, who: str) -> None:

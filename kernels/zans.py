@@ -149,8 +149,7 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
-from .launch import (LaunchConfig, copy_from_host, decoder_output, launch_grid, max_registers, step_elements,
-                     to_device)
+from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements, to_device
 
 __all__ = [
     "TILE", "LANES", "PROB_BITS", "PROB_SCALE", "STATE_LOW", "CODE_BELOW", "MIN_TILE", "MAX_TILE",

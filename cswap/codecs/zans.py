@@ -39,6 +39,7 @@ def _plane_name(q: int, itemsize: int) -> str:
 class ZANS(Codec):
     name = "zans"
     n_meta = 5
+    size_words = 5  # what launch_into leaves on the device: the meta, streams_nbytes included
 
     def _encode_scratch_bytes(self, numel, itemsize):
         # into a buffer of the exact size: the launch into one reserved for the largest, then a copy
@@ -51,8 +52,6 @@ class ZANS(Codec):
         if backend == "triton":
             return kernels.zans_compress(words, alloc, config)
         return kernels.zans_compress_ref(words, alloc)
-
-    size_words = 5  # the meta, streams_nbytes included, as the device's plan leaves it
 
     def _reserve_nbytes(self, numel, itemsize):
         return kernels.reserve_nbytes(numel, itemsize)
