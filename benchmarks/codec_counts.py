@@ -14,7 +14,7 @@ nvidia-h200/codecs.csv) against the counts of the code it measured (`--measured`
 from that commit's extracted tree). The fit uses the byte-bound codecs (ZVC, RLE, CSR);
 LZ4's and ZANS's errors show where a byte count cannot see their time.
 
-    python benchmarks/codec_counts.py            # about 15 min: both trees, the fit, the builds
+    python benchmarks/codec_counts.py            # about 25 min: both trees, the fit, the builds
     python benchmarks/codec_counts.py --codecs zvc --dtypes fp32 --sparsities 0.8 --no-builds --no-fit
 
 Results: the printed tables and benchmarks/results/codec-counts/counts.json. Every time
