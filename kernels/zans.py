@@ -158,8 +158,7 @@ __all__ = [
     "MASK_COUNT",
     "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "decoder_tables_ref", "geometry", "mask_nbytes", "stream_bounds",
     "layout", "size_bound", "byte_histograms", "predicted_size",
-    "sections", "reserve_nbytes", "launch_scratch_bytes", "encoder_tables_np", "zans_launch", "zans_launch_ref",
-    "zans_compress",
+    "sections", "reserve_nbytes", "launch_scratch_bytes", "zans_launch", "zans_launch_ref", "zans_compress",
     "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
 ]
 
@@ -402,10 +401,11 @@ def plan(hist, n: int, itemsize: int, tile: int = TILE, code_below: float = CODE
                 (masked_cost if use_masked else dense_cost) // _BYTE_FX)
 
 
-def encoder_tables_np(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per plane and symbol: packed f | c << 13 | sh2 << 25 | sh1 << 29, and the magic
-    reciprocal m (int32 bit patterns, as int64), so that x // f = (t + ((x - t) >> sh1)) >> sh2
-    with t = umulhi(x, m) for every 32-bit x (Granlund & Montgomery 1994, fig. 4.1)."""
+    reciprocal m (int32 bit patterns), so that x // f = (t + ((x - t) >> sh1)) >> sh2
+    with t = umulhi(x, m) for every 32-bit x (Granlund & Montgomery 1994, fig. 4.1).
+    The host's statement of what the device's plan kernel builds."""
     f = np.asarray(freqs, dtype=np.int64)
     c = np.cumsum(f, axis=1) - f
     ff = np.maximum(f, 1)
@@ -414,13 +414,8 @@ def encoder_tables_np(freqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sh1 = np.minimum(bits, 1)
     sh2 = np.maximum(bits - 1, 0)
     packed = f | (c & 4095) << 13 | sh2 << 25 | sh1 << 29
-    return packed, np.where(magic >= 1 << 31, magic - (1 << 32), magic)
-
-
-def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """encoder_tables_np's (packed, magic) as int32 on `device`, in one queued copy."""
-    packed, magic = encoder_tables_np(freqs)
-    tables = torch.from_numpy(np.stack([packed.astype(np.int32), magic.astype(np.int32)]))
+    magic32 = np.where(magic >= 1 << 31, magic - (1 << 32), magic)
+    tables = torch.from_numpy(np.stack([packed.astype(np.int32), magic32.astype(np.int32)]))
     packed_t, magic_t = to_device(tables, device)  # one copy, queued: no host sync
     return packed_t, magic_t
 
@@ -979,7 +974,8 @@ def _as_u8(t: torch.Tensor) -> torch.Tensor:
 def _scratch_bases(n: int, tile: int, mode: int, symbols: int, coded_planes: int, itemsize: int
                    ) -> tuple[list[int], int]:
     """Halfword offset of each coded plane's scratch region (its raw_len halfwords per
-    tile, back to back) and the scratch halfwords in all."""
+    tile, back to back) and the scratch halfwords in all: the host's statement of the
+    bases the device's plan kernel writes (the tests hold one to the other)."""
     bases, total = [], 0
     for q, length in enumerate(_plane_lengths(n, mode, symbols, itemsize)):
         bases.append(total)
