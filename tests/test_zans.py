@@ -705,3 +705,40 @@ def test_the_device_plan_chooses_what_the_host_plan_does(case, code_below):
     if case in ("dominant-int8", "three-int8") and code_below == INF:  # from normalize's largest-first loop
         h = hist[0].numpy()
         assert p.coded_planes & 1 and np.where(h > 0, np.maximum(h * 4096 // h.sum(), 1), 0).sum() > 4096
+
+
+def test_the_fixed_point_estimate_chooses_what_the_float_one_did():
+    """Issue 41 §1 keeps the ratio: the estimate moved to fixed point (so the device's plan
+    can match the host's), and it still codes the planes and picks the mode the float
+    estimate (sum count x log2(M / f) bits) did, on dense and sparse tensors of every width."""
+    from cswap.tune.synthetic import make_tensor
+
+    def float_choice(hist, n, itemsize):
+        def cost(h):
+            m = int(h.sum())
+            if m == 0:
+                return 0.0, False
+            f = kz.normalize(h)
+            nz = h > 0
+            coded = float((h[nz] * (kz.PROB_BITS - np.log2(f[nz]))).sum()) / 8 + -(-m // kz.TILE) * 128 + 512
+            return (coded, True) if coded < kz.CODE_BELOW * m else (float(m), False)
+
+        nnz = int((hist[itemsize] * np.array([i.bit_count() for i in range(256)])).sum())
+        masked_hist = hist[:itemsize].copy()
+        masked_hist[:, 0] -= n - nnz
+        dense = [cost(h) for h in hist[:itemsize]]
+        masked = [cost(h) for h in masked_hist] + [cost(hist[itemsize])]
+        use_masked = sum(c for c, _ in masked) < sum(c for c, _ in dense)
+        chosen = masked if use_masked else dense
+        return int(use_masked), sum(1 << q for q, (_, coded) in enumerate(chosen) if coded)
+
+    for i in range(40):
+        dtype = [torch.float32, torch.bfloat16, torch.float16, torch.int8][i % 4]
+        x = make_tensor(1000 + 997 * i, [0.0, 0.2, 0.5, 0.8, 0.95][i % 5], dtype, ["blocky", "iid"][i % 2],
+                        torch.device("cpu"), seed=i)
+        if i % 3 == 0 and dtype != torch.int8:
+            x = (x.float() * 10 + 5).to(dtype)  # values whose exponent bytes code in a few bits
+        words = words_of(x)
+        hist = kz.byte_histograms(words).numpy()
+        p = kz.plan(hist, words.numel(), words.element_size())
+        assert (p.mode, p.coded_planes) == float_choice(hist, words.numel(), words.element_size()), (i, dtype)
