@@ -31,27 +31,28 @@ The last sequence stops after its literals (no offset, no match). Our encoder
 also keeps LZ4's end-of-block rules: the last 5 bytes are literals and the last
 match starts at least 12 bytes before the end of the chunk.
 
-Encoder (one program per chunk, grid-stride over chunks; run twice: pass 1
-writes each block's size, the host takes one prefix sum and allocates, pass 2
-writes the bytes). It is LZ4's greedy parse with a wider search, in two steps:
+Encoder: one warp per chunk, one pass, one kernel, no host sync (lz4_launch). Warps
+take chunks by ticket, write each block into their own staging room, then place it by
+decoupled look-back over the blocks' sizes (cswap.kernels.lookback) and copy it to its
+place; the payload is written into room for the largest (reserve_nbytes), and its size
+stays on the device. It is LZ4's greedy parse with a wider search, a tile of ENCODE_TILE
+positions (one per lane) at a time:
 
-1. Candidates, all positions at once. For every position i where a match may
-   start (i <= n - 12), two candidates: the latest earlier position with the
-   same hash of the 4 bytes at i, and the latest with the same hash of the 8
-   bytes at i (hashes: LZ4's multiplicative hash, HASH_MUL, top hash_bits
-   bits; one table per hash, holding the latest position inserted). A
-   candidate counts only if its first 4 bytes equal those at i (a collision
-   loses a match, never corrupts one); it is kept as an offset (0: none). The
-   program hashes HASH_TILE positions at a time: within the tile the latest
-   earlier lane with the same hash is found by comparing all pairs, else the
-   table answers for earlier tiles; then the tile's positions enter the
-   table (atomic_max: the latest wins).
-2. The walk, sequential per chunk as LZ4 is, a vector of positions per step:
-   the first position from here with a candidate starts a match; both
-   candidates' matches are measured byte for byte (a vector of bytes per
-   step, up to the last 5 bytes) and the longer is taken (the 4-byte one on
-   a tie); the sequence is emitted (pass 2) and the walk resumes after the
-   match. A step with no candidate moves on by the whole vector.
+1. Candidates. For every position i where a match may start (i <= n - 12), two
+   candidates: the latest earlier position with the same hash of the 4 bytes at i,
+   and the latest with the same hash of the 8 bytes at i (hashes: LZ4's
+   multiplicative hash, HASH_MUL, top hash_bits bits; one table per hash, of 16-bit
+   entries cleared per chunk, holding the latest position entered). Within the tile
+   the latest earlier lane with the same hash is found by comparing all pairs, else
+   the table answers for earlier tiles; then each hash's last lane in the tile
+   enters the table (so no two lanes write one entry: no atomics). A candidate counts
+   only if its first 4 bytes equal those at i (a collision loses a match, never
+   corrupts one); it is kept as an offset (0: none).
+2. The walk, sequential per chunk as LZ4 is, through the tile's candidates: the first
+   position from where the walk stands with a candidate starts a match; both
+   candidates' matches are measured byte for byte (a warp's 32 bytes per step, up to
+   the last 5 bytes) and the longer is taken (the 4-byte one on a tie); the sequence
+   is written and the walk resumes after the match (in this tile or a later one).
 
 The latest 4-byte match is what LZ4's table gives; the 8-byte one finds the
 longer repeats a nearer 4-byte copy hides (rows or tiles repeated at a longer
@@ -85,19 +86,20 @@ import triton
 import triton.language as tl
 
 from .launch import LaunchConfig, decoder_output, default_config, interpreting, launch_grid, max_registers
+from .lookback import LOOK_BACK, exclusive_prefix, ticket
 
 __all__ = [
-    "CHUNK", "MAX_BLOCK_INPUT", "check_chunk", "hash_bits", "scratch_words", "OK", "TRUNCATED", "OFFSET_ZERO",
-    "OFFSET_BEFORE_START", "OVERFLOW", "ENDS_WITH_MATCH",
-    "SHORT", "BAD_OFFSETS", "layout", "block_bound", "sections",
-    "lz4_compress", "lz4_decompress", "lz4_compress_ref", "lz4_decompress_ref",
+    "CHUNK", "MAX_BLOCK_INPUT", "MAX_ENCODE_PROGRAMS", "check_chunk", "hash_bits", "OK", "TRUNCATED", "OFFSET_ZERO",
+    "OFFSET_BEFORE_START", "OVERFLOW", "ENDS_WITH_MATCH", "SHORT", "BAD_OFFSETS", "layout", "block_bound", "sections",
+    "reserve_nbytes", "encode_programs", "launch_scratch_bytes", "encode_scratch_bytes_per_program",
+    "lz4_launch", "lz4_compress", "lz4_decompress", "lz4_launch_ref", "lz4_compress_ref", "lz4_decompress_ref",
 ]
 
 # MAX_BLOCK_INPUT = 65536: the largest input whose every byte a 16-bit LZ4 offset
 # (<= 65535) can reach, so chunks are independent and a chunk is one LZ4 block.
-# CHUNK = 16384, what we write: one chunk is one warp's work when decoding (and one
-# program's when encoding), and 16 KiB chunks give a tensor 4x the warps of 64 KiB
-# ones (an 8 MB tensor 512, about four per H100 SM) for about 1.4% more bytes
+# CHUNK = 16384, what we write: one chunk is one warp's work when encoding and
+# decoding, and 16 KiB chunks give a tensor 4x the warps of 64 KiB ones (an 8 MB
+# tensor 512, about four per H100 SM) for about 1.4% more bytes
 # (small_cnn's activations on digits: ratio 1.882 at 16 KiB, 1.909 at 64 KiB;
 # benchmarks/lz4_chunks.py measures it on more models).
 MAX_BLOCK_INPUT = 65536
@@ -118,36 +120,25 @@ def hash_bits(chunk: int) -> int:
     return chunk.bit_length() - 2
 
 
-# The encoder's vector widths: a tile of positions hashed and matched at once (at most
-# HASH_TILE: the in-tile search compares each position with every earlier one in its
-# tile), see hash_tile; the length and parse steps and the literal copies take the
-# program's threads (one position or byte each).
-HASH_TILE = 64
-HASH_TILE_INTERPRETED = 256
-COMPARES_PER_THREAD = 8
+# The encoder is one warp per chunk. ENCODE_TILE positions (one per lane) are hashed,
+# looked up and entered in the tables per round, and the parse walks through them before
+# the next round; the match-length and copy steps take the warp's lanes (a byte each).
+# The interpreter pays per operation, not per element: one wide step.
+ENCODE_TILE = 32
+ENCODE_TILE_INTERPRETED = 256
+# Chunks in flight at once (one warp each), whatever grid is asked for: each holds its
+# scratch (encode_scratch_bytes_per_program: 48.6 KiB at 16 KiB chunks, so 97 MiB at the
+# cap; 2048 is about 15 warps per H100 SM).
+MAX_ENCODE_PROGRAMS = 2048
 
 
-def hash_tile(num_warps: int, interpreted: bool | None = None) -> tuple[int, int]:
-    """(tile, columns): positions hashed per round and earlier lanes compared per step.
+def encode_tile(interpreted: bool | None = None) -> int:
+    """Positions the encoder hashes per round (and lanes its walk steps with)."""
+    return ENCODE_TILE_INTERPRETED if (interpreting() if interpreted is None else interpreted) else ENCODE_TILE
 
-    Each thread holds COMPARES_PER_THREAD hash compares per step, as the other codecs'
-    threads hold 8 elements: 32 x 32 at 128 threads, 64 x 32 at 256, 64 x 64 at 512,
-    which every supported Triton builds within 128 registers and without a spill
-    (the whole 64 x 64 at 128 threads took 167 registers on Triton 3.8 and 255 with
-    312 bytes spilled on 3.6; python -m cswap.kernels.aot). Wider tiles mean fewer
-    rounds of table reads and atomics per chunk; the tile does not change the bytes
-    written (the candidate is the latest earlier position either way)."""
-    if interpreting() if interpreted is None else interpreted:  # it pays per operation: one wide step
-        return HASH_TILE_INTERPRETED, HASH_TILE_INTERPRETED
-    threads = 32 * num_warps
-    tile = HASH_TILE if threads >= 256 else HASH_TILE // 2
-    return tile, max(1, min(tile, COMPARES_PER_THREAD * threads // tile))
+
 # DECODE_BYTES_PER_LANE = 4: a warp copies 128 bytes of literals or match per step.
 DECODE_BYTES_PER_LANE = 4
-# Each encoder program needs scratch_words(chunk) int32 words of global scratch;
-# capping the programs at 512 bounds it to 512 * 192 KiB = 96 MiB at 16 KiB chunks
-# (384 MiB at 64 KiB) whatever grid is asked for (an H100 runs about 4 per SM).
-MAX_ENCODE_PROGRAMS = 512
 _ALIGN = 16
 
 # Per-chunk decoder status codes (status[c] = (code, byte position)).
@@ -169,13 +160,6 @@ _SHORT = tl.constexpr(SHORT)
 _MINMATCH = tl.constexpr(MINMATCH)
 _MFLIMIT = tl.constexpr(MFLIMIT)
 _LASTLITERALS = tl.constexpr(LASTLITERALS)
-
-# Scratch of one encoder program, in int32 words: two hash tables [1 << hash_bits(chunk)
-# each], per position its two candidates' offsets [chunk each], and the hashes of the
-# tile being hashed [HASH_TILE_INTERPRETED, the widest tile].
-def scratch_words(chunk: int) -> int:
-    """int32 words of scratch one encoder program needs for chunks of `chunk` bytes."""
-    return (2 << hash_bits(chunk)) + 2 * chunk + HASH_TILE_INTERPRETED
 
 
 def check_chunk(chunk: int) -> None:
@@ -208,6 +192,42 @@ def sections(payload: torch.Tensor, num_chunks: int, blocks_nbytes: int) -> tupl
     return payload[: 8 * (num_chunks + 1)].view(torch.int64), payload[off_blocks:total]
 
 
+def reserve_nbytes(nbytes: int, chunk: int = CHUNK) -> int:
+    """The bytes lz4_launch writes into: the largest payload of `nbytes` input bytes
+    (every block at LZ4's bound)."""
+    num_chunks = -(-nbytes // chunk)
+    return layout(num_chunks, num_chunks * block_bound(chunk))[1]
+
+
+def _staging_bytes(chunk: int) -> int:
+    return _align(block_bound(chunk))
+
+
+def encode_scratch_bytes_per_program(chunk: int = CHUNK) -> int:
+    """One encoder warp's scratch: its two hash tables (16-bit entries) and the room
+    its block is written in before its place in the payload is known."""
+    return 2 * 2 * (1 << hash_bits(chunk)) + _staging_bytes(chunk)
+
+
+def encode_programs(num_chunks: int, config: LaunchConfig | None, device: torch.device) -> int:
+    """Encoder warps launched: one per chunk, up to the config's threads (grid x block
+    / 32 warps) and MAX_ENCODE_PROGRAMS."""
+    config = config or default_config(device)
+    return max(1, min(num_chunks, config.grid * config.num_warps, MAX_ENCODE_PROGRAMS))
+
+
+def launch_scratch_bytes(nbytes: int, config: LaunchConfig | None = None, device: torch.device | None = None,
+                         chunk: int = CHUNK) -> int:
+    """At most the device bytes lz4_launch allocates beside `reserved`: each warp's
+    scratch and the chunks' look-back states."""
+    num_chunks = -(-nbytes // chunk)
+    if not num_chunks:
+        return 0
+    programs = min(num_chunks, MAX_ENCODE_PROGRAMS) if device is None else \
+        encode_programs(num_chunks, config, torch.device(device))
+    return programs * encode_scratch_bytes_per_program(chunk) + 8 * (num_chunks + 1)
+
+
 # -- Triton: encoder -------------------------------------------------------------------
 
 
@@ -222,26 +242,22 @@ def _word(src, i, mask):
 
 
 @triton.jit
-def _candidate(table, hashes, h, i, live, v, src, t0, HT: tl.constexpr, COLS: tl.constexpr):
+def _candidate(table, h, i, live, v, src, t0, HT: tl.constexpr):
     """Offset to the latest earlier position with hash h whose 4 bytes equal v (0: none),
     for a tile of HT positions i = t0 + [0, HT); then the tile enters the table.
 
-    Within the tile every lane compares its hash with the earlier lanes', COLS lanes
-    at a time read back from `hashes` (HT words of scratch): an HT x COLS slice per
-    step, so registers do not grow with HT (the whole HT x HT at once took 167-255
-    registers at 128 threads)."""
+    The table holds position + 1 (16 bits; 0: none, as the chunk's clear leaves it).
+    Within the tile each lane finds the latest earlier lane with its hash by comparing
+    with all of them, and only the last lane of each hash writes the table: no two
+    lanes write one entry, so no atomics."""
     lane = tl.arange(0, HT)
-    tl.store(hashes + lane, tl.where(live, h, -1))  # hashes are >= 0: a dead lane matches none
-    tl.debug_barrier()  # the tile's hashes are stored, every earlier tile's inserts are done
-    inside = tl.full([HT], -1, tl.int32)
-    for c0 in tl.static_range(0, HT, COLS):
-        col = c0 + tl.arange(0, COLS)
-        same = (h[:, None] == tl.load(hashes + col)[None, :]) & (col[None, :] < lane[:, None])
-        inside = tl.maximum(inside, tl.max(tl.where(same, col[None, :], -1), axis=1))
-    # .cg: read the atomics' result from L2, never a stale L1 line
-    earlier = tl.load(table + h, mask=live, other=-1, cache_modifier=".cg")
-    tl.debug_barrier()  # every lane has read the table and the hashes before the tile enters it
-    tl.atomic_max(table + h, i, mask=live, sem="relaxed")
+    h = tl.where(live, h, -1)  # hashes are >= 0: a dead lane matches none
+    same = h[:, None] == h[None, :]
+    inside = tl.max(tl.where(same & (lane[None, :] < lane[:, None]), lane[None, :], -1), axis=1)
+    later = tl.max(tl.where(same & (lane[None, :] > lane[:, None]), 1, 0), axis=1)
+    earlier = (tl.load(table + h, mask=live, other=0).to(tl.int32) & 0xFFFF) - 1
+    tl.debug_barrier()  # every lane has read the table before the tile enters it
+    tl.store(table + h, (i + 1).to(tl.int16), mask=live & (later == 0))
     cand = tl.where(inside >= 0, t0 + inside, earlier)
     ok = live & (cand >= 0)
     return tl.where(ok & (_word(src, cand, ok) == v), i - cand, 0)
@@ -273,15 +289,23 @@ def _sequence_size(lit, ml):
 
 
 @triton.jit
+def _put_ext(dst, k, last, STEP: tl.constexpr):
+    """A length's k extension bytes at dst: k - 1 of 255, then `last`."""
+    lane = tl.arange(0, STEP)
+    for j in range(0, k - 1, STEP):
+        tl.store(dst + j + lane, tl.full([STEP], 255, tl.uint8), mask=j + lane < k - 1)
+    tl.store(dst + k - 1, last.to(tl.uint8), mask=k > 0)
+
+
+@triton.jit
 def _emit(dst, lits, lit, off, ml, STEP: tl.constexpr):
     """Write one sequence at dst: `lit` literals from `lits`, then (ml > 0) a match of
-    length ml at offset off. The block was pre-filled with 255, so of each length's
-    extension bytes only the last is written."""
+    length ml at offset off."""
     lane = tl.arange(0, STEP)
     ext_l = tl.where(lit >= 15, (lit - 15) // 255 + 1, 0)
     token = (tl.minimum(lit, 15) << 4) | tl.where(ml > 0, tl.minimum(ml - _MINMATCH, 15), 0)
     tl.store(dst, token.to(tl.uint8))
-    tl.store(dst + ext_l, ((lit - 15) % 255).to(tl.uint8), mask=lit >= 15)
+    _put_ext(dst + 1, ext_l, (lit - 15) % 255, STEP)
     for j in range(0, lit, STEP):
         idx = j + lane
         live = idx < lit
@@ -291,37 +315,37 @@ def _emit(dst, lits, lit, off, ml, STEP: tl.constexpr):
     tl.store(po, (off & 255).to(tl.uint8), mask=has)
     tl.store(po + 1, (off >> 8).to(tl.uint8), mask=has)
     ext_m = tl.where(ml >= _MINMATCH + 15, (ml - _MINMATCH - 15) // 255 + 1, 0)
-    tl.store(po + 1 + ext_m, ((ml - _MINMATCH - 15) % 255).to(tl.uint8), mask=ml >= _MINMATCH + 15)
+    _put_ext(po + 2, ext_m, (ml - _MINMATCH - 15) % 255, STEP)
 
 
-@triton.jit(do_not_specialize=["nbytes", "num_chunks"])
-def _lz4_compress_kernel(src_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, nbytes, num_chunks,
-                         CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr, COLS: tl.constexpr,
-                         STEP: tl.constexpr, SCRATCH: tl.constexpr, WRITE: tl.constexpr):
+@triton.jit(do_not_specialize=["nbytes", "num_chunks", "offsets_pad"])
+def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, staging_ptr, nbytes, num_chunks,
+                       offsets_pad, CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr,
+                       STAGE: tl.constexpr, LOOK: tl.constexpr):
+    """One warp per chunk, one pass: chunks are taken by ticket; each is hashed, looked
+    up and parsed a tile at a time into the warp's staging room, then placed by
+    decoupled look-back over the blocks' sizes and copied to its place. The last chunk
+    writes the total (offsets[num_chunks]) and zeroes the offsets' padding."""
     pid = tl.program_id(0).to(tl.int64)
-    nprog = tl.num_programs(0)
     HSIZE: tl.constexpr = 1 << HBITS
-    T4: tl.constexpr = 0
-    T8: tl.constexpr = HSIZE
-    D4: tl.constexpr = 2 * HSIZE
-    D8: tl.constexpr = D4 + CHUNK
-    HASHES: tl.constexpr = D8 + CHUNK
-    tl.static_assert(HASHES + HT <= SCRATCH)
-    sc = scratch_ptr + pid * SCRATCH
+    t4 = tables_ptr + pid * (2 * HSIZE)
+    t8 = t4 + HSIZE
+    stage = staging_ptr + pid * STAGE
     hl = tl.arange(0, HT)
-    lane = tl.arange(0, STEP)
-    for c in range(pid, num_chunks, nprog):
-        tl.debug_barrier()  # the previous chunk's scratch reads finish before we overwrite it
+    c = ticket(state_ptr)
+    while c < num_chunks:
         n = tl.minimum(nbytes - c * CHUNK, CHUNK).to(tl.int32)
         src = src_ptr + c * CHUNK
         starts = tl.maximum(n - (_MFLIMIT - 1), 0)  # positions where a match may start
         last = n - _LASTLITERALS
-        # 1. Two candidates per position: the latest earlier one with the same 4 bytes
-        # and with the same 8 (by hash, then checked), as offsets (0: none).
-        for h0 in range(0, 2 * HSIZE, STEP):
-            tl.store(sc + T4 + h0 + lane, tl.full([STEP], -1, tl.int32), mask=h0 + lane < 2 * HSIZE)
-        tl.debug_barrier()
+        tl.debug_barrier()  # the previous chunk's table reads and staging copy are done
+        for h0 in range(0, 2 * HSIZE, HT):
+            tl.store(t4 + h0 + hl, tl.zeros([HT], tl.int16), mask=h0 + hl < 2 * HSIZE)
+        p = n * 0       # where the walk stands: no match starts before it
+        anchor = n * 0  # the first byte not yet written
+        size = n * 0    # block bytes written
         for t0 in range(0, starts, HT):
+            tl.debug_barrier()  # the table's clear or the last tile's entries are visible
             i = t0 + hl
             live = i < starts
             lo = _word(src, i, live)
@@ -329,46 +353,43 @@ def _lz4_compress_kernel(src_ptr, offsets_ptr, sizes_ptr, dst_ptr, scratch_ptr, 
             mixed = lo * 0x9E3779B1  # HASH_MUL
             h4 = (mixed >> (32 - HBITS)).to(tl.int32)
             h8 = (((mixed ^ hi) * 0x9E3779B1) >> (32 - HBITS)).to(tl.int32)
-            tl.store(sc + D4 + i, _candidate(sc + T4, sc + HASHES, h4, i, live, lo, src, t0, HT, COLS), mask=live)
-            tl.store(sc + D8 + i, _candidate(sc + T8, sc + HASHES, h8, i, live, lo, src, t0, HT, COLS), mask=live)
-        tl.debug_barrier()
-        # 2. The greedy parse: from each position, the first later one with a candidate
-        # starts a match (the longer of its two); the walk resumes after the match.
-        if WRITE:
-            base = tl.load(offsets_ptr + c)
-        else:
-            base = c * 0
-        dst = dst_ptr + base
-        p = n * 0
-        anchor = n * 0
-        size = n * 0
-        while p < starts:
-            idx = p + lane
-            live = idx < starts
-            a4 = tl.load(sc + D4 + idx, mask=live, other=0)
-            a8 = tl.load(sc + D8 + idx, mask=live, other=0)
-            f = tl.min(tl.where((a4 > 0) | (a8 > 0), lane, STEP), axis=0)
-            if f < STEP:
-                q = p + f
-                o4 = tl.sum(tl.where(lane == f, a4, 0), axis=0)
-                o8 = tl.sum(tl.where(lane == f, a8, 0), axis=0)
-                l4 = _match_length(src, q, o4, last, STEP)
-                l8 = _match_length(src, q, o8, last, STEP)
-                ml = tl.where(l8 > l4, l8, l4)
-                off = tl.where(l8 > l4, o8, o4)
-                lit = q - anchor
-                if WRITE:
-                    _emit(dst + size, src + anchor, lit, off, ml, STEP)
-                size += _sequence_size(lit, ml)
-                p = q + ml
-                anchor = p
-            else:
-                p += STEP
+            d4 = _candidate(t4, h4, i, live, lo, src, t0, HT)
+            d8 = _candidate(t8, h8, i, live, lo, src, t0, HT)
+            # The greedy parse through this tile: the first position from p with a
+            # candidate starts a match (the longer of its two); the walk resumes after it.
+            going = p < t0 + HT
+            while going:
+                f = tl.min(tl.where(((d4 > 0) | (d8 > 0)) & (i >= p), hl, HT), axis=0)
+                found = f < HT
+                if found:
+                    q = t0 + f
+                    o4 = tl.sum(tl.where(hl == f, d4, 0), axis=0)
+                    o8 = tl.sum(tl.where(hl == f, d8, 0), axis=0)
+                    l4 = _match_length(src, q, o4, last, HT)
+                    l8 = _match_length(src, q, o8, last, HT)
+                    ml = tl.where(l8 > l4, l8, l4)
+                    off = tl.where(l8 > l4, o8, o4)
+                    lit = q - anchor
+                    _emit(stage + size, src + anchor, lit, off, ml, HT)
+                    size += _sequence_size(lit, ml)
+                    p = q + ml
+                    anchor = p
+                going = found & (p < t0 + HT)
         lit = n - anchor
-        if WRITE:
-            _emit(dst + size, src + anchor, lit, n * 0, n * 0, STEP)
-        else:
-            tl.store(sizes_ptr + c, (size + _sequence_size(lit, n * 0)).to(tl.int64))
+        _emit(stage + size, src + anchor, lit, n * 0, n * 0, HT)
+        size += _sequence_size(lit, n * 0)
+        prefix = exclusive_prefix(state_ptr, c, size.to(tl.int64), LOOK)
+        tl.store(offsets_ptr + c, prefix)
+        tl.debug_barrier()  # the block is in staging
+        dst = blocks_ptr + prefix
+        for j in range(0, size, 4 * HT):
+            idx = j + tl.arange(0, 4 * HT)
+            tl.store(dst + idx, tl.load(stage + idx, mask=idx < size), mask=idx < size)
+        if c == num_chunks - 1:
+            tl.store(offsets_ptr + num_chunks, prefix + size)
+            pad = tl.arange(0, 2)
+            tl.store(offsets_ptr + num_chunks + 1 + pad, pad.to(tl.int64) * 0, mask=pad < offsets_pad)
+        c = ticket(state_ptr)
 
 
 def _check_bytes(data: torch.Tensor, where: str) -> None:
@@ -376,39 +397,52 @@ def _check_bytes(data: torch.Tensor, where: str) -> None:
         raise TypeError(f"{where}: expected a 1-D uint8 tensor")
 
 
-def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None,
-                 chunk: int = CHUNK) -> tuple[int, int]:
-    """Compress 1-D uint8 `data` with Triton into `alloc(payload_nbytes)`, one LZ4
-    block per `chunk` bytes.
-
-    Returns (num_chunks, blocks_nbytes). One host sync (the blocks' total size).
-    """
-    _check_bytes(data, "cswap.kernels.lz4.lz4_compress")
+def lz4_launch(data: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
+               chunk: int = CHUNK) -> torch.Tensor:
+    """Compress 1-D uint8 `data` with Triton into `reserved` (reserve_nbytes bytes, 16-byte
+    aligned), one LZ4 block per `chunk` bytes, in one kernel and no host sync. The payload
+    is the first layout(num_chunks, blocks_nbytes)[1] bytes; returns blocks_nbytes as a
+    1-element int64 tensor on the device, for the caller to read back when the work has run."""
+    _check_bytes(data, "cswap.kernels.lz4.lz4_launch")
     check_chunk(chunk)
     nbytes = data.numel()
     num_chunks = -(-nbytes // chunk)
+    offsets = reserved[: 8 * (num_chunks + 1)].view(torch.int64)
     if num_chunks == 0:
-        alloc(layout(0, 0)[1]).zero_()
-        return 0, 0
-    programs, warps = launch_grid(config, num_chunks, data.device)
-    programs = min(programs, MAX_ENCODE_PROGRAMS)
-    scratch = torch.empty(programs * scratch_words(chunk), dtype=torch.int32, device=data.device)
-    sizes = torch.zeros(num_chunks, dtype=torch.int64, device=data.device)
-    tile, cols = hash_tile(warps)
-    args = dict(CHUNK=chunk, HBITS=hash_bits(chunk), HT=tile, COLS=cols, STEP=32 * warps,
-                SCRATCH=scratch_words(chunk),
-                num_warps=warps, maxnreg=max_registers(warps))
-    _lz4_compress_kernel[(programs,)](data, sizes, sizes, data, scratch, nbytes, num_chunks, WRITE=False, **args)
-    ends = torch.cumsum(sizes, 0)
-    blocks_nbytes = int(ends[-1])  # the one host sync: sizes the buffer
-    payload = alloc(layout(num_chunks, blocks_nbytes)[1])
-    off_blocks = layout(num_chunks, blocks_nbytes)[0]
-    payload[:off_blocks].zero_()
-    offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
-    offsets[1:].copy_(ends)
-    blocks.fill_(255)
-    _lz4_compress_kernel[(programs,)](data, offsets, sizes, blocks, scratch, nbytes, num_chunks, WRITE=True, **args)
+        reserved[: layout(0, 0)[1]].zero_()
+        return offsets[:1]
+    programs = encode_programs(num_chunks, config, data.device)
+    tables = torch.empty(programs * (2 << hash_bits(chunk)), dtype=torch.int16, device=data.device)
+    staging = torch.empty(programs * _staging_bytes(chunk), dtype=torch.uint8, device=data.device)
+    state = torch.zeros(num_chunks + 1, dtype=torch.int64, device=data.device)
+    blocks = reserved[layout(num_chunks, 0)[0]:]
+    _lz4_encode_kernel[(programs,)](data, offsets, blocks, state, tables, staging, nbytes, num_chunks,
+                                    (-(num_chunks + 1)) % 2, CHUNK=chunk, HBITS=hash_bits(chunk),
+                                    HT=encode_tile(), STAGE=_staging_bytes(chunk), LOOK=LOOK_BACK,
+                                    num_warps=1, maxnreg=max_registers(1))
+    return offsets[num_chunks:]
+
+
+def lz4_compress(data: torch.Tensor, alloc, config: LaunchConfig | None = None,
+                 chunk: int = CHUNK) -> tuple[int, int]:
+    """Compress 1-D uint8 `data` with Triton into `alloc(payload_nbytes)`, one LZ4
+    block per `chunk` bytes: lz4_launch into room for the largest payload, then the
+    payload copied into its exact size. Returns (num_chunks, blocks_nbytes).
+    One host sync (the blocks' total size)."""
+    _check_bytes(data, "cswap.kernels.lz4.lz4_compress")
+    check_chunk(chunk)
+    num_chunks = -(-data.numel() // chunk)
+    reserved = torch.empty(reserve_nbytes(data.numel(), chunk), dtype=torch.uint8, device=data.device)
+    blocks_nbytes = int(lz4_launch(data, reserved, config, chunk))  # the one host sync: sizes the buffer
+    total = layout(num_chunks, blocks_nbytes)[1]
+    alloc(total).copy_(reserved[:total])
     return num_chunks, blocks_nbytes
+
+
+def lz4_launch_ref(data: torch.Tensor, reserved: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """lz4_launch's bytes from the reference encoder (it reads sizes on the host)."""
+    _, blocks_nbytes = lz4_compress_ref(data, lambda k: reserved[:k], chunk)
+    return torch.tensor([blocks_nbytes], dtype=torch.int64, device=data.device)
 
 
 # -- Triton: decoder --------------------------------------------------------------------

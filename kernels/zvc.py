@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .lookback import LOOK_BACK, exclusive_prefix, ticket
 from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements
 
 __all__ = ["TILE", "layout", "nonzero_offsets", "zvc_compress", "zvc_launch", "zvc_decompress", "zvc_compress_ref",
@@ -101,13 +102,6 @@ def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_t
             count += tl.sum(row_count, axis=0)
 
 
-# The one-pass encoder's tile states (state_ptr[1 + t]): a count with its kind in the top bits.
-# AGGREGATE: the tile's own non-zeros; INCLUSIVE: the non-zeros up to and including the tile.
-_AGGREGATE = tl.constexpr(1 << 60)
-_INCLUSIVE = tl.constexpr(2 << 60)
-_COUNT = tl.constexpr((1 << 60) - 1)
-
-
 @triton.jit(do_not_specialize=["n", "num_tiles", "offsets_pad", "masks_pad"])
 def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, n, num_tiles, offsets_pad,
                          masks_pad, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
@@ -122,9 +116,8 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
     ROWS: tl.constexpr = TILE // 32
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
-    look = tl.arange(0, LOOK)
     offs = rows[:, None] * 32 + lane[None, :]
-    t = tl.atomic_add(state_ptr, 1).to(tl.int64)
+    t = ticket(state_ptr)
     while t < num_tiles:
         tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
         inb = offs < tile_len
@@ -135,26 +128,7 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
                  mask=rows * 32 < tile_len)
         row_count = tl.sum(nz, axis=1)
         total = tl.sum(row_count, axis=0).to(tl.int64)
-        first = t == 0
-        tl.atomic_xchg(state_ptr + 1 + t, total | tl.where(first, _INCLUSIVE, _AGGREGATE))
-        # Look back over windows of LOOK predecessors until one holds an inclusive count;
-        # a window with a tile not yet published is read again.
-        prefix = total * 0
-        end = t
-        done = first.to(tl.int32)
-        while done == 0:
-            idx = end - LOOK + look
-            state = tl.atomic_add(state_ptr + 1 + idx, 0, mask=idx >= 0)
-            state = tl.where(idx >= 0, state, _INCLUSIVE)  # before tile 0: an inclusive count of 0
-            kind = state >> 60
-            last = tl.max(tl.where(kind == 2, look, -1), axis=0)
-            ready = tl.min(tl.where(look >= last, kind, 2), axis=0) > 0
-            add = tl.sum(tl.where(look >= last, state & _COUNT, 0), axis=0)
-            prefix += tl.where(ready, add, 0)
-            end = tl.where(ready & (last < 0), end - LOOK, end)
-            done = (ready & (last >= 0)).to(tl.int32)
-        if t > 0:
-            tl.atomic_xchg(state_ptr + 1 + t, (prefix + total) | _INCLUSIVE)
+        prefix = exclusive_prefix(state_ptr, t, total, LOOK)
         tl.store(offsets_ptr + t, prefix)
         row_before = tl.cumsum(row_count, axis=0) - row_count
         pos = prefix + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
@@ -168,7 +142,7 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
             vpad = tl.arange(0, VALUES_PAD)
             tl.store(values_ptr + nnz + vpad, tl.zeros([VALUES_PAD], dtype=w.dtype),
                      mask=vpad < (VALUES_PAD - nnz % VALUES_PAD) % VALUES_PAD)
-        t = tl.atomic_add(state_ptr, 1).to(tl.int64)
+        t = ticket(state_ptr)
 
 
 @triton.jit(do_not_specialize=["n", "nnz", "num_tiles"])
@@ -233,8 +207,6 @@ def nonzero_offsets(words: torch.Tensor, tile: int, config: LaunchConfig | None 
     return torch.cumsum(counts, 0)
 
 
-# Predecessors a tile's look-back reads at once: one warp-wide load.
-LOOK_BACK = 32
 # The one-pass encoder holds a whole tile in registers: under 8 warps, ptxas spills it
 # (sm_90, 128 registers a thread; `python -m cswap.kernels.aot`), so it runs at least 8.
 ONE_PASS_MIN_WARPS = 8

@@ -10,6 +10,7 @@ import torch
 
 import cswap
 from cswap.kernels import zvc as kz
+from cswap.kernels import lookback as kb
 from cswap.kernels.counting import CallCounts
 from cswap.kernels.launch import LaunchConfig, interpreting
 from cswap.tune.synthetic import make_tensor
@@ -128,7 +129,7 @@ def _one_pass_from(words, tile, state, payload):
     num_tiles = -(-n // tile)
     offsets, masks, values = kz._sections(payload, n, tile, n, words.dtype)
     kz._zvc_one_pass_kernel[(2,)](words, offsets, masks, values, state, n, num_tiles, (-(num_tiles + 1)) % 2,
-                                  (-masks.numel()) % 4, TILE=tile, LOOK=kz.LOOK_BACK, VALUES_PAD=16 // itemsize,
+                                  (-masks.numel()) % 4, TILE=tile, LOOK=kb.LOOK_BACK, VALUES_PAD=16 // itemsize,
                                   num_warps=1)
 
 
@@ -148,9 +149,9 @@ def test_a_tile_sums_its_predecessors_counts_across_look_back_windows(inclusive_
     counts = offsets[1:] - offsets[:-1]
     state = torch.zeros(81 + 1, dtype=torch.int64)
     state[0] = first
-    state[1: first + 1] = counts[:first] | kz._AGGREGATE.value
-    state[1 + inclusive_at] = offsets[inclusive_at + 1] | kz._INCLUSIVE.value
-    state[1: inclusive_at + 1] = 7 | kz._AGGREGATE.value  # never to be read
+    state[1: first + 1] = counts[:first] | kb._AGGREGATE.value
+    state[1 + inclusive_at] = offsets[inclusive_at + 1] | kb._INCLUSIVE.value
+    state[1: inclusive_at + 1] = 7 | kb._AGGREGATE.value  # never to be read
     payload = reference.clone()
     _, off_masks, off_values, _ = kz.layout(n, tile, nnz, 4)
     payload[8 * first: off_masks] = 0xAA          # what tiles 75-80 write: their offsets, the total,
@@ -158,4 +159,55 @@ def test_a_tile_sums_its_predecessors_counts_across_look_back_windows(inclusive_
     payload[off_values + 4 * int(offsets[first]):] = 0xAA             # their values and the padding
     _one_pass_from(x, tile, state, payload)
     assert torch.equal(payload, reference)
-    assert int(state[1 + 80]) == nnz | kz._INCLUSIVE.value
+    assert int(state[1 + 80]) == nnz | kb._INCLUSIVE.value
+
+
+# -- LZ4: one warp per chunk, one pass --------------------------------------------------------
+
+
+def test_lz4_compresses_in_one_kernel_and_no_host_sync():
+    """The encoder ran twice (a size pass, then the bytes) behind a host sync, its hash
+    phase moving about 90 bytes read and 57 written per input byte (counts.json of
+    2026-11-28): now one kernel, no sync, the payload byte for byte the reference's."""
+    x = activation(5 * 8192 + 44)
+    nbytes = x.numel() * 4
+    codec = cswap.codecs.get("lz4")
+    counts, reserved, sizes = launch_into(codec, x)
+    assert counts.names(triton=True) == ["lz4_encode"] and counts.launches <= 3, counts.names()
+    assert counts.syncs == []
+    assert counts.bytes_read / nbytes <= 30 and counts.bytes_written / nbytes <= 8
+    payload, header = codec.encode(x, CONFIG, "torch")
+    assert codec.launched(sizes.tolist(), tuple(x.shape), x.dtype) == header
+    assert torch.equal(reserved[: payload.numel()], payload)
+
+
+def test_lz4_places_its_blocks_by_look_back():
+    """On a GPU a chunk may find its predecessors with only their own block sizes
+    published. Here chunks 0-34 of 40 are published by hand: sizes only, but for one
+    running total at chunk 20, and wrong sizes before it; only a look-back that stops
+    there places chunks 35-39 where the reference does."""
+    from cswap.kernels import lz4 as kl
+    chunk, first, inclusive_at = 1024, 35, 20
+    data = activation(40 * chunk - 100).view(torch.uint8)
+    reference = torch.zeros(0, dtype=torch.uint8)
+    num_chunks, blocks_nbytes = kl.lz4_compress_ref(data, lambda k: reference.resize_(k), chunk)
+    offsets = kl.sections(reference, num_chunks, blocks_nbytes)[0]
+    sizes = offsets[1:] - offsets[:-1]
+    state = torch.zeros(num_chunks + 1, dtype=torch.int64)
+    state[0] = first
+    state[1: first + 1] = sizes[:first] | kb._AGGREGATE.value
+    state[1 + inclusive_at] = offsets[inclusive_at + 1] | kb._INCLUSIVE.value
+    state[1: inclusive_at + 1] = 7 | kb._AGGREGATE.value  # never to be read
+    payload = torch.full((kl.reserve_nbytes(data.numel(), chunk),), 0xAA, dtype=torch.uint8)
+    off_blocks = kl.layout(num_chunks, 0)[0]
+    payload[: 8 * first] = reference[: 8 * first]
+    payload[off_blocks: off_blocks + int(offsets[first])] = reference[off_blocks: off_blocks + int(offsets[first])]
+    tables = torch.empty(2 * (2 << kl.hash_bits(chunk)), dtype=torch.int16)
+    staging = torch.empty(2 * kl._staging_bytes(chunk), dtype=torch.uint8)
+    kl._lz4_encode_kernel[(2,)](data, payload[: 8 * (num_chunks + 1)].view(torch.int64), payload[off_blocks:],
+                                state, tables, staging, data.numel(), num_chunks, (-(num_chunks + 1)) % 2,
+                                CHUNK=chunk, HBITS=kl.hash_bits(chunk), HT=kl.encode_tile(),
+                                STAGE=kl._staging_bytes(chunk), LOOK=kb.LOOK_BACK, num_warps=1)
+    total = kl.layout(num_chunks, blocks_nbytes)[1]
+    assert torch.equal(payload[:total], reference)
+    assert int(state[1 + num_chunks - 1]) == blocks_nbytes | kb._INCLUSIVE.value

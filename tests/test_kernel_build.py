@@ -32,7 +32,7 @@ DEFAULT_BLOCK = LaunchConfig(grid=1).block
 KERNELS = {f"{codec}._{codec}_{part}_kernel" for codec in ("zvc", "rle", "csr") for part in ("compress", "decompress")}
 KERNELS |= {"zvc._nonzero_count_kernel", "rle._rle_count_kernel"}  # ZVC's count pass serves CSR too
 KERNELS |= {"zvc._zvc_one_pass_kernel"}  # ZVC's encoder; _zvc_compress_kernel serves ZANS's masked mode
-KERNELS |= {"lz4._lz4_compress_kernel", "lz4._lz4_decompress_kernel"}
+KERNELS |= {"lz4._lz4_encode_kernel", "lz4._lz4_decompress_kernel"}
 KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "plan", "encode", "pack", "decode", "mask_count",
                                                      "tables")}
 ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_mask_count_kernel", "zans._zans_tables_kernel"}  # mask bits; decoder tables: whatever the tensor
@@ -40,7 +40,8 @@ ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_mask_count_kernel", "zans._zans_tables_ke
 # no argument grows with the tensor
 NO_SIZES = {"zans._zans_tables_kernel", "zans._zans_encode_kernel", "zans._zans_pack_kernel"}
 MIN_BLOCK = {"zvc._zvc_one_pass_kernel": 32 * ONE_PASS_MIN_WARPS}  # holds a whole tile: at least this many threads
-FIXED_BLOCK = {"zans._zans_plan_kernel": 256}  # one thread per symbol of a table, whatever the config
+FIXED_BLOCK = {"zans._zans_plan_kernel": 256,  # one thread per symbol of a table, whatever the config
+               "lz4._lz4_encode_kernel": 32}  # one warp per chunk
 
 
 def _build(tmp_path, name, *args):
@@ -97,7 +98,7 @@ def test_lz4_encoder_never_spills(builds):
     every supported Triton."""
     results, _ = builds
     spills = [(b["config"], b["spill_bytes"]) for b in results
-              if b["kernel"] == "lz4._lz4_compress_kernel" and b["spill_bytes"] != 0]
+              if b["kernel"] == "lz4._lz4_encode_kernel" and b["spill_bytes"] != 0]
     assert not spills
 
 
@@ -209,13 +210,13 @@ for i in range(20):
             rle.rle_decompress(payloads[1], n, rle.TILE, *r, words.dtype)
             csr.csr_compress(words, 1, n, alloc)
             csr.csr_decompress(payloads[2], 1, n, c, 4, words.dtype)
-            lz4.lz4_compress(data, alloc)
+            lz4.lz4_launch(data, alloc(lz4.reserve_nbytes(data.numel())))
             lz4.lz4_decompress(payloads[3], data.numel(), lz4.CHUNK, *l)
             zans.zans_launch(words, torch.zeros(zans.reserve_nbytes(n, words.element_size()), dtype=torch.uint8))
             zans.zans_decompress(payloads[4], n, *zm, words.dtype)
         for launch in launches:
             # One build per kernel, word type and constexprs (the kernel's own variants:
-            # CSR's wide-row path, LZ4's size and write passes).
+            # CSR's wide-row path).
             variant = (launch.kernel, launch.words if "lz4" not in launch.kernel else "u8",
                        sorted(map(str, launch.constexprs.items())))
             builds[json.dumps(variant)].add(launch.key())

@@ -254,21 +254,18 @@ def test_launch_config_does_not_change_result(grid, block):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [128, 256, 512])
-def test_the_gpus_hash_tiles_write_the_same_bytes(block, monkeypatch):
-    """A GPU hashes 32 or 64 positions per round and compares them with earlier lanes
-    32 or 64 at a time (kl.hash_tile: 64 x 32 at 256 threads, in two column steps);
-    the interpreter runs one 256-wide step. Run the GPU's shapes here: repeats closer
-    than a tile (in-tile candidates, both hashes) and farther (table candidates) give
-    the reference's bytes."""
-    gpu_tile = kl.hash_tile(block // 32, interpreted=False)
-    monkeypatch.setattr(kl, "hash_tile", lambda warps: gpu_tile)
-    g = torch.Generator().manual_seed(block)
+def test_the_gpus_tiles_write_the_same_bytes(monkeypatch):
+    """A GPU's warp hashes and walks 32 positions per round (kl.ENCODE_TILE); the
+    interpreter runs 256-wide rounds. Run the GPU's shape here: repeats closer than a
+    tile (in-tile candidates, both hashes), farther (table candidates), and matches
+    that end in a later tile give the reference's bytes."""
+    monkeypatch.setattr(kl, "encode_tile", lambda: kl.ENCODE_TILE)
+    g = torch.Generator().manual_seed(32)
     pieces = [torch.randint(0, 4, (1200,), generator=g, dtype=torch.uint8),          # short repeats
               torch.arange(40, dtype=torch.uint8).repeat(30),                         # period 40
               torch.randint(0, 256, (500,), generator=g, dtype=torch.uint8).repeat(3)]   # period 500
     x = torch.cat(pieces)
-    config = cswap.LaunchConfig(grid=2, block=block)
+    config = cswap.LaunchConfig(grid=2, block=64)
     blob = LZ4.compress(x, config=config, backend="triton")
     assert torch.equal(blob.data, LZ4.compress(x, backend="torch").data)
     assert_bit_equal(LZ4.decompress(blob, backend="torch"), x)

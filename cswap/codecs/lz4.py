@@ -71,9 +71,29 @@ class LZ4(Codec):
     n_meta = 3
 
     def _encode_scratch_bytes(self, numel, itemsize):
-        chunks = -(-numel * itemsize // kernels.CHUNK)
-        programs = min(chunks, kernels.MAX_ENCODE_PROGRAMS)  # each with its hash table and match buffers
-        return 4 * programs * kernels.scratch_words(kernels.CHUNK) + 16 * (chunks + 1)
+        # the launch's scratch, and room for the largest payload before it is copied to its size
+        return self._launch_scratch_bytes(numel, itemsize) + self._reserve_nbytes(numel, itemsize)
+
+    def _launch_scratch_bytes(self, numel, itemsize):
+        return kernels.launch_scratch_bytes(numel * itemsize)
+
+    def _reserve_nbytes(self, numel, itemsize):
+        return kernels.reserve_nbytes(numel * itemsize)
+
+    def _launch(self, words, shape, config, backend, reserved):
+        data = words.view(torch.uint8)
+        if backend == "triton":
+            return kernels.lz4_launch(data, reserved, config)
+        return kernels.lz4_launch_ref(data, reserved)
+
+    def _meta_from(self, words, numel, itemsize):
+        (blocks_nbytes,) = words
+        nbytes = numel * itemsize
+        num_chunks = -(-nbytes // kernels.CHUNK)
+        if not num_chunks <= blocks_nbytes <= num_chunks * kernels.block_bound(kernels.CHUNK):
+            raise RuntimeError(f"cswap.codecs.lz4: the device wrote {blocks_nbytes} block bytes for "
+                               f"{num_chunks} chunks")
+        return (kernels.CHUNK, num_chunks, blocks_nbytes), kernels.layout(num_chunks, blocks_nbytes)[1]
 
     def _encode(self, words, shape, config, backend, alloc):
         data = words.view(torch.uint8)
