@@ -242,25 +242,43 @@ def _word(src, i, mask):
 
 
 @triton.jit
-def _candidate(table, h, i, live, v, src, t0, HT: tl.constexpr):
-    """Offset to the latest earlier position with hash h whose 4 bytes equal v (0: none),
-    for a tile of HT positions i = t0 + [0, HT); then the tile enters the table.
-
-    The table holds position + 1 (16 bits; 0: none, as the chunk's clear leaves it).
-    Within the tile each lane finds the latest earlier lane with its hash by comparing
-    with all of them, and only the last lane of each hash writes the table: no two
-    lanes write one entry, so no atomics."""
+def _latest_in_tile(h, HT: tl.constexpr):
+    """Per lane of a tile with hashes h (-1: a dead lane): the latest earlier lane with
+    the same hash (-1: none), and whether a later lane has it (then this lane does not
+    enter the table: no two lanes write one entry, so no atomics)."""
     lane = tl.arange(0, HT)
-    h = tl.where(live, h, -1)  # hashes are >= 0: a dead lane matches none
     same = h[:, None] == h[None, :]
     inside = tl.max(tl.where(same & (lane[None, :] < lane[:, None]), lane[None, :], -1), axis=1)
     later = tl.max(tl.where(same & (lane[None, :] > lane[:, None]), 1, 0), axis=1)
-    earlier = (tl.load(table + h, mask=live, other=0).to(tl.int32) & 0xFFFF) - 1
-    tl.debug_barrier()  # every lane has read the table before the tile enters it
-    tl.store(table + h, (i + 1).to(tl.int16), mask=live & (later == 0))
-    cand = tl.where(inside >= 0, t0 + inside, earlier)
+    return inside, later == 0
+
+
+@triton.jit
+def _checked(cand, i, live, v, src):
+    """Offset i - cand where position cand's 4 bytes equal v (0: none, or cand < 0)."""
     ok = live & (cand >= 0)
     return tl.where(ok & (_word(src, cand, ok) == v), i - cand, 0)
+
+
+@triton.jit
+def _tile_candidates(t4, t8, h4, h8, i, live, v, src, t0, HT: tl.constexpr):
+    """The offsets to the latest earlier positions with hashes h4 and h8 whose 4 bytes
+    equal v (0: none), for a tile of HT positions i = t0 + [0, HT); then the tile enters
+    both tables. The tables hold position + 1 (16 bits; 0: none, as the chunk's clear
+    leaves it); both are read before either is written, so a tile waits on one round
+    trip to them, and one to check its candidates."""
+    h4 = tl.where(live, h4, -1)  # hashes are >= 0: a dead lane matches none
+    h8 = tl.where(live, h8, -1)
+    in4, last4 = _latest_in_tile(h4, HT)
+    in8, last8 = _latest_in_tile(h8, HT)
+    e4 = (tl.load(t4 + h4, mask=live, other=0).to(tl.int32) & 0xFFFF) - 1
+    e8 = (tl.load(t8 + h8, mask=live, other=0).to(tl.int32) & 0xFFFF) - 1
+    tl.debug_barrier()  # every lane has read the tables before the tile enters them
+    tl.store(t4 + h4, (i + 1).to(tl.int16), mask=live & last4)
+    tl.store(t8 + h8, (i + 1).to(tl.int16), mask=live & last8)
+    d4 = _checked(tl.where(in4 >= 0, t0 + in4, e4), i, live, v, src)
+    d8 = _checked(tl.where(in8 >= 0, t0 + in8, e8), i, live, v, src)
+    return d4, d8
 
 
 @triton.jit
@@ -353,8 +371,7 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
             mixed = lo * 0x9E3779B1  # HASH_MUL
             h4 = (mixed >> (32 - HBITS)).to(tl.int32)
             h8 = (((mixed ^ hi) * 0x9E3779B1) >> (32 - HBITS)).to(tl.int32)
-            d4 = _candidate(t4, h4, i, live, lo, src, t0, HT)
-            d8 = _candidate(t8, h8, i, live, lo, src, t0, HT)
+            d4, d8 = _tile_candidates(t4, t8, h4, h8, i, live, lo, src, t0, HT)
             # The greedy parse through this tile: the first position from p with a
             # candidate starts a match (the longer of its two); the walk resumes after it.
             going = p < t0 + HT
