@@ -362,12 +362,19 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
         p = n * 0       # where the walk stands: no match starts before it
         anchor = n * 0  # the first byte not yet written
         size = n * 0    # block bytes written
+        # Each tile's bytes are loaded a tile ahead: they arrive while the tile before
+        # is looked up and parsed (a warp waits on a load only where it uses it).
+        lo_next = _word(src, hl, hl < starts)
+        hi_next = _word(src, hl + 4, hl < starts)
         for t0 in range(0, starts, HT):
             tl.debug_barrier()  # the table's clear or the last tile's entries are visible
             i = t0 + hl
             live = i < starts
-            lo = _word(src, i, live)
-            hi = _word(src, i + 4, live)
+            lo = lo_next
+            hi = hi_next
+            ahead = i + HT < starts
+            lo_next = _word(src, i + HT, ahead)
+            hi_next = _word(src, i + HT + 4, ahead)
             mixed = lo * 0x9E3779B1  # HASH_MUL
             h4 = (mixed >> (32 - HBITS)).to(tl.int32)
             h8 = (((mixed ^ hi) * 0x9E3779B1) >> (32 - HBITS)).to(tl.int32)
