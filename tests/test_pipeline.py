@@ -109,12 +109,13 @@ def test_raw_restores_need_no_wait_for_compute():
     assert any(c.start < busy_until for c in copies_in)
 
 
-def test_zans_is_launched_by_the_worker_and_only_its_sizes_are_read_by_the_sender():
-    """ZANS launches like ZVC (issue 41): the worker queues it (reading its histograms
-    back for its plan, a read of host memory on the twin), and the sender reads each
-    tensor's sizes once; its gradients equal stock autograd's (in _steps)."""
-    spans, syncs, stats = _steps("cswap", steps=2, policy=lambda info: "zans")  # (the last step's)
+@pytest.mark.parametrize("codec", ["zans", "lz4"])
+def test_zans_and_lz4_are_launched_by_the_worker_and_only_their_sizes_are_read_by_the_sender(codec):
+    """ZANS and LZ4 launch like ZVC (issue 41): the worker queues them (ZANS reads its
+    histograms back for its plan, a read of host memory on the twin), and the sender
+    reads each tensor's sizes once; gradients equal stock autograd's (in _steps)."""
+    spans, syncs, stats = _steps("cswap", steps=2, policy=lambda info: codec)  # (the last step's)
     encodes = [s for s in spans if s.stream == "codec" and s.what.startswith("encode")]
-    assert len(encodes) >= 4 and all("zans" in s.what for s in encodes), {s.what for s in encodes}
+    assert len(encodes) >= 4 and all(codec in s.what for s in encodes), {s.what for s in encodes}
     assert not [key for key in syncs if key[0] == "cswap-offload"], syncs  # no wait the twin names
     assert syncs.get(("cswap-send", "offload.sizes_landed")) == len(encodes), syncs
