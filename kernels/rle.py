@@ -205,6 +205,9 @@ def _rle_decompress_kernel(run_offsets_ptr, value_offsets_ptr, starts_ptr, befor
         tile_nnz = tl.minimum(v1 - v0, TILE).to(tl.int32)
         bad = (r0 != r0_raw) | (r1 != r1_raw) | (v0 != v0_raw) | (v1 != v1_raw) \
             | (r1 - r0 > MAX_RUNS) | (v1 - v0 > tile_len) | ((count == 0) & (tile_nnz != 0))
+        # The tiles must account for exactly the recorded runs and values, from the first.
+        bad |= ((t == 0) & ((r0_raw != 0) | (v0_raw != 0))) \
+            | ((t == num_tiles - 1) & ((r1_raw != num_runs) | (v1_raw != nnz)))
         starts = starts_ptr + r0
         befores = befores_ptr + r0
         src = values_ptr + v0
@@ -296,12 +299,6 @@ def rle_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None,
     return num_runs, nnz
 
 
-def _check_totals(status: torch.Tensor, sec: Sections, num_runs: int, nnz: int) -> None:
-    """Offsets must start at 0 and end at the totals (on the device: no sync)."""
-    status[0] |= ((sec.run_offsets[0] != 0) | (sec.value_offsets[0] != 0)).to(torch.int8)
-    status[-1] |= ((sec.run_offsets[-1] != num_runs) | (sec.value_offsets[-1] != nnz)).to(torch.int8)
-
-
 def rle_decompress(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz: int,
                    word_dtype: torch.dtype, config: LaunchConfig | None = None, out: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -311,14 +308,13 @@ def rle_decompress(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz:
     sec = sections(payload, n, tile, num_runs, nnz, word_dtype)
     num_tiles = -(-n // tile)
     out = decoder_output(out, n, word_dtype, payload.device, zero=False)
-    status = torch.zeros(num_tiles, dtype=torch.int8, device=payload.device)
+    status = torch.empty(num_tiles, dtype=torch.int8, device=payload.device)  # every tile writes its own
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, payload.device)
         _rle_decompress_kernel[(grid,)](sec.run_offsets, sec.value_offsets, sec.starts, sec.befores,
                                         sec.values, out, status, n, num_runs, nnz, num_tiles,
                                         TILE=tile, SUB=step_elements(tile, warps, out.element_size()),
                                         num_warps=warps, maxnreg=max_registers(warps))
-        _check_totals(status, sec, num_runs, nnz)
     return out, status
 
 
@@ -340,6 +336,13 @@ def _tiled(x: torch.Tensor, tile: int) -> torch.Tensor:
     padded = torch.zeros(-(-x.numel() // tile) * tile, dtype=x.dtype, device=x.device)
     padded[: x.numel()] = x
     return padded.view(-1, tile)
+
+
+def _check_totals(status: torch.Tensor, sec: Sections, num_runs: int, nnz: int) -> None:
+    """Offsets must start at 0 and end at the totals (on the device: no sync; the
+    reference's, which the kernel checks in its first and last tiles)."""
+    status[0] |= ((sec.run_offsets[0] != 0) | (sec.value_offsets[0] != 0)).to(torch.int8)
+    status[-1] |= ((sec.run_offsets[-1] != num_runs) | (sec.value_offsets[-1] != nnz)).to(torch.int8)
 
 
 def rle_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> tuple[int, int]:

@@ -211,3 +211,17 @@ def test_lz4_places_its_blocks_by_look_back():
     total = kl.layout(num_chunks, blocks_nbytes)[1]
     assert torch.equal(payload[:total], reference)
     assert int(state[1 + num_chunks - 1]) == blocks_nbytes | kb._INCLUSIVE.value
+
+
+def test_rle_decodes_in_one_kernel_and_no_host_sync():
+    """Its totals were checked by a dozen small torch ops after the kernel (16 launches a
+    decode): the kernel checks them in its first and last tiles; the verdict folds its
+    statuses into one flag on the device (two ops)."""
+    x = activation()
+    codec = cswap.codecs.get("rle")
+    payload, header = codec.encode(x, CONFIG, "triton")
+    with CallCounts() as counts:
+        out, check = codec.decode(payload, header, config=CONFIG, backend="triton")
+    assert counts.names(triton=True) == ["rle_decompress"] and counts.syncs == []
+    assert counts.launches <= 3, counts.names()
+    assert torch.equal(out.view(torch.int32), x.view(torch.int32))
