@@ -4,7 +4,9 @@ Every operation a kernel executes in the interpreter (TRITON_INTERPRET=1) is
 counted as the warp instructions it would issue on a GPU: an operation over E
 elements in a program of W warps issues W * ceil(E / (32 W)) (a scalar one, W);
 a reduction or scan counts its input once more plus five shuffle steps per
-warp. Layout-only operations (ranges, splats, broadcasts) are free. The count
+warp; W is the launch's own (a kernel that fixes its warps, as LZ4's encoder and
+ZANS's plan do, is counted at them). Layout-only operations (ranges, splats,
+broadcasts) are free. The count
 is the design's, not the hardware's: no 64-bit splitting, no address modes,
 no caches; it compares designs (before / after a change) on the same input.
 Counts are given per kernel and summed per direction; the PyTorch glue
@@ -73,12 +75,14 @@ class Counter:
                    lambda args, result: 2 * self._cost(_elements(args[1])) + 5 * self.num_warps)
         launch = interpreter.InterpretedFunction.run
 
-        def run(function, *args, **kwargs):  # a launch: what follows is this kernel's
+        def run(function, *args, **kwargs):  # a launch: what follows is this kernel's, at its own warps
             self._kernel = function.fn.__name__.strip("_").removesuffix("_kernel")
+            default, self.num_warps = self.num_warps, kwargs.get("num_warps", self.num_warps)
             try:
                 return launch(function, *args, **kwargs)
             finally:
                 self._kernel = "(outside a kernel)"
+                self.num_warps = default
 
         self._saved.append((interpreter.InterpretedFunction, "run", launch))
         interpreter.InterpretedFunction.run = run

@@ -115,9 +115,16 @@ HASH_MUL = 0x9E3779B1
 
 
 def hash_bits(chunk: int) -> int:
-    """Bits of the encoder's hash table: one entry per two positions (13 bits, 8192
-    entries, at 16 KiB chunks; LZ4's default table has 4096 entries for 64 KiB)."""
-    return chunk.bit_length() - 2
+    """Bits of the encoder's hash tables: one entry per four positions (12 bits, 4096
+    entries, at 16 KiB chunks, as many as LZ4's default table has for 64 KiB)."""
+    return chunk.bit_length() - 3
+
+
+# The tables answer for earlier tiles of TABLE_TILE positions: a tile is looked up
+# before any of it enters them (a warp's 32 lanes at once). Nearer repeats are found
+# by NEAR: each position also tries the NEAR positions before it, nearest first.
+TABLE_TILE = 32
+NEAR = 4
 
 
 # The encoder is one warp per chunk. ENCODE_TILE positions (one per lane) are hashed,
@@ -160,6 +167,7 @@ _SHORT = tl.constexpr(SHORT)
 _MINMATCH = tl.constexpr(MINMATCH)
 _MFLIMIT = tl.constexpr(MFLIMIT)
 _LASTLITERALS = tl.constexpr(LASTLITERALS)
+_TABLE_TILE = tl.constexpr(TABLE_TILE)
 
 
 def check_chunk(chunk: int) -> None:
@@ -204,9 +212,9 @@ def _staging_bytes(chunk: int) -> int:
 
 
 def encode_scratch_bytes_per_program(chunk: int = CHUNK) -> int:
-    """One encoder warp's scratch: its two hash tables (16-bit entries) and the room
+    """One encoder warp's scratch: its two hash tables (32-bit entries) and the room
     its block is written in before its place in the payload is known."""
-    return 2 * 2 * (1 << hash_bits(chunk)) + _staging_bytes(chunk)
+    return 2 * 4 * (1 << hash_bits(chunk)) + _staging_bytes(chunk)
 
 
 def encode_programs(num_chunks: int, config: LaunchConfig | None, device: torch.device) -> int:
@@ -242,15 +250,22 @@ def _word(src, i, mask):
 
 
 @triton.jit
-def _latest_in_tile(h, HT: tl.constexpr):
-    """Per lane of a tile with hashes h (-1: a dead lane): the latest earlier lane with
-    the same hash (-1: none), and whether a later lane has it (then this lane does not
-    enter the table: no two lanes write one entry, so no atomics)."""
+def _word_before(src, i, mask):
+    """The 4 bytes before src + i (those before the chunk's start read as 0)."""
+    w = tl.load(src + i - 4, mask=mask & (i >= 4), other=0).to(tl.uint32)
+    w |= tl.load(src + i - 3, mask=mask & (i >= 3), other=0).to(tl.uint32) << 8
+    w |= tl.load(src + i - 2, mask=mask & (i >= 2), other=0).to(tl.uint32) << 16
+    return w | (tl.load(src + i - 1, mask=mask & (i >= 1), other=0).to(tl.uint32) << 24)
+
+
+@triton.jit
+def _in_round(h, HT: tl.constexpr):
+    """Per lane of a round wider than a table tile (the interpreter's): the latest lane
+    with its hash in an earlier table tile of the round (-1: none), which a GPU's
+    round, one table tile, finds in the table."""
     lane = tl.arange(0, HT)
-    same = h[:, None] == h[None, :]
-    inside = tl.max(tl.where(same & (lane[None, :] < lane[:, None]), lane[None, :], -1), axis=1)
-    later = tl.max(tl.where(same & (lane[None, :] > lane[:, None]), 1, 0), axis=1)
-    return inside, later == 0
+    earlier = (lane[None, :] // _TABLE_TILE) < (lane[:, None] // _TABLE_TILE)
+    return tl.max(tl.where((h[:, None] == h[None, :]) & earlier, lane[None, :], -1), axis=1)
 
 
 @triton.jit
@@ -261,23 +276,34 @@ def _checked(cand, i, live, v, src):
 
 
 @triton.jit
-def _tile_candidates(t4, t8, h4, h8, i, live, v, src, t0, HT: tl.constexpr):
-    """The offsets to the latest earlier positions with hashes h4 and h8 whose 4 bytes
-    equal v (0: none), for a tile of HT positions i = t0 + [0, HT); then the tile enters
-    both tables. The tables hold position + 1 (16 bits; 0: none, as the chunk's clear
-    leaves it); both are read before either is written, so a tile waits on one round
-    trip to them, and one to check its candidates."""
-    h4 = tl.where(live, h4, -1)  # hashes are >= 0: a dead lane matches none
-    h8 = tl.where(live, h8, -1)
-    in4, last4 = _latest_in_tile(h4, HT)
-    in8, last8 = _latest_in_tile(h8, HT)
-    e4 = (tl.load(t4 + h4, mask=live, other=0).to(tl.int32) & 0xFFFF) - 1
-    e8 = (tl.load(t8 + h8, mask=live, other=0).to(tl.int32) & 0xFFFF) - 1
-    tl.debug_barrier()  # every lane has read the tables before the tile enters them
-    tl.store(t4 + h4, (i + 1).to(tl.int16), mask=live & last4)
-    tl.store(t8 + h8, (i + 1).to(tl.int16), mask=live & last8)
-    d4 = _checked(tl.where(in4 >= 0, t0 + in4, e4), i, live, v, src)
-    d8 = _checked(tl.where(in8 >= 0, t0 + in8, e8), i, live, v, src)
+def _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT: tl.constexpr):
+    """The candidates' offsets (0: none) for a round of HT positions i = t0 + [0, HT)
+    whose 4 bytes are lo and the 4 before them `before`; then the round enters the tables.
+
+    A table entry is tag << 16 | position + 1: an entry of another tag is an earlier
+    chunk's (none). Both tables are read (from L2: atomics write there) before either is
+    written, and written with atomic_max, so each entry ends at the latest position of
+    its hash whatever the order of the lanes. The 4-byte candidate is the nearest of the
+    NEAR positions before i whose bytes equal lo, where there is one."""
+    e4 = tl.load(t4 + h4, mask=live, other=0, cache_modifier=".cg")
+    e8 = tl.load(t8 + h8, mask=live, other=0, cache_modifier=".cg")
+    c4 = tl.where((e4 >> 16) == tag, (e4 & 0xFFFF) - 1, -1)
+    c8 = tl.where((e8 >> 16) == tag, (e8 & 0xFFFF) - 1, -1)
+    if HT > _TABLE_TILE:
+        in4 = _in_round(tl.where(live, h4, -1), HT)  # (hashes are >= 0: a dead lane matches none)
+        in8 = _in_round(tl.where(live, h8, -1), HT)
+        c4 = tl.where(in4 >= 0, t0 + in4, c4)
+        c8 = tl.where(in8 >= 0, t0 + in8, c8)
+    tl.debug_barrier()  # every lane has read the tables before the round enters them
+    entry = (tag << 16) | (i + 1)
+    tl.atomic_max(t4 + h4, entry, mask=live, sem="relaxed")
+    tl.atomic_max(t8 + h8, entry, mask=live, sem="relaxed")
+    d4 = _checked(c4, i, live, lo, src)
+    d8 = _checked(c8, i, live, lo, src)
+    d4 = tl.where(live & (i >= 4) & (before == lo), 4, d4)  # the nearest last: it wins
+    d4 = tl.where(live & (i >= 3) & (((lo << 24) | (before >> 8)) == lo), 3, d4)
+    d4 = tl.where(live & (i >= 2) & (((lo << 16) | (before >> 16)) == lo), 2, d4)
+    d4 = tl.where(live & (i >= 1) & (((lo << 8) | (before >> 24)) == lo), 1, d4)
     return d4, d8
 
 
@@ -350,15 +376,18 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
     t8 = t4 + HSIZE
     stage = staging_ptr + pid * STAGE
     hl = tl.arange(0, HT)
+    k = 0  # chunks this warp has encoded
     c = ticket(state_ptr)
     while c < num_chunks:
         n = tl.minimum(nbytes - c * CHUNK, CHUNK).to(tl.int32)
         src = src_ptr + c * CHUNK
         starts = tl.maximum(n - (_MFLIMIT - 1), 0)  # positions where a match may start
         last = n - _LASTLITERALS
+        tag = k % 32767 + 1  # this chunk's table entries (15 bits: entries stay positive)
         tl.debug_barrier()  # the previous chunk's table reads and staging copy are done
-        for h0 in range(0, 2 * HSIZE, HT):
-            tl.store(t4 + h0 + hl, tl.zeros([HT], tl.int16), mask=h0 + hl < 2 * HSIZE)
+        if tag == 1:  # the first chunk, and once every 32767: no entry of an old chunk has this tag
+            for h0 in range(0, 2 * HSIZE, HT):
+                tl.store(t4 + h0 + hl, tl.zeros([HT], tl.int32), mask=h0 + hl < 2 * HSIZE)
         p = n * 0       # where the walk stands: no match starts before it
         anchor = n * 0  # the first byte not yet written
         size = n * 0    # block bytes written
@@ -366,19 +395,22 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
         # is looked up and parsed (a warp waits on a load only where it uses it).
         lo_next = _word(src, hl, hl < starts)
         hi_next = _word(src, hl + 4, hl < starts)
+        before_next = _word_before(src, hl, hl < starts)
         for t0 in range(0, starts, HT):
-            tl.debug_barrier()  # the table's clear or the last tile's entries are visible
+            tl.debug_barrier()  # the table's clear or the last round's entries are visible
             i = t0 + hl
             live = i < starts
             lo = lo_next
             hi = hi_next
+            before = before_next
             ahead = i + HT < starts
             lo_next = _word(src, i + HT, ahead)
             hi_next = _word(src, i + HT + 4, ahead)
+            before_next = _word_before(src, i + HT, ahead)
             mixed = lo * 0x9E3779B1  # HASH_MUL
             h4 = (mixed >> (32 - HBITS)).to(tl.int32)
             h8 = (((mixed ^ hi) * 0x9E3779B1) >> (32 - HBITS)).to(tl.int32)
-            d4, d8 = _tile_candidates(t4, t8, h4, h8, i, live, lo, src, t0, HT)
+            d4, d8 = _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT)
             # The greedy parse through this tile: the first position from p with a
             # candidate starts a match (the longer of its two); the walk resumes after it.
             going = p < t0 + HT
@@ -413,6 +445,7 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
             tl.store(offsets_ptr + num_chunks, prefix + size)
             pad = tl.arange(0, 2)
             tl.store(offsets_ptr + num_chunks + 1 + pad, pad.to(tl.int64) * 0, mask=pad < offsets_pad)
+        k += 1
         c = ticket(state_ptr)
 
 
@@ -436,7 +469,7 @@ def lz4_launch(data: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig 
         reserved[: layout(0, 0)[1]].zero_()
         return offsets[:1]
     programs = encode_programs(num_chunks, config, data.device)
-    tables = torch.empty(programs * (2 << hash_bits(chunk)), dtype=torch.int16, device=data.device)
+    tables = torch.empty(programs * (2 << hash_bits(chunk)), dtype=torch.int32, device=data.device)
     staging = torch.empty(programs * _staging_bytes(chunk), dtype=torch.uint8, device=data.device)
     state = torch.zeros(num_chunks + 1, dtype=torch.int64, device=data.device)
     blocks = reserved[layout(num_chunks, 0)[0]:]
@@ -656,15 +689,26 @@ def _gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def _candidates(v: torch.Tensor, h: torch.Tensor, starts: torch.Tensor, hbits: int) -> torch.Tensor:
-    """Per position the offset back to the latest earlier position with the same hash (what
-    a table updated at every position holds), where that position's first 4 bytes (v)
-    are the same; 0 where there is none."""
+    """Per position the offset back to the latest position with the same hash in an
+    earlier tile of TABLE_TILE positions (what the table holds when the tile looks it up),
+    where that position's first 4 bytes (v) are the same; 0 where there is none."""
     i = torch.arange(v.shape[1], device=v.device).expand_as(v)
-    key, order = torch.sort((torch.where(starts, h, 1 << hbits) << 17) | i, dim=1)
-    same = torch.nn.functional.pad((key[:, 1:] >> 17) == (key[:, :-1] >> 17), (1, 0))
-    prev = torch.where(same, torch.nn.functional.pad(order[:, :-1], (1, 0)), -1)
-    cand = torch.empty_like(prev).scatter_(1, order, prev)
+    hashes = torch.where(starts, h, 1 << hbits) << 17
+    key = torch.sort(hashes | i, dim=1).values
+    query = hashes | (i // TABLE_TILE * TABLE_TILE)
+    j = torch.searchsorted(key, query) - 1  # the last entry before the tile, in hash order
+    found = key.gather(1, j.clamp(min=0))
+    cand = torch.where((j >= 0) & ((found >> 17) == (query >> 17)), found & 0x1FFFF, -1)
     return torch.where(starts & (cand >= 0) & (_gather(v, cand) == v), i - cand, 0)
+
+
+def _near(d: torch.Tensor, v: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """d, but the nearest of the NEAR positions before each whose 4 bytes equal its own
+    where there is one."""
+    i = torch.arange(v.shape[1], device=v.device).expand_as(v)
+    for w in range(NEAR, 0, -1):  # the nearest last: it wins
+        d = torch.where(starts & (i >= w) & (_gather(v, i - w) == v), w, d)
+    return d
 
 
 def _lengths(group: torch.Tensor, d: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
@@ -724,7 +768,7 @@ def _matches(group: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.
     h8 = _mul32(_mul32(lo, HASH_MUL) ^ hi, HASH_MUL) >> (32 - hbits)
     starts = i < (n - (MFLIMIT - 1)).clamp(min=0)[:, None]
     last = n - LASTLITERALS
-    d4 = _candidates(lo, h4, starts, hbits)
+    d4 = _near(_candidates(lo, h4, starts, hbits), lo, starts)
     d8 = _candidates(lo, h8, starts, hbits)
     len4 = _lengths(group, d4, last)
     len8 = _lengths(group, d8, last)

@@ -176,7 +176,9 @@ def test_the_longer_of_the_two_candidates_wins():
     head = b"ABCDxyzw" + bytes(range(100, 132))
     data = head + b"ABCD" + b"-" * 30 + head + b"." * 20
     x = u8(data)
-    d, length = kl._matches(x.view(1, -1), torch.tensor([len(data)]))
+    row = torch.zeros(1, CHUNK, dtype=torch.uint8)  # a chunk as the encoder sees it (its width sizes the tables)
+    row[0, : len(data)] = x
+    d, length = kl._matches(row, torch.tensor([len(data)]))
     third = len(head) + 4 + 30
     assert (int(d[0, third]), int(length[0, third])) == (third, len(head))
     blob = LZ4.compress(x, backend="torch")
