@@ -39,15 +39,19 @@ stays on the device. It is LZ4's greedy parse with a wider search, a tile of ENC
 positions (one per lane) at a time:
 
 1. Candidates. For every position i where a match may start (i <= n - 12), two
-   candidates: the latest earlier position with the same hash of the 4 bytes at i,
-   and the latest with the same hash of the 8 bytes at i (hashes: LZ4's
-   multiplicative hash, HASH_MUL, top hash_bits bits; one table per hash, of 16-bit
-   entries cleared per chunk, holding the latest position entered). Within the tile
-   the latest earlier lane with the same hash is found by comparing all pairs, else
-   the table answers for earlier tiles; then each hash's last lane in the tile
-   enters the table (so no two lanes write one entry: no atomics). A candidate counts
-   only if its first 4 bytes equal those at i (a collision loses a match, never
-   corrupts one); it is kept as an offset (0: none).
+   candidates: the latest position with the same hash of the 4 bytes at i, and the
+   latest with the same hash of the 8 bytes at i, each in an earlier tile of
+   TABLE_TILE (32) positions (hashes: LZ4's multiplicative hash, HASH_MUL, top
+   hash_bits bits; one table per hash of 4096 entries at 16 KiB chunks: a tile reads
+   both before entering them, with atomic_max, so the latest position wins whatever
+   the lanes' order; entries carry the chunk's tag, so tables are cleared once per
+   32767 chunks a warp encodes, not per chunk). Repeats nearer than a tile are found
+   by the nearest of the NEAR (4) positions before i whose 4 bytes equal those at i,
+   which replaces the 4-byte candidate where there is one. A candidate counts only if
+   its first 4 bytes equal those at i (a collision loses a match, never corrupts one);
+   it is kept as an offset (0: none). Each lane reads its position's 4 bytes, the 4
+   after and the 4 before from the four aligned words they span (byte by byte where
+   the input is not 4-byte aligned), a tile ahead of the one it works on.
 2. The walk, sequential per chunk as LZ4 is, through the tile's candidates: the first
    position from where the walk stands with a candidate starts a match; both
    candidates' matches are measured byte for byte (a warp's 32 bytes per step, up to
@@ -57,9 +61,10 @@ positions (one per lane) at a time:
 The latest 4-byte match is what LZ4's table gives; the 8-byte one finds the
 longer repeats a nearer 4-byte copy hides (rows or tiles repeated at a longer
 period). Both backends find the same candidates and the same parse, so they
-write the same bytes; the PyTorch reference gets the candidates by sorting
-(hash, position) and every position's match length from chains of equal
-offsets, then the parse by pointer doubling. On real activations (small_cnn,
+write the same bytes; the PyTorch reference gets the table's candidates by
+sorting (hash, position) and searching it for each tile's start, every
+position's match length from chains of equal offsets, then the parse by pointer
+doubling. On real activations (small_cnn,
 VGG16, ResNet-18 ReLU and pooling outputs) the blocks are within 1% of the
 `lz4` package's default (LZ4_compress_default) on the same bytes.
 
@@ -259,6 +264,41 @@ def _word_before(src, i, mask):
 
 
 @triton.jit
+def _funnel(a, b, shift):
+    """The 4 bytes `shift` / 8 bytes into the 8 bytes a, b (uint32 words, little-endian)."""
+    return (a >> shift) | ((b << (31 - shift)) << 1)  # (shift 0: b's part shifts out in two steps)
+
+
+@triton.jit
+def _word_at(src, i, mask, ALIGNED: tl.constexpr):
+    """_word, from the two aligned words it spans where the input is 4-byte aligned."""
+    if ALIGNED:
+        words = src.to(tl.pointer_type(tl.uint32))
+        q = i >> 2
+        shift = ((i & 3) * 8).to(tl.uint32)
+        return _funnel(tl.load(words + q, mask=mask, other=0), tl.load(words + q + 1, mask=mask, other=0), shift)
+    else:
+        return _word(src, i, mask)
+
+
+@triton.jit
+def _words(src, i, mask, ALIGNED: tl.constexpr):
+    """(the 4 bytes at i, the 4 after them, the 4 before them) as _word and _word_before
+    read them; where the input is 4-byte aligned, from the 4 aligned words they span."""
+    if ALIGNED:
+        words = src.to(tl.pointer_type(tl.uint32))
+        q = i >> 2
+        shift = ((i & 3) * 8).to(tl.uint32)
+        w0 = tl.load(words + q - 1, mask=mask & (q >= 1), other=0)
+        w1 = tl.load(words + q, mask=mask, other=0)
+        w2 = tl.load(words + q + 1, mask=mask, other=0)
+        w3 = tl.load(words + q + 2, mask=mask, other=0)
+        return _funnel(w1, w2, shift), _funnel(w2, w3, shift), _funnel(w0, w1, shift)
+    else:
+        return _word(src, i, mask), _word(src, i + 4, mask), _word_before(src, i, mask)
+
+
+@triton.jit
 def _in_round(h, HT: tl.constexpr):
     """Per lane of a round wider than a table tile (the interpreter's): the latest lane
     with its hash in an earlier table tile of the round (-1: none), which a GPU's
@@ -269,14 +309,15 @@ def _in_round(h, HT: tl.constexpr):
 
 
 @triton.jit
-def _checked(cand, i, live, v, src):
+def _checked(cand, i, live, v, src, ALIGNED: tl.constexpr):
     """Offset i - cand where position cand's 4 bytes equal v (0: none, or cand < 0)."""
     ok = live & (cand >= 0)
-    return tl.where(ok & (_word(src, cand, ok) == v), i - cand, 0)
+    return tl.where(ok & (_word_at(src, cand, ok, ALIGNED) == v), i - cand, 0)
 
 
 @triton.jit
-def _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT: tl.constexpr):
+def _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT: tl.constexpr,
+                     ALIGNED: tl.constexpr):
     """The candidates' offsets (0: none) for a round of HT positions i = t0 + [0, HT)
     whose 4 bytes are lo and the 4 before them `before`; then the round enters the tables.
 
@@ -298,8 +339,8 @@ def _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT: tl.c
     entry = (tag << 16) | (i + 1)
     tl.atomic_max(t4 + h4, entry, mask=live, sem="relaxed")
     tl.atomic_max(t8 + h8, entry, mask=live, sem="relaxed")
-    d4 = _checked(c4, i, live, lo, src)
-    d8 = _checked(c8, i, live, lo, src)
+    d4 = _checked(c4, i, live, lo, src, ALIGNED)
+    d8 = _checked(c8, i, live, lo, src, ALIGNED)
     d4 = tl.where(live & (i >= 4) & (before == lo), 4, d4)  # the nearest last: it wins
     d4 = tl.where(live & (i >= 3) & (((lo << 24) | (before >> 8)) == lo), 3, d4)
     d4 = tl.where(live & (i >= 2) & (((lo << 16) | (before >> 16)) == lo), 2, d4)
@@ -365,7 +406,7 @@ def _emit(dst, lits, lit, off, ml, STEP: tl.constexpr):
 @triton.jit(do_not_specialize=["nbytes", "num_chunks", "offsets_pad"])
 def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, staging_ptr, nbytes, num_chunks,
                        offsets_pad, CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr,
-                       STAGE: tl.constexpr, LOOK: tl.constexpr):
+                       STAGE: tl.constexpr, LOOK: tl.constexpr, ALIGNED: tl.constexpr):
     """One warp per chunk, one pass: chunks are taken by ticket; each is hashed, looked
     up and parsed a tile at a time into the warp's staging room, then placed by
     decoupled look-back over the blocks' sizes and copied to its place. The last chunk
@@ -393,9 +434,7 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
         size = n * 0    # block bytes written
         # Each tile's bytes are loaded a tile ahead: they arrive while the tile before
         # is looked up and parsed (a warp waits on a load only where it uses it).
-        lo_next = _word(src, hl, hl < starts)
-        hi_next = _word(src, hl + 4, hl < starts)
-        before_next = _word_before(src, hl, hl < starts)
+        lo_next, hi_next, before_next = _words(src, hl, hl < starts, ALIGNED)
         for t0 in range(0, starts, HT):
             tl.debug_barrier()  # the table's clear or the last round's entries are visible
             i = t0 + hl
@@ -404,13 +443,11 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
             hi = hi_next
             before = before_next
             ahead = i + HT < starts
-            lo_next = _word(src, i + HT, ahead)
-            hi_next = _word(src, i + HT + 4, ahead)
-            before_next = _word_before(src, i + HT, ahead)
+            lo_next, hi_next, before_next = _words(src, i + HT, ahead, ALIGNED)
             mixed = lo * 0x9E3779B1  # HASH_MUL
             h4 = (mixed >> (32 - HBITS)).to(tl.int32)
             h8 = (((mixed ^ hi) * 0x9E3779B1) >> (32 - HBITS)).to(tl.int32)
-            d4, d8 = _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT)
+            d4, d8 = _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT, ALIGNED)
             # The greedy parse through this tile: the first position from p with a
             # candidate starts a match (the longer of its two); the walk resumes after it.
             going = p < t0 + HT
@@ -476,7 +513,7 @@ def lz4_launch(data: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig 
     _lz4_encode_kernel[(programs,)](data, offsets, blocks, state, tables, staging, nbytes, num_chunks,
                                     (-(num_chunks + 1)) % 2, CHUNK=chunk, HBITS=hash_bits(chunk),
                                     HT=encode_tile(), STAGE=_staging_bytes(chunk), LOOK=LOOK_BACK,
-                                    num_warps=1, maxnreg=max_registers(1))
+                                    ALIGNED=data.data_ptr() % 4 == 0, num_warps=1, maxnreg=max_registers(1))
     return offsets[num_chunks:]
 
 

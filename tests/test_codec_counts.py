@@ -169,16 +169,18 @@ def test_lz4_compresses_in_one_kernel_and_no_host_sync():
     """The encoder ran twice (a size pass, then the bytes) behind a host sync, its hash
     phase moving about 90 bytes read and 57 written per input byte (counts.json of
     2026-11-28): now one kernel, no sync, the payload byte for byte the reference's. Its
-    global accesses per position (its 12 bytes, two candidates' 4, two table reads and
-    two atomics) come to about 40 bytes read and 9 written per input byte, most of them
-    served by L1 and L2 on a GPU: the input itself is read from memory once."""
+    lanes' loads per position (the 4 aligned words around it, two per candidate, two
+    table reads and two atomics) come to about 50 bytes read and 9 written per input
+    byte as the interpreter counts them, lane by lane; on a GPU a warp's 32 loads of
+    overlapping words touch about 40 bytes, from L1, and the input is read from memory
+    once."""
     x = activation(5 * 8192 + 44)
     nbytes = x.numel() * 4
     codec = cswap.codecs.get("lz4")
     counts, reserved, sizes = launch_into(codec, x)
     assert counts.names(triton=True) == ["lz4_encode"] and counts.launches <= 3, counts.names()
     assert counts.syncs == []
-    assert counts.bytes_read / nbytes <= 45 and counts.bytes_written / nbytes <= 12
+    assert counts.bytes_read / nbytes <= 55 and counts.bytes_written / nbytes <= 12
     payload, header = codec.encode(x, CONFIG, "torch")
     assert codec.launched(sizes.tolist(), tuple(x.shape), x.dtype) == header
     assert torch.equal(reserved[: payload.numel()], payload)
@@ -210,7 +212,7 @@ def test_lz4_places_its_blocks_by_look_back():
     kl._lz4_encode_kernel[(2,)](data, payload[: 8 * (num_chunks + 1)].view(torch.int64), payload[off_blocks:],
                                 state, tables, staging, data.numel(), num_chunks, (-(num_chunks + 1)) % 2,
                                 CHUNK=chunk, HBITS=kl.hash_bits(chunk), HT=kl.encode_tile(),
-                                STAGE=kl._staging_bytes(chunk), LOOK=kb.LOOK_BACK, num_warps=1)
+                                STAGE=kl._staging_bytes(chunk), LOOK=kb.LOOK_BACK, ALIGNED=True, num_warps=1)
     total = kl.layout(num_chunks, blocks_nbytes)[1]
     assert torch.equal(payload[:total], reference)
     assert int(state[1 + num_chunks - 1]) == blocks_nbytes | kb._INCLUSIVE.value

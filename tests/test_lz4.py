@@ -256,21 +256,30 @@ def test_launch_config_does_not_change_result(grid, block):
 
 
 @pytest.mark.slow
-def test_the_gpus_tiles_write_the_same_bytes(monkeypatch):
+@pytest.mark.parametrize("offset", [0, 1])
+def test_the_gpus_tiles_write_the_same_bytes(offset, monkeypatch):
     """A GPU's warp hashes and walks 32 positions per round (kl.ENCODE_TILE); the
-    interpreter runs 256-wide rounds. Run the GPU's shape here: repeats closer than a
-    tile (in-tile candidates, both hashes), farther (table candidates), and matches
-    that end in a later tile give the reference's bytes."""
+    interpreter runs 256-wide rounds. Run the GPU's shape here, on 4-byte aligned input
+    (read as aligned words) and not (read byte by byte): repeats closer than a tile
+    (the near candidates), farther (table candidates), and matches that end in a later
+    tile give the reference's bytes."""
     monkeypatch.setattr(kl, "encode_tile", lambda: kl.ENCODE_TILE)
     g = torch.Generator().manual_seed(32)
     pieces = [torch.randint(0, 4, (1200,), generator=g, dtype=torch.uint8),          # short repeats
               torch.arange(40, dtype=torch.uint8).repeat(30),                         # period 40
               torch.randint(0, 256, (500,), generator=g, dtype=torch.uint8).repeat(3)]   # period 500
-    x = torch.cat(pieces)
-    config = cswap.LaunchConfig(grid=2, block=64)
-    blob = LZ4.compress(x, config=config, backend="triton")
-    assert torch.equal(blob.data, LZ4.compress(x, backend="torch").data)
-    assert_bit_equal(LZ4.decompress(blob, backend="torch"), x)
+    body = torch.cat(pieces)
+    # Chunks of 1024 whose first match starts at 4 (period 4) and at 7 (period 3 after 4
+    # other bytes): the near candidates' bytes before the chunk's first word.
+    first, second = u8(b"abcd" * 8), u8(b"0123" + b"abc" * 10)
+    data = torch.cat([first, body[: 1024 - first.numel()], second, body[1024:]])
+    x = torch.cat([torch.zeros(offset, dtype=torch.uint8), data])[offset:]
+    assert (x.data_ptr() % 4 == 0) == (offset == 0)
+    mine, reference = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.uint8)
+    got = kl.lz4_compress(x, mine.resize_, cswap.LaunchConfig(grid=2, block=64), chunk=1024)
+    assert got == kl.lz4_compress_ref(x, reference.resize_, chunk=1024)
+    assert torch.equal(mine, reference)
+    assert torch.equal(kl.lz4_decompress_ref(mine, x.numel(), 1024, *got)[0], x)
 
 
 # -- interoperability with the lz4 package ------------------------------------------------------
