@@ -139,7 +139,7 @@ NEAR = 4
 ENCODE_TILE = 32
 ENCODE_TILE_INTERPRETED = 256
 # Chunks in flight at once (one warp each), whatever grid is asked for: each holds its
-# scratch (encode_scratch_bytes_per_program: 48.6 KiB at 16 KiB chunks, so 97 MiB at the
+# scratch (encode_scratch_bytes_per_program: 48.1 KiB at 16 KiB chunks, so 96 MiB at the
 # cap; 2048 is about 15 warps per H100 SM).
 MAX_ENCODE_PROGRAMS = 2048
 
