@@ -229,16 +229,13 @@ def encode_programs(num_chunks: int, config: LaunchConfig | None, device: torch.
     return max(1, min(num_chunks, config.grid * config.num_warps, MAX_ENCODE_PROGRAMS))
 
 
-def launch_scratch_bytes(nbytes: int, config: LaunchConfig | None = None, device: torch.device | None = None,
-                         chunk: int = CHUNK) -> int:
-    """At most the device bytes lz4_launch allocates beside `reserved`: each warp's
-    scratch and the chunks' look-back states."""
+def launch_scratch_bytes(nbytes: int, chunk: int = CHUNK) -> int:
+    """At most the device bytes lz4_launch allocates beside `reserved`, whatever the config:
+    each warp's scratch and the chunks' look-back states."""
     num_chunks = -(-nbytes // chunk)
     if not num_chunks:
         return 0
-    programs = min(num_chunks, MAX_ENCODE_PROGRAMS) if device is None else \
-        encode_programs(num_chunks, config, torch.device(device))
-    return programs * encode_scratch_bytes_per_program(chunk) + 8 * (num_chunks + 1)
+    return min(num_chunks, MAX_ENCODE_PROGRAMS) * encode_scratch_bytes_per_program(chunk) + 8 * (num_chunks + 1)
 
 
 # -- Triton: encoder -------------------------------------------------------------------

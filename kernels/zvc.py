@@ -105,14 +105,11 @@ def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_t
 @triton.jit(do_not_specialize=["n", "num_tiles", "offsets_pad", "masks_pad"])
 def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, n, num_tiles, offsets_pad,
                          masks_pad, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
-    """Count, place and write each tile in one read of the input: a tile publishes its
-    count, finds the non-zeros before it by decoupled look-back over its predecessors'
-    published states (Merrill and Garland 2016), then writes. Tiles are taken by ticket
-    (state_ptr[0]) in order, so a tile waits only on tiles that running programs hold,
-    which never wait on it: no deadlock, however many programs the grid has.
-    state_ptr: int64[num_tiles + 1], zero before the launch. The last tile also writes
-    the total and zeroes the padding (offsets_pad int64 words after the offsets,
-    masks_pad int32 words after the masks, the values' up to VALUES_PAD words)."""
+    """Count, place and write each tile in one read of the input: tiles taken by ticket
+    find the non-zeros before them by decoupled look-back (cswap.kernels.lookback; its
+    state_ptr: int64[num_tiles + 1], zero before the launch), then write. The last tile
+    also writes the total and zeroes the padding (offsets_pad int64 words after the
+    offsets, masks_pad int32 words after the masks, the values' up to VALUES_PAD words)."""
     ROWS: tl.constexpr = TILE // 32
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)

@@ -190,10 +190,13 @@ def test_lz4_places_its_blocks_by_look_back():
     """On a GPU a chunk may find its predecessors with only their own block sizes
     published. Here chunks 0-34 of 40 are published by hand: sizes only, but for one
     running total at chunk 20, and wrong sizes before it; only a look-back that stops
-    there places chunks 35-39 where the reference does."""
+    there places chunks 35-39 where the reference does. Each warp's tables start full of
+    another launch's entries, which its first chunk must clear."""
     from cswap.kernels import lz4 as kl
     chunk, first, inclusive_at = 1024, 35, 20
-    data = activation(40 * chunk - 100).view(torch.uint8)
+    data = activation(40 * chunk - 100).view(torch.uint8).clone()
+    for at in (10, 20):  # a repeat inside one tile of chunk 35, the first a warp encodes
+        data[first * chunk + at: first * chunk + at + 4] = torch.tensor(list(b"WXYZ"), dtype=torch.uint8)
     reference = torch.zeros(0, dtype=torch.uint8)
     num_chunks, blocks_nbytes = kl.lz4_compress_ref(data, lambda k: reference.resize_(k), chunk)
     offsets = kl.sections(reference, num_chunks, blocks_nbytes)[0]
@@ -207,7 +210,9 @@ def test_lz4_places_its_blocks_by_look_back():
     off_blocks = kl.layout(num_chunks, 0)[0]
     payload[: 8 * first] = reference[: 8 * first]
     payload[off_blocks: off_blocks + int(offsets[first])] = reference[off_blocks: off_blocks + int(offsets[first])]
-    tables = torch.empty(2 * (2 << kl.hash_bits(chunk)), dtype=torch.int32)
+    # tables left as another launch would: every entry claims tag 1 (a first chunk's) and
+    # position 10, which would offer chunk 35's second WXYZ the first
+    tables = torch.full((2 * (2 << kl.hash_bits(chunk)),), (1 << 16) | 11, dtype=torch.int32)
     staging = torch.empty(2 * kl._staging_bytes(chunk), dtype=torch.uint8)
     kl._lz4_encode_kernel[(2,)](data, payload[: 8 * (num_chunks + 1)].view(torch.int64), payload[off_blocks:],
                                 state, tables, staging, data.numel(), num_chunks, (-(num_chunks + 1)) % 2,

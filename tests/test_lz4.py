@@ -282,6 +282,25 @@ def test_the_gpus_tiles_write_the_same_bytes(offset, monkeypatch):
     assert torch.equal(kl.lz4_decompress_ref(mine, x.numel(), 1024, *got)[0], x)
 
 
+def test_a_warp_ignores_the_table_entries_of_chunks_it_encoded_before():
+    """One warp encodes both chunks (grid 1, one warp), so its tables still hold the
+    first chunk's entries, tagged as that chunk's. In the second chunk "WXYZ" repeats at
+    offset 10, inside one tile: no candidate for the reference (the tables answer for
+    earlier tiles, the near candidates reach 4 back). Only an entry left by the first
+    chunk, whose "WXYZ" sits at the same place, could offer it."""
+    g = torch.Generator().manual_seed(7)
+    first = torch.zeros(1024, dtype=torch.uint8)
+    second = torch.randint(0, 256, (1024,), generator=g, dtype=torch.uint8)
+    for chunk, at in ((first, [10]), (second, [10, 20])):
+        for i in at:
+            chunk[i: i + 4] = u8(b"WXYZ")
+    x = torch.cat([first, second])
+    mine, reference = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.uint8)
+    got = kl.lz4_compress(x, mine.resize_, cswap.LaunchConfig(grid=1, block=32), chunk=1024)
+    assert got == kl.lz4_compress_ref(x, reference.resize_, chunk=1024)
+    assert torch.equal(mine, reference)
+
+
 # -- interoperability with the lz4 package ------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ every wait between them):
             or the gather of a tensor that is not dense. Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
-            host (every one but ZVC and ZANS today) is left to the next stage whole.
+            host (RLE and CSR today) is left to the next stage whole.
   send      (sender) takes the items in order. For a launched encode it waits for its
             sizes to land (the one blocking read, on this thread only), makes the
             header, takes a host buffer from the pool (allocating outside any lock pack
