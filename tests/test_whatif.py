@@ -16,7 +16,7 @@ import cswap
 from cswap.cli import plan as cli
 from cswap.models import build
 from cswap.plan import fake_gpu, roofline, sparsity, whatif
-from cswap.plan.advisor import HOST_S_PER_TENSOR
+from cswap.plan.advisor import HOST_S_PER_TENSOR, simulate
 from cswap.plan.gpus import gpu
 
 CIFAR = (3, 32, 32)
@@ -78,22 +78,109 @@ def test_a_prediction_prints_as_cswap_plan_does(prediction):
     assert f"batch {p.batch}" in one and "predicted" in one
 
 
+def _step(model, batch: int = 16):
+    """The traced step of `model` on an A100 by the roofline: trace, op starts, phase
+    seconds and the saved storages (half zeros each)."""
+    trace = fake_gpu.trace_step(model, torch.empty(batch, *CIFAR))
+    a100, times = gpu("a100-sxm4-40gb"), roofline.OpTimeModel()
+    starts = np.concatenate([[0.0], np.cumsum([roofline.op_seconds(op, a100, "fp32", times) for op in trace.ops])])
+    phase = roofline.step_seconds(trace.ops, a100, "fp32", times)
+    groups = whatif._groups(trace, {r.index: (0.5, 1) for r in trace.activations()},
+                            {r.index: None for r in trace.activations()})
+    return trace, starts[:-1], phase, groups
+
+
+class SlowLink(InstantLink):
+    """Copies at 2 GB/s and codecs at 50 GB/s: the step waits for the link both ways."""
+
+    bw_d2h = bw_h2d = 2e9
+
+    def seconds(self, codec, direction, size, sparsity):
+        return size / 5e10
+
+
 def test_memory_model_meets_the_traced_offload_floor(small):
     """Offloading every saved activation over an instantaneous link, the curve the
     model builds from the kept trace reaches the peak of the trace that drops them."""
-    trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
-    times = [roofline.op_seconds(op, gpu("a100-sxm4-40gb"), "fp32", roofline.OpTimeModel()) for op in trace.ops]
-    import numpy as np
-
-    starts = np.concatenate([[0.0], np.cumsum(times)])[:-1]
-    phase = roofline.step_seconds(trace.ops, gpu("a100-sxm4-40gb"), "fp32", roofline.OpTimeModel())
-    groups = whatif._groups(trace, {r.index: (0.0, 1) for r in trace.activations()},
-                            {r.index: None for r in trace.activations()})
+    trace, starts, phase, groups = _step(small)
     sizes = {g.storage: {} for g in groups}
     every = whatif._mode("all", trace, groups, {g.storage: None for g in groups}, InstantLink(), starts, phase,
                          sizes)
     assert every.peak_bytes == trace.offloaded_peak_bytes
     assert every.exposed_seconds == 0
+
+
+def test_the_curve_runs_on_the_simulated_steps_clock(small):
+    """Backward's ops run later by the waits before them, so the simulation's times map to
+    ops on that clock (the op starts alone put a restore that waited early by its wait),
+    and each restore's times come in order: queued (its memory taken), started, back, used."""
+    trace, starts, phase, groups = _step(small)
+    sim = simulate(whatif._iteration(groups, starts, phase), {g.key: "zvc" for g in groups}, SlowLink())
+    assert sim.backward_stall_s > 0  # (else the clock would be the ops' own)
+    clock = whatif._step_clock(starts, whatif._op_index(starts, phase["forward"]), groups, sim)
+    assert np.all(np.diff(clock) >= 0) and np.all(clock >= starts)
+    uses = []
+    for g in groups:
+        key = g.key
+        assert sim.restore_issued_s[key] <= sim.restore_start_s[key] <= sim.restored_s[key] <= sim.use_at_s[key]
+        uses.append((g.used_at, sim.use_at_s[key]))
+    for op, _ in uses:  # an op starts once every tensor it and the ops before it use is back
+        assert clock[op] == pytest.approx(max(use for at, use in uses if at <= op), rel=1e-12)
+    assert clock[max(uses)[0]] > starts[max(uses)[0]] + sim.forward_stall_s  # (backward waited too)
+
+
+def test_a_compressed_payload_is_held_as_the_runtime_holds_it(small):
+    """Beside the tensor's own bytes, the curve holds a compressed tensor's payload in
+    room reserved for the largest the codec can write while it is made and sent (the
+    runtime's footprint, cswap.runtime.offload), and under a memory budget, which sizes
+    it first, at its size."""
+    from math import prod
+
+    trace, starts, phase, groups = _step(small)
+    g = max(groups, key=lambda h: h.nbytes)
+    live = np.array([op.live_bytes for op in trace.ops])
+    size = g.nbytes // 3
+    reserve = cswap.codecs.get("zvc").reserve_nbytes(prod(g.records[0].shape), g.records[0].dtype.itemsize)
+    scratch = cswap.codecs.get("zvc").encode_scratch_bytes(prod(g.records[0].shape), g.records[0].dtype.itemsize)
+    assert reserve > g.nbytes > size
+    for mode, held in (("sc", reserve), ("budget", size)):
+        m = whatif._mode(mode, trace, [g], {g.storage: "zvc"}, SlowLink(), starts, phase, {g.storage: {"zvc": size}})
+        extra = np.array(m.curve_bytes) - live
+        assert extra[g.saved_at] == held + scratch
+        sent = extra[g.saved_at + 1:]
+        sent = sent[: np.argmax(sent != held)]  # until its copy out ends
+        assert len(sent) > 0
+        # then away, and from when its restore is queued back with its payload until decoded
+        assert set(extra[g.saved_at + 1 + len(sent): g.used_at].tolist()) <= {-g.nbytes, size, 0}
+
+
+def test_a_restored_payload_goes_once_decoded(small):
+    """Back in backward, a compressed tensor's payload is held from when its restore is
+    queued until it is decoded, not until the tensor's use."""
+    trace, starts, phase, groups = _step(small)
+    first, second = next((a, b) for a, b in zip(groups, groups[1:]) if a.used_at > b.used_at + 1)
+    sizes = {g.storage: {"zvc": g.nbytes // 3} for g in (first, second)}
+    m = whatif._mode("sc", trace, [first, second], {first.storage: "zvc", second.storage: "zvc"}, InstantLink(),
+                     starts, phase, sizes)
+    extra = np.array(m.curve_bytes) - np.array([op.live_bytes for op in trace.ops])
+    # the first is restored (prefetched) as the second is used, and decoded at once
+    assert extra[second.used_at] == sizes[first.storage]["zvc"]
+    assert not extra[second.used_at + 1:first.used_at].any()
+
+
+def test_a_tensor_served_from_the_device_never_left_and_stays_until_its_copy_ends(small):
+    """The last tensor saved, its copy out not done when backward asks for it, is used
+    where it is, and held after its use until that copy ends (the runtime's release)."""
+    trace, starts, phase, groups = _step(small)
+    last = groups[-1]
+    link = SlowLink()
+    ends = phase["forward"] + 0.9 * phase["backward"]  # (its copy out ends late in backward)
+    link.bw_d2h = last.nbytes / (ends - starts[last.saved_at])
+    m = whatif._mode("vdnn", trace, [last], {last.storage: None}, link, starts, phase, {last.storage: {}})
+    extra = np.array(m.curve_bytes) - np.array([op.live_bytes for op in trace.ops])
+    after = max(r.used_at for r in last.records) + 1
+    assert not extra[:after].any()
+    assert extra[after] == last.nbytes and not extra[-1]
 
 
 def test_precision_changes_what_is_saved_and_how_fast(small):

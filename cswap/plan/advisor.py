@@ -297,6 +297,8 @@ class SimResult:
     offload_end_s: dict[str, float] = field(default_factory=dict)    # its copy out is done
     restore_start_s: dict[str, float] = field(default_factory=dict)  # its copy back starts
     use_at_s: dict[str, float] = field(default_factory=dict)         # it is used (after any stall)
+    restore_issued_s: dict[str, float] = field(default_factory=dict)  # its restore is queued (memory taken)
+    restored_s: dict[str, float] = field(default_factory=dict)       # it is back (copied in, decoded)
     # per tensor, the index of the tensor at whose save its device memory is gone at the latest
     # (the forward waits there for its copy out; len(tensors): by the end of forward)
     freed_by_save: dict[str, int] = field(default_factory=dict)
@@ -538,6 +540,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     b0 = iteration.forward_s + forward_stall
     window = sum(t.nbytes for t in tensors) // WINDOW_FRACTION
     restore_start: dict[str, float] = {}
+    issued_at: dict[str, float] = {}
     ready_at: dict[int, float] = {}
     used: dict[str, float] = {}
     h2d = decode = b0
@@ -548,6 +551,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     def restore(i: int, at: float) -> None:
         nonlocal h2d, decode, back
         c, k = costs[i], options[i]
+        issued_at[tensors[i].key] = at
         if served_from_device and offload_end[i] > at:  # not yet released: served from the device
             restore_start[tensors[i].key] = ready_at[i] = at
             return
@@ -591,7 +595,8 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
             issued += 1
     return SimResult(exposed_s=forward_stall + back, forward_stall_s=forward_stall, backward_stall_s=back,
                      per_tensor_stall_s=per, offload_end_s={t.key: e for t, e in zip(tensors, offload_end)},
-                     restore_start_s=restore_start, use_at_s=used,
+                     restore_start_s=restore_start, use_at_s=used, restore_issued_s=issued_at,
+                     restored_s={tensors[i].key: e for i, e in ready_at.items()},
                      freed_by_save={t.key: f for t, f in zip(tensors, freed_by)})
 
 

@@ -357,6 +357,18 @@ def _op_index(starts: np.ndarray, t: float) -> int:
     return int(np.searchsorted(starts, t, side="left"))
 
 
+def _step_clock(starts: np.ndarray, forward_end: int, moved: list[_Group], sim) -> np.ndarray:
+    """Each op's start on the simulated step's clock: backward's ops later by the stalls
+    before them (forward's and each use's wait for its restore), so that the simulation's
+    times map to the ops that run then."""
+    shift = np.zeros(len(starts))
+    shift[forward_end:] = sim.forward_stall_s
+    for g in moved:
+        if g.key in sim.use_at_s:
+            shift[g.used_at:] = np.maximum(shift[g.used_at:], sim.use_at_s[g.key] - starts[g.used_at])
+    return starts + shift
+
+
 def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -> ModePrediction:
     """One mode's peak, step time and curve, for `choices` (storage -> None raw / codec)."""
     live = np.array([op.live_bytes for op in trace.ops], dtype=np.float64)
@@ -373,6 +385,7 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
     codec_s = pcie = 0.0
     forward_end = _op_index(starts, phase_s["forward"])
     save_at = [h.saved_at for h in moved] + [forward_end]
+    clock = _step_clock(starts, forward_end, moved, sim)
     for g, t in zip(moved, iteration.tensors):
         wait = save_at[sim.freed_by_save[g.key]]
         codec = keyed[g.key]
@@ -384,15 +397,27 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
         # back-pressure: a forward that outruns the link waits for this copy to end at a later
         # save (the one whose stash window it fills)
         gone = max(g.dropped_at, min(_op_index(starts, sim.offload_end_s[g.key]), max(wait, g.saved_at + 1)))
-        lead = sim.use_at_s[g.key] - sim.restore_start_s[g.key]  # how long before its use it comes back
-        back = min(max(_op_index(starts, float(starts[g.used_at]) - lead), forward_end), g.used_at)
-        if gone < back:
+        # back from when its restore is queued (its memory is taken then), on the step's clock
+        back = min(max(_op_index(clock, sim.restore_issued_s[g.key]), forward_end), g.used_at)
+        served = sim.offload_end_s[g.key] > sim.restore_issued_s[g.key]
+        if served:  # its copy out had not ended when backward asked for it: it never left, and
+            # the runtime holds it (and its payload) after its last use until that copy ends
+            out_until = max(_op_index(clock, sim.offload_end_s[g.key]), gone)
+            curve[max(r.used_at for r in g.records) + 1:out_until] += g.nbytes
+        else:
+            out_until = gone
             curve[gone:back] -= g.nbytes
-        if codec:  # the compressed buffer, while made and copied out, and while copied in and decoded
-            curve[g.saved_at:gone] += size
-            curve[back:g.used_at] += size
-            first = g.records[0]  # and the encoder's temporaries, while it runs
-            curve[g.saved_at] += codecs.get(codec).encode_scratch_bytes(prod(first.shape), first.dtype.itemsize)
+        if codec:
+            first = g.records[0]
+            numel, itemsize = prod(first.shape), first.dtype.itemsize
+            # while made and copied out: the payload, in room reserved for the largest the codec
+            # can write unless a memory budget sizes it first (cswap.runtime.offload.footprint)
+            reserved = None if name in BUDGETED else codecs.get(codec).reserve_nbytes(numel, itemsize)
+            curve[g.saved_at:out_until] += size if reserved is None else reserved
+            curve[g.saved_at] += codecs.get(codec).encode_scratch_bytes(numel, itemsize)  # the encoder's temporaries
+            if not served:  # while copied in and decoded: the payload, freed once decoded
+                decoded = _op_index(clock, sim.restored_s[g.key])
+                curve[back:min(max(decoded, back + 1), g.used_at)] += size
     host_s = host_seconds(profile) * len(moved)
     step = compute + sim.exposed_s + host_s  # (the kernels' time beside compute is in exposed_s)
     return ModePrediction(name, int(curve.max()), step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),
