@@ -228,6 +228,10 @@ H200 = {
                            "peak_mib": {"none": 5714.7, "vdnn": 5286.6, "sc": 5082.6, "cswap": 5082.1},
                            "source": "benchmarks/results/nvidia-h200/runtime.csv"},
 }
+# The same runs on the timed twin of today's runtime (benchmarks/results/twin/): what saved
+# activations and cswap's buffers held at most, which cswap-plan's curve must reproduce.
+TWIN = ROOT / "results" / "twin" / "twin-today.json"
+TWIN_RUN = {"vgg16-cifar10-b2560": "cifar", "vgg16-imagenet-b64": "imagenet"}
 # ReLU/pooling sparsity of those runs, from their own compressed bytes: ZVC keeps (1 - s) of a
 # tensor plus a 1/32 bitmap, and sc moved 1707 of 3015 MiB (CIFAR) and 2077 of 3683 (ImageNet).
 H200_SPARSITY = 0.47
@@ -245,6 +249,7 @@ def predict_h200(name: str, run: dict) -> list[dict]:
     p = cswap.predict(model, torch.empty((run["batch"], *shape), device="meta"), "h200", precision="fp32", optimizer="sgd",
                       sparsity=from_number(H200_SPARSITY), recompute=False)
     momentum = sum(q.numel() * q.element_size() for q in model.parameters())  # (plain SGD holds none)
+    twin = {r["mode"]: r["peak_saved_mib"] for r in json.loads(TWIN.read_text())["rows"] if r["run"] == TWIN_RUN[name]}
     rows = []
     for mode, measured_ms in run["step_ms"].items():
         peak = (p.peak_bytes(mode) - momentum) / 2**20
@@ -253,6 +258,9 @@ def predict_h200(name: str, run: dict) -> list[dict]:
                      "predicted_step_ms": step, "measured_step_ms": measured_ms,
                      "step_error": step / measured_ms - 1, "predicted_peak_mib": peak,
                      "measured_peak_mib": run["peak_mib"][mode], "peak_error": peak / run["peak_mib"][mode] - 1,
+                     "predicted_saved_peak_mib": p.saved_peak_bytes(mode) / 2**20,
+                     "twin_saved_peak_mib": twin[mode],
+                     "saved_peak_vs_twin": p.saved_peak_bytes(mode) / 2**20 / twin[mode] - 1,
                      "source": run["source"]})
     return rows
 
@@ -347,13 +355,14 @@ def main(argv=None) -> dict:
     h200 = []
     if args.h200:
         print(f"\n{'H200 run':<22} {'mode':<6} {'step ms':>8} {'measured':>8} {'error':>7} {'peak MiB':>8} "
-              f"{'measured':>8} {'error':>7}")
+              f"{'measured':>8} {'error':>7} {'saved MiB':>9} {'twin':>6} {'error':>7}")
     for name in args.h200:
         for row in predict_h200(name, H200[name]):
             h200.append(row)
             print(f"{name:<22} {row['mode']:<6} {row['predicted_step_ms']:>8.1f} {row['measured_step_ms']:>8.1f} "
                   f"{_pct(row['step_error']):>7} {row['predicted_peak_mib']:>8.0f} {row['measured_peak_mib']:>8.0f} "
-                  f"{_pct(row['peak_error']):>7}", flush=True)
+                  f"{_pct(row['peak_error']):>7} {row['predicted_saved_peak_mib']:>9.0f} "
+                  f"{row['twin_saved_peak_mib']:>6.0f} {_pct(row['saved_peak_vs_twin']):>7}", flush=True)
     sets = summary(rows)
     for which, s in sets.items():
         print(f"{which}: {s['runs']} runs, throughput error mean {s['mean_abs_error']:.1%}, largest "

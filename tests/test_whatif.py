@@ -183,6 +183,42 @@ def test_a_tensor_served_from_the_device_never_left_and_stays_until_its_copy_end
     assert extra[after] == last.nbytes and not extra[-1]
 
 
+@pytest.mark.parametrize("name", ["vgg16", "resnet18"])
+def test_the_saved_bytes_peak_is_what_the_emulated_device_counts(name):
+    """What the emulated device (and the timed twin on it) counts, saved activations from
+    their save until their storage dies, is the plan's curve less what the step holds
+    beside them: the same peak, but for the batch itself (saved, but no activation) and
+    the emulator's rounding of each allocation to 512 bytes."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = build(name, dataset="cifar10")
+    x, y = torch.randn(8, *CIFAR), torch.randint(0, 10, (8,))
+    with cswap.testing.emulated_device() as dev:
+        F.cross_entropy(model(x), y).backward()
+    counted = dev.peak_bytes - x.numel() * x.element_size()
+    planned = cswap.predict(model, x, "h200", recompute=False).saved_peak_bytes("none")
+    assert planned == pytest.approx(counted, rel=2e-3)
+
+
+def test_an_activation_is_counted_from_the_op_that_made_it():
+    """A pooling's output is saved by the next layer, an op later, and a ReLU's in place
+    is the convolution's: each is on the device from the op that made it (the timed twin
+    counts a pooling's output before the next save frees what waits in flight). In a
+    VGG's forward every tensor made is saved, so what the step holds beside saved
+    activations stays flat through it (but for the loss's few bytes)."""
+    trace = fake_gpu.trace_step(build("vgg16", dataset="cifar10"), torch.empty(2, *CIFAR))
+    acts = trace.activations()
+    pooled = [r for r in acts if r.op == "max_pool2d" and r.dtype == torch.float32]
+    relu = [r for r in acts if r.op == "relu"]
+    assert pooled and all(trace.ops[r.made_at].name.startswith("max_pool2d") and r.made_at < r.saved_at for r in pooled)
+    assert relu and all(trace.ops[r.made_at].name == "convolution" for r in relu if r.made_in.startswith("features"))
+    groups = whatif._groups(trace, {r.index: (0.0, 1) for r in acts}, {r.index: None for r in acts})
+    besides = whatif._besides_saved(trace, groups)
+    forward = [i for i, op in enumerate(trace.ops) if op.phase == "forward"]
+    assert np.ptp(besides[forward]) < 1024
+
+
 def test_precision_changes_what_is_saved_and_how_fast(small):
     x = torch.empty(64, *CIFAR)
     fp32 = cswap.predict(small, x, gpu="a100-sxm4-80gb")

@@ -75,6 +75,7 @@ class _Recorder:
         from torch.utils.flop_counter import flop_registry
 
         made = self.made = {}
+        made_at = self.made_at = {}  # id -> the index of the op that returned it
         ops = self.ops = []
         self._storages = None
         self._numbers = itertools.count()
@@ -90,8 +91,11 @@ class _Recorder:
                 if recorder.paused or not outs:  # no tensor out (prim.device, sizes): not a kernel
                     return out
                 where = tracker.current
+                ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
                 for t in outs:
                     made[id(t)] = where
+                    if not any(t is a for a in ins):  # (an in-place op's output was made before it)
+                        made_at[id(t)] = len(ops)
                 count = flop_registry.get(func._overloadpacket)
                 try:
                     flops = int(count(*args, **kwargs, out_val=out)) if count is not None else 0
@@ -100,7 +104,6 @@ class _Recorder:
                         raise
                     flops = _attention_flops(func._overloadpacket.__name__, args)
                 flops = int(flops * _causal_share(func, args, kwargs))
-                ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
                 moved = 0 if func.is_view else sum(t.numel() * t.element_size() for t in ins + outs)
                 floating = next((t.dtype for t in ins if t.is_floating_point()), None)
                 flow = {}
@@ -130,6 +133,13 @@ class _Recorder:
             if candidate is not None and id(candidate) in self.made:
                 return self.made[id(candidate)]
         return ("", "")
+
+    def op_that_made(self, t: torch.Tensor) -> int | None:
+        """The index of the op that made `t` (through a view, its base), None if none did."""
+        for candidate in (t._base if t._is_view() else None, t):
+            if candidate is not None and id(candidate) in self.made_at:
+                return self.made_at[id(candidate)]
+        return None
 
 
 def _attention_flops(name: str, args) -> int:
@@ -267,6 +277,8 @@ class SavedRecord:
     storage_bytes: int = 0  # that storage's size
     dropped_at: int | None = None  # first op after the step's own references to its storage
     #                                are gone (when an offload may free it); None: never
+    made_at: int | None = None  # index of the op that made it (before its save: a pooling's
+    #                             output is saved by the next layer); None for leaves
 
     @property
     def nbytes(self) -> int:
@@ -491,7 +503,8 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
             number, nbytes = storage_of(t)
             records.append(SavedRecord(index, tuple(t.shape), t.dtype, kind, op_name(made_by) if made_by else "",
                                        module, module_type, None, made_in, made_in_type, "", len(ops), None,
-                                       number, nbytes))
+                                       number, nbytes,
+                                       made_at=recorder.op_that_made(t) if kind == "activation" else None))
             if drop and kind == "activation":  # leave only what is needed to make it again
                 return index, (number, t.dtype, t.shape, t.stride(), t.storage_offset(), nbytes)
             return index, t

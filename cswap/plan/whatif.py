@@ -173,6 +173,7 @@ class Prediction:
     blocks: list = field(default_factory=list)  # the recompute planner's blocks over `instance`'s tensors
     optimizer_in_backward: bool = False
     paged_bytes: int = 0      # a paged optimizer's state, in unified memory: in no peak (cswap.plan.optimizers)
+    besides_saved_bytes: list[int] = field(default_factory=list)  # per op: what the step holds beside saved activations
 
     def _mode(self, mode: str) -> ModePrediction:
         if mode not in self.modes:
@@ -181,6 +182,13 @@ class Prediction:
 
     def peak_bytes(self, mode: str = "none") -> int:
         return self._mode(mode).peak_bytes
+
+    def saved_peak_bytes(self, mode: str = "none") -> int:
+        """The peak of what saved activations and cswap's buffers alone hold on the device
+        (weights, gradients and the step's other tensors aside): the figure the emulated
+        device and the timed twin count (cswap.runtime.emulator), to check the plan on."""
+        curve = np.array(self._mode(mode).curve_bytes, dtype=np.int64)
+        return int((curve - np.array(self.besides_saved_bytes, dtype=np.int64)).max(initial=0))
 
     def step_seconds(self, mode: str = "none") -> float:
         return self._mode(mode).step_seconds
@@ -692,7 +700,18 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
                        recompute=recompute, optimizer_in_backward=optimizer_in_backward)
 
     return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, instance,
-                      again, blocks=blocks, optimizer_in_backward=optimizer_in_backward, paged_bytes=paged)
+                      again, blocks=blocks, optimizer_in_backward=optimizer_in_backward, paged_bytes=paged,
+                      besides_saved_bytes=_besides_saved(trace, groups).tolist())
+
+
+def _besides_saved(trace, groups: list[_Group]) -> np.ndarray:
+    """Per op, the device bytes the step holds beside its saved activations, each of which
+    is held from the op that made it until its last use in backward."""
+    curve = np.array([op.live_bytes for op in trace.ops], dtype=np.int64)
+    for g in groups:
+        made = min((r.made_at for r in g.records if r.made_at is not None), default=g.saved_at)
+        curve[min(made, g.saved_at):max(r.used_at for r in g.records) + 1] -= g.nbytes
+    return curve
 
 
 def _paged(mp: ModePrediction, paged: int, capacity: int, link) -> ModePrediction:
