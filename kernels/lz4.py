@@ -139,7 +139,7 @@ NEAR = 4
 ENCODE_TILE = 32
 ENCODE_TILE_INTERPRETED = 256
 # Chunks in flight at once (one warp each), whatever grid is asked for: each holds its
-# scratch (encode_scratch_bytes_per_program: 48.1 KiB at 16 KiB chunks, so 96 MiB at the
+# scratch (encode_scratch_bytes_per_program: 80.1 KiB at 16 KiB chunks, so 160 MiB at the
 # cap; 2048 is about 15 warps per H100 SM).
 MAX_ENCODE_PROGRAMS = 2048
 
@@ -217,9 +217,9 @@ def _staging_bytes(chunk: int) -> int:
 
 
 def encode_scratch_bytes_per_program(chunk: int = CHUNK) -> int:
-    """One encoder warp's scratch: its two hash tables (32-bit entries) and the room
+    """One encoder warp's scratch: its two hash tables (64-bit entries) and the room
     its block is written in before its place in the payload is known."""
-    return 2 * 4 * (1 << hash_bits(chunk)) + _staging_bytes(chunk)
+    return 2 * 8 * (1 << hash_bits(chunk)) + _staging_bytes(chunk)
 
 
 def encode_programs(num_chunks: int, config: LaunchConfig | None, device: torch.device) -> int:
@@ -318,26 +318,30 @@ def _tile_candidates(t4, t8, h4, h8, i, live, lo, before, src, t0, tag, HT: tl.c
     """The candidates' offsets (0: none) for a round of HT positions i = t0 + [0, HT)
     whose 4 bytes are lo and the 4 before them `before`; then the round enters the tables.
 
-    A table entry is tag << 16 | position + 1: an entry of another tag is an earlier
-    chunk's (none). Both tables are read (from L2: atomics write there) before either is
-    written, and written with atomic_max, so each entry ends at the latest position of
-    its hash whatever the order of the lanes. The 4-byte candidate is the nearest of the
-    NEAR positions before i whose bytes equal lo, where there is one."""
+    A table entry is (tag << 16 | position + 1) << 32 | the position's 4 bytes: an entry
+    of another tag is an earlier chunk's (none), and a candidate is checked against the
+    bytes it carries, with no load of them. Both tables are read (from L2: atomics write
+    there) before either is written, and written with atomic_max, so each entry ends at
+    the latest position of its hash whatever the order of the lanes. The 4-byte
+    candidate is the nearest of the NEAR positions before i whose bytes equal lo, where
+    there is one."""
     e4 = tl.load(t4 + h4, mask=live, other=0, cache_modifier=".cg")
     e8 = tl.load(t8 + h8, mask=live, other=0, cache_modifier=".cg")
-    c4 = tl.where((e4 >> 16) == tag, (e4 & 0xFFFF) - 1, -1)
-    c8 = tl.where((e8 >> 16) == tag, (e8 & 0xFFFF) - 1, -1)
-    if HT > _TABLE_TILE:
+    k4 = (e4 >> 32).to(tl.int32)
+    k8 = (e8 >> 32).to(tl.int32)
+    c4 = (k4 & 0xFFFF) - 1
+    c8 = (k8 & 0xFFFF) - 1
+    d4 = tl.where(live & ((k4 >> 16) == tag) & (e4.to(tl.uint32) == lo), i - c4, 0)
+    d8 = tl.where(live & ((k8 >> 16) == tag) & (e8.to(tl.uint32) == lo), i - c8, 0)
+    if HT > _TABLE_TILE:  # (the interpreter's wide round: a candidate in it is checked by a load)
         in4 = _in_round(tl.where(live, h4, -1), HT)  # (hashes are >= 0: a dead lane matches none)
         in8 = _in_round(tl.where(live, h8, -1), HT)
-        c4 = tl.where(in4 >= 0, t0 + in4, c4)
-        c8 = tl.where(in8 >= 0, t0 + in8, c8)
+        d4 = tl.where(in4 >= 0, _checked(tl.where(in4 >= 0, t0 + in4, -1), i, live, lo, src, ALIGNED), d4)
+        d8 = tl.where(in8 >= 0, _checked(tl.where(in8 >= 0, t0 + in8, -1), i, live, lo, src, ALIGNED), d8)
     tl.debug_barrier()  # every lane has read the tables before the round enters them
-    entry = (tag << 16) | (i + 1)
+    entry = ((tag << 16) | (i + 1)).to(tl.int64) << 32 | lo.to(tl.int64)
     tl.atomic_max(t4 + h4, entry, mask=live, sem="relaxed")
     tl.atomic_max(t8 + h8, entry, mask=live, sem="relaxed")
-    d4 = _checked(c4, i, live, lo, src, ALIGNED)
-    d8 = _checked(c8, i, live, lo, src, ALIGNED)
     d4 = tl.where(live & (i >= 4) & (before == lo), 4, d4)  # the nearest last: it wins
     d4 = tl.where(live & (i >= 3) & (((lo << 24) | (before >> 8)) == lo), 3, d4)
     d4 = tl.where(live & (i >= 2) & (((lo << 16) | (before >> 16)) == lo), 2, d4)
@@ -425,7 +429,7 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
         tl.debug_barrier()  # the previous chunk's table reads and staging copy are done
         if tag == 1:  # the first chunk, and once every 32767: no entry of an old chunk has this tag
             for h0 in range(0, 2 * HSIZE, HT):
-                tl.store(t4 + h0 + hl, tl.zeros([HT], tl.int32), mask=h0 + hl < 2 * HSIZE)
+                tl.store(t4 + h0 + hl, tl.zeros([HT], tl.int64), mask=h0 + hl < 2 * HSIZE)
         p = n * 0       # where the walk stands: no match starts before it
         anchor = n * 0  # the first byte not yet written
         size = n * 0    # block bytes written
@@ -503,7 +507,7 @@ def lz4_launch(data: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig 
         reserved[: layout(0, 0)[1]].zero_()
         return offsets[:1]
     programs = encode_programs(num_chunks, config, data.device)
-    tables = torch.empty(programs * (2 << hash_bits(chunk)), dtype=torch.int32, device=data.device)
+    tables = torch.empty(programs * (2 << hash_bits(chunk)), dtype=torch.int64, device=data.device)
     staging = torch.empty(programs * _staging_bytes(chunk), dtype=torch.uint8, device=data.device)
     state = torch.zeros(num_chunks + 1, dtype=torch.int64, device=data.device)
     blocks = reserved[layout(num_chunks, 0)[0]:]
