@@ -293,7 +293,8 @@ class Prediction:
             "optimizer_in_backward": self.optimizer_in_backward, "paged_bytes": self.paged_bytes, "batch": self.batch,
             "capacity_bytes": self.capacity_bytes, "budget_bytes": self.budget_bytes, "sources": self.sources,
             "modes": {m: {k: v for k, v in p.__dict__.items() if not k.startswith("curve")} |
-                      {"fits": self.fits(m), "largest_batch": self._largest.get(m)}
+                      {"fits": self.fits(m), "largest_batch": self._largest.get(m),
+                       "saved_peak_bytes": self.saved_peak_bytes(m)}
                       for m, p in self.modes.items()},
             "tensors": [t.to_json() for t in self.tensors],
         }
@@ -394,7 +395,7 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
     forward_end = _op_index(starts, phase_s["forward"])
     save_at = [h.saved_at for h in moved] + [forward_end]
     clock = _step_clock(starts, forward_end, moved, sim)
-    for g, t in zip(moved, iteration.tensors):
+    for g in moved:
         wait = save_at[sim.freed_by_save[g.key]]
         codec = keyed[g.key]
         size = sizes[g.storage].get(codec, g.nbytes) if codec else g.nbytes
