@@ -112,8 +112,10 @@ def test_memory_model_meets_the_traced_offload_floor(small):
 
 def test_the_curve_runs_on_the_simulated_steps_clock(small):
     """Backward's ops run later by the waits before them, so the simulation's times map to
-    ops on that clock (the op starts alone put a restore that waited early by its wait),
-    and each restore's times come in order: queued (its memory taken), started, back, used."""
+    ops on that clock (the op starts alone put a restore that waited early by its wait);
+    a use the simulation put after a later op's does not move every op after it (the
+    clock never runs backwards). Each restore's times come in order: queued (its memory
+    taken), started, back, used."""
     trace, starts, phase, groups = _step(small)
     sim = simulate(whatif._iteration(groups, starts, phase), {g.key: "zvc" for g in groups}, SlowLink())
     assert sim.backward_stall_s > 0  # (else the clock would be the ops' own)
@@ -124,8 +126,8 @@ def test_the_curve_runs_on_the_simulated_steps_clock(small):
         key = g.key
         assert sim.restore_issued_s[key] <= sim.restore_start_s[key] <= sim.restored_s[key] <= sim.use_at_s[key]
         uses.append((g.used_at, sim.use_at_s[key]))
-    for op, _ in uses:  # an op starts once every tensor it and the ops before it use is back
-        assert clock[op] == pytest.approx(max(use for at, use in uses if at <= op), rel=1e-12)
+    for op, _ in uses:  # an op starts at the earliest use the simulation has at or after it
+        assert clock[op] == pytest.approx(min(use for at, use in uses if at >= op), rel=1e-12)
     assert clock[max(uses)[0]] > starts[max(uses)[0]] + sim.forward_stall_s  # (backward waited too)
 
 

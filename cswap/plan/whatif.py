@@ -367,14 +367,23 @@ def _op_index(starts: np.ndarray, t: float) -> int:
 
 
 def _step_clock(starts: np.ndarray, forward_end: int, moved: list[_Group], sim) -> np.ndarray:
-    """Each op's start on the simulated step's clock: backward's ops later by the stalls
-    before them (forward's and each use's wait for its restore), so that the simulation's
-    times map to the ops that run then."""
+    """Each op's start on the simulated step's clock: backward's ops later by the waits
+    before them (forward's, and each use's for its restore), so that the simulation's times
+    map to the ops that run then. The simulation takes restores in reverse save order,
+    which is not always the order backward uses them (within a transformer layer), so an
+    op's shift is the least of the uses at or after it: the clock never runs backwards,
+    and a use the simulation put late does not move every op after it."""
     shift = np.zeros(len(starts))
     shift[forward_end:] = sim.forward_stall_s
+    at = np.full(len(starts), np.inf)
     for g in moved:
         if g.key in sim.use_at_s:
-            shift[g.used_at:] = np.maximum(shift[g.used_at:], sim.use_at_s[g.key] - starts[g.used_at])
+            at[g.used_at] = min(at[g.used_at], sim.use_at_s[g.key] - starts[g.used_at])
+    if np.isfinite(at).any():
+        last = int(np.flatnonzero(np.isfinite(at))[-1])
+        least_after = np.minimum.accumulate(at[::-1])[::-1]
+        shift[forward_end:last + 1] = np.maximum(shift[forward_end:last + 1], least_after[forward_end:last + 1])
+        shift[last + 1:] = max(shift[last], at[np.isfinite(at)].max())
     return starts + shift
 
 
