@@ -87,7 +87,7 @@ def test_the_profiled_step_times_the_models_compute_not_cswaps_waits(tmp_path):
     clock stops for them, and a tensor's save is stamped before its wait. Checked against
     the same pass's wall time, so a slow moment of the machine shows in both."""
     x = torch.randn(1024, 256, generator=torch.Generator().manual_seed(0))
-    gbps = 0.02  # 1 MiB in 52 ms: 4 tensors ~ 0.2 s each way, against milliseconds of compute
+    gbps = 0.005  # 1 MiB in 210 ms: 4 tensors ~ 0.8 s each way, against milliseconds of compute (tens, loaded)
     # (prefetch_bytes=0: backward restores each tensor when it asks, and its waits are timed)
     model = cswap.patch(Chain(), profile=profile_with_link(tmp_path, gbps), min_bytes=0, prefetch_bytes=0,
                         verbose=False)
@@ -109,7 +109,7 @@ def test_the_profiled_step_times_the_models_compute_not_cswaps_waits(tmp_path):
         cswap.unpatch(model)
     assert len(it.tensors) == 4
     link_s = 4 * (1 << 20) / (gbps * 1e9)  # each pass's copies, one way
-    assert forward_waits > 0.25 * link_s and backward_waits > 0.25 * link_s  # the pass did wait for the link
+    assert forward_waits > 0.1 * link_s and backward_waits > 0.25 * link_s  # the pass did wait for the link
     # compute only: the pass's wall time less its waits (before the fix forward_s and the
     # hidden times included them)
     assert 0 < it.forward_s < forward_wall - 0.9 * forward_waits
