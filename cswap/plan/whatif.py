@@ -325,6 +325,16 @@ class _Group:
     def key(self) -> str:
         return f"{self.records[0].index}:{self.made_in}"
 
+    @property
+    def last_used_at(self) -> int:
+        """The op of its last use in backward (its storage dies after it)."""
+        return max(r.used_at for r in self.records)
+
+    @property
+    def made_at(self) -> int:
+        """The op that made it (a pooling's output is saved an op later), else its save."""
+        return min([r.made_at for r in self.records if r.made_at is not None] + [self.saved_at])
+
 
 def _groups(trace, sparsity_of, zans_of) -> list[_Group]:
     by_storage: dict[int, list] = {}
@@ -421,7 +431,7 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
         if served:  # its copy out had not ended when backward asked for it: it never left, and
             # the runtime holds it (and its payload) after its last use until that copy ends
             out_until = max(_op_index(clock, sim.offload_end_s[g.key]), gone)
-            curve[max(r.used_at for r in g.records) + 1:out_until] += g.nbytes
+            curve[g.last_used_at + 1:out_until] += g.nbytes
         else:
             out_until = gone
             curve[gone:back] -= g.nbytes
@@ -719,8 +729,7 @@ def _besides_saved(trace, groups: list[_Group]) -> np.ndarray:
     is held from the op that made it until its last use in backward."""
     curve = np.array([op.live_bytes for op in trace.ops], dtype=np.int64)
     for g in groups:
-        made = min((r.made_at for r in g.records if r.made_at is not None), default=g.saved_at)
-        curve[min(made, g.saved_at):max(r.used_at for r in g.records) + 1] -= g.nbytes
+        curve[g.made_at:g.last_used_at + 1] -= g.nbytes
     return curve
 
 
