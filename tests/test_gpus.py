@@ -152,6 +152,47 @@ def test_peak_flops_without_the_tensor_cores_says_what_to_use():
         gpu("h100").peak_flops("fp8")
 
 
+def test_measured_matmul_rates_are_the_published_medians_with_their_source():
+    """Where MATMUL_DB has rows of the model, reachable_flops is their median, and the entry cites
+    them; a GeForce card reaches its datasheet's rate (its clocks run above the rated boost), a
+    power-held data-centre part about 80% of it."""
+    rtx, h100 = gpu("rtx-4090"), gpu("h100")
+    assert rtx.reachable_flops("bf16") == pytest.approx(165.71e12 + (164.81e12 - 165.71e12) / 2)  # 6 rows' median
+    assert rtx.reachable_flops("tf32") == pytest.approx(85.65e12)  # one row has it
+    assert rtx.reachable_flops("amp") == rtx.reachable_flops("fp16")
+    assert h100.reachable_flops("bf16") == pytest.approx((797.51e12 + 783.66e12) / 2)
+    assert 0.95 < rtx.reachable_flops("bf16") / rtx.peak_flops("bf16") < 1.05
+    assert 0.75 < h100.reachable_flops("bf16") / h100.peak_flops("bf16") < 0.85
+    for name in ("rtx-4090-24gb", "h100-sxm-80gb", "v100-sxm2-16gb", "rtx-3090-24gb"):
+        assert any(G.MATMUL_DB in s and "rows '" in s for s in GPUS[name].sources), name
+    # the same chip's measurement, said so
+    assert gpu("a100-sxm4-40gb").matmul_flops == gpu("a100-sxm4-80gb").matmul_flops
+    assert any("as a100-sxm4-80gb's" in s for s in gpu("a100-sxm4-40gb").sources)
+
+
+def test_reachable_flops_without_a_measurement():
+    """A dtype the rows lack takes the GPU's own measured share of its datasheet on the same
+    units; a GPU without rows the median share of those measured; never above what the rows
+    or the datasheet allow."""
+    h100, ada6000 = gpu("h100"), gpu("rtx-6000-ada")
+    share = (h100.matmul_flops["fp16"] / h100.flops["fp16"] + h100.matmul_flops["bf16"] / h100.flops["bf16"]
+             + h100.matmul_flops["tf32"] / h100.flops["tf32"]) / 3
+    h200 = gpu("h200")  # no tf32 row: its fp16 and bf16 rows' share
+    assert h200.reachable_flops("tf32") == pytest.approx(
+        h200.flops["tf32"] * (h200.matmul_flops["fp16"] / h200.flops["fp16"]
+                              + h200.matmul_flops["bf16"] / h200.flops["bf16"]) / 2)
+    assert 0.7 < share < 0.9
+    assert not ada6000.matmul_flops
+    assert ada6000.reachable_flops("bf16") == pytest.approx(ada6000.flops["bf16"] * G._MEDIAN_SHARE["tensor cores"])
+    assert ada6000.reachable_flops("fp32") == pytest.approx(ada6000.flops["fp32"] * G._MEDIAN_SHARE["cuda cores"])
+    assert 0.6 < G._MEDIAN_SHARE["tensor cores"] < 0.9 and 0.5 < G._MEDIAN_SHARE["cuda cores"] < 0.9
+    for g in GPUS.values():
+        for key in g.flops:
+            assert 0.4 * g.flops[key] < g.reachable_flops(key) < 1.1 * g.flops[key], (g.name, key)
+    with pytest.raises(ValueError, match="no bf16 tensor cores"):
+        gpu("v100").reachable_flops("bf16")
+
+
 def test_gpus_is_sorted_table_names():
     assert gpus() == sorted(GPUS)
     assert gpus() == sorted(gpus())
@@ -191,4 +232,4 @@ def test_published_throughputs_are_usable_for_calibration():
 
 
 def test_module_exports():
-    assert set(G.__all__) == {"GPU", "Throughput", "GPUS", "PUBLISHED_RESNET50", "gpu", "gpus"}
+    assert set(G.__all__) == {"GPU", "Throughput", "GPUS", "MATMUL_DB", "PUBLISHED_RESNET50", "gpu", "gpus"}

@@ -23,6 +23,14 @@ Conventions:
   marketed GB are read as GiB (GB * 2**30) and the entry says "nominal". The
   reported value moves by a few tens of MiB between drivers.
 
+- matmul_flops holds what torch.matmul measurably reaches on the GPU, by
+  dtype, where a public measurement of that exact model was found (MATMUL_DB:
+  large square multiplies, the best size). It is what the time model's shares
+  are of (GPU.reachable_flops): a datasheet peak is a rate at the rated boost
+  clock, which data-centre parts, held by power, reach about 80% of in cuBLAS,
+  and GeForce parts, whose clocks run above their rated boost, all of (RTX
+  4090: 165 of 165 TFLOPS bf16; RTX 3090: 77 of 71).
+
 PUBLISHED_RESNET50 holds per-GPU ResNet-50 v1.5 training throughputs from
 NVIDIA's DeepLearningExamples and Lambda's benchmark, each with the file, row
 and batch it was read from; the efficiency calibration fits against them.
@@ -34,7 +42,9 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["GPU", "GPUS", "PUBLISHED_RESNET50", "Throughput", "gpu", "gpus"]
+import numpy as np
+
+__all__ = ["GPU", "GPUS", "MATMUL_DB", "PUBLISHED_RESNET50", "Throughput", "gpu", "gpus"]
 
 _MIB = 2**20
 _GIB = 2**30
@@ -69,6 +79,20 @@ class GPU:
     link: str  # host link: "PCIe 5.0 x16"
     link_bytes_per_s: float  # per direction, bytes/s
     sources: tuple[str, ...] = ()
+    matmul_flops: dict = field(default_factory=dict, hash=False)  # measured torch.matmul FLOP/s by dtype
+
+    def reachable_flops(self, dtype: str) -> float:
+        """What a large torch.matmul reaches in `dtype` ("fp32", "tf32", "fp16", "bf16",
+        "amp"): the measured rate (matmul_flops) where there is one; else the datasheet's
+        peak times this GPU's measured share of it on the same units (the tensor cores run
+        every tensor dtype at one clock); else times the median share of the GPUs measured."""
+        key = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+        peak = self.peak_flops(key)
+        if key in self.matmul_flops:
+            return self.matmul_flops[key]
+        units = _units(key)
+        own = [self.matmul_flops[k] / self.flops[k] for k in self.matmul_flops if _units(k) == units]
+        return peak * (float(np.mean(own)) if own else _MEDIAN_SHARE[units])
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for "fp32", "tf32", "fp16", "bf16" or "amp" (= fp16)."""
@@ -144,58 +168,129 @@ _A100_40_MEM = ("memory_bytes from CUDA deviceQuery 'Total amount of global memo
                 "https://upb-pc2.atlassian.net/wiki/spaces/PC2DOK/pages/1900609/NVIDIA+A100+40GB+with+NVLINK")
 
 
-def _gpu(name, label, family, arch, memory_bytes, hbm, flops, link, sources) -> GPU:
+# Measured matmul rates: a public table of torch.matmul throughput by GPU, each row one
+# contributor's run of the repository's test.py (square multiplies of 1024 to 10240, 6 warm-up and
+# 30 timed runs, the best size's TFLOPS per dtype). Where a model has several rows (RTX 4090: six
+# of the 24GB card), the median of each dtype's column; rows of other variants (48GB mods, 4090D,
+# V100S, A100 PCIe) are not used for ours.
+MATMUL_DB = ("zzc0721/torch-performance-test-data @9d82827637262c4351e3f9483f96b8cff57a601f, database.md "
+             "(columns fp32 | tf32 | fp16 | bf16, TFLOPS), https://github.com/zzc0721/torch-performance-test-data")
+
+
+def _measured(rows, *columns) -> tuple[dict, str]:
+    """(dtype -> median measured FLOP/s, its source) from the MATMUL_DB rows named `rows` (a
+    name or a tuple of the names the rows give), each row's (fp32, tf32, fp16, bf16) TFLOPS,
+    None where the row has no figure."""
+    rows = "', '".join((rows,) if isinstance(rows, str) else rows)
+    table = {}
+    for key, values in zip(_DTYPES, zip(*columns)):
+        values = [v for v in values if v is not None]
+        if values:
+            table[key] = float(np.median(values)) * _TFLOPS
+    return table, f"matmul_flops measured: {MATMUL_DB}, rows '{rows}' ({len(columns)} run(s))"
+
+
+def _same_chip(name: str) -> tuple[dict, str]:
+    """Another entry's measured matmul rates, for a part of the same chip, clocks and datasheet
+    compute rates that differs in memory only (no row of its own in MATMUL_DB)."""
+    table, source = _MATMUL_ROWS[name]
+    return table, source.replace("matmul_flops measured:", f"matmul_flops as {name}'s (same chip and compute "
+                                                           f"rates, memory differs):", 1)
+
+
+def _gpu(name, label, family, arch, memory_bytes, hbm, flops, link, sources, measured=({}, None)) -> GPU:
+    matmul, source = measured
     return GPU(name, label, family, arch, int(memory_bytes), float(hbm),
-               {k: v * _TFLOPS for k, v in flops.items()}, link[0], link[1], tuple(sources))
+               {k: v * _TFLOPS for k, v in flops.items()}, link[0], link[1],
+               tuple(sources) + ((source,) if source else ()), matmul)
+
+
+def _units(key: str) -> str:
+    return "cuda cores" if key == "fp32" else "tensor cores"
 
 
 _V100_SXM2 = {"fp32": 15.7, "fp16": 125}
 _A100 = {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}
 _H100_SXM = {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}
 
+_MATMUL_ROWS = {
+    "v100-sxm2-16gb": _measured("NVIDIA Tesla V100-SXM2-16GB", (14.06, None, 94.84, None)),
+    "a100-sxm4-80gb": _measured("NVIDIA A100 SXM4 80GB", (19.18, None, 258.74, 264.53)),
+    "h100-pcie-80gb": _measured("NVIDIA H100 PCIe", (36.95, 240.43, 458.03, 495.93)),
+    "h100-sxm-80gb": _measured("NVIDIA H100 80GB HBM3", (51.88, 402.15, 760.04, 797.51),
+                               (52.11, None, 758.14, 783.66)),
+    "h200-sxm-141gb": _measured("NVIDIA H200", (51.34, None, 759.40, 790.29)),
+    "b200-180gb": _measured("NVIDIA B200 180GB", (66.24, None, 1627.64, 1696.03)),
+    "l4-24gb": _measured("NVIDIA L4", (15.38, 31.88, 68.83, 70.89)),
+    "l40s-48gb": _measured("NVIDIA L40S", (46.88, None, 264.02, 269.15)),
+    "rtx-4090-24gb": _measured(("NVIDIA RTX 4090 24GB", "NVIDIA GeForce RTX 4090 24GB", "NVIDIA GeForce RTX 4090"),
+        (55.01, None, 165.08, 170.06), (54.77, None, 171.06, 173.31), (46.48, None, 162.35, 162.39),
+        (54.67, None, 167.80, 163.09), (51.57, None, 165.94, 165.71), (53.84, 85.65, 168.38, 164.81)),
+    "rtx-a6000-48gb": _measured("NVIDIA RTX A6000", (23.92, None, 120.49, 123.34)),
+    "rtx-3090-24gb": _measured(("NVIDIA RTX 3090 24GB", "NVIDIA GeForce RTX 3090 24GB", "NVIDIA GeForce RTX 3090"),
+        (24.46, None, 75.64, 76.34), (24.84, None, 75.88, 76.68), (24.79, None, 75.48, 76.58)),
+}
+
 GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("v100-sxm2-16gb", "NVIDIA Tesla V100 SXM2 16GB", "volta", 70, 16160 * _MIB, 900e9,
          _V100_SXM2, _PCIE3, (_V100_DS, _V100_WP,
-                             _PRINTOUT.format(16160) + " (name='Tesla V100-SXM2-16GB'; several public logs)")),
+                             _PRINTOUT.format(16160) + " (name='Tesla V100-SXM2-16GB'; several public logs)"),
+         _MATMUL_ROWS["v100-sxm2-16gb"]),
     _gpu("v100-sxm2-32gb", "NVIDIA Tesla V100 SXM2 32GB", "volta", 70, 32 * _GIB, 900e9,
-         _V100_SXM2, _PCIE3, (_V100_DS, _NOMINAL.format(32))),
+         _V100_SXM2, _PCIE3, (_V100_DS, _NOMINAL.format(32)), _same_chip("v100-sxm2-16gb")),
     _gpu("v100-pcie-16gb", "NVIDIA Tesla V100 PCIe 16GB", "volta", 70, 16160 * _MIB, 900e9,
          {"fp32": 14, "fp16": 112}, _PCIE3,
          (_V100_DS, _PRINTOUT.format(16160) + " (name='Tesla V100-PCIE-16GB')")),
     _gpu("a100-sxm4-40gb", "NVIDIA A100 SXM4 40GB", "ampere", 80, 42405855232, 1555e9,
-         _A100, _PCIE4, (_A100_DS, _A100_WP, _A100_40_MEM)),
+         _A100, _PCIE4, (_A100_DS, _A100_WP, _A100_40_MEM), _same_chip("a100-sxm4-80gb")),
     _gpu("a100-sxm4-80gb", "NVIDIA A100 SXM4 80GB", "ampere", 80, 80 * _GIB, 2039e9,
-         _A100, _PCIE4, (_A100_DS, _A100_WP, _NOMINAL.format(80))),
+         _A100, _PCIE4, (_A100_DS, _A100_WP, _NOMINAL.format(80)),
+         _MATMUL_ROWS["a100-sxm4-80gb"]),
     _gpu("h100-pcie-80gb", "NVIDIA H100 PCIe 80GB", "hopper", 90, 81008 * _MIB, 2.0e12,
          {"fp32": 51, "tf32": 378, "fp16": 756.5, "bf16": 756.5}, _PCIE5,
-         (_H100_DS, _PRINTOUT.format(81008) + " (name='NVIDIA H100 PCIe')")),
+         (_H100_DS, _PRINTOUT.format(81008) + " (name='NVIDIA H100 PCIe')"),
+         _MATMUL_ROWS["h100-pcie-80gb"]),
     _gpu("h100-sxm-80gb", "NVIDIA H100 SXM5 80GB", "hopper", 90, 85017493504, 3.35e12,
-         _H100_SXM, _PCIE5, (_H100_DS, _MEASURED + " (name 'NVIDIA H100 80GB HBM3')")),
+         _H100_SXM, _PCIE5, (_H100_DS, _MEASURED + " (name 'NVIDIA H100 80GB HBM3')"),
+         _MATMUL_ROWS["h100-sxm-80gb"]),
     _gpu("h200-sxm-141gb", "NVIDIA H200 SXM 141GB", "hopper", 90, 150109880320, 4.8e12,
-         _H100_SXM, _PCIE5, (_H200_DS, _H100_DS, _MEASURED + " (name 'NVIDIA H200')")),
+         _H100_SXM, _PCIE5, (_H200_DS, _H100_DS, _MEASURED + " (name 'NVIDIA H200')"),
+         _MATMUL_ROWS["h200-sxm-141gb"]),
     _gpu("gh200-96gb", "NVIDIA GH200 96GB", "hopper", 90, 96 * _GIB, 4.0e12,
-         _H100_SXM, _C2C, (_GH200_DS, _H100_DS, _NOMINAL.format(96))),
+         _H100_SXM, _C2C, (_GH200_DS, _H100_DS, _NOMINAL.format(96)), _same_chip("h100-sxm-80gb")),
     _gpu("b200-180gb", "NVIDIA B200 180GB", "blackwell", 100, 180 * _GIB, 8.0e12,
-         {"fp32": 80, "tf32": 1100, "fp16": 2250, "bf16": 2250}, _PCIE5, (_B200_DS, _NOMINAL.format(180))),
+         {"fp32": 80, "tf32": 1100, "fp16": 2250, "bf16": 2250}, _PCIE5, (_B200_DS, _NOMINAL.format(180)),
+         _MATMUL_ROWS["b200-180gb"]),
     _gpu("l4-24gb", "NVIDIA L4 24GB", "ada", 89, 24 * _GIB, 300e9,
-         {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121}, _PCIE4, (_L4_DS, _NOMINAL.format(24))),
+         {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121}, _PCIE4, (_L4_DS, _NOMINAL.format(24)),
+         _MATMUL_ROWS["l4-24gb"]),
     _gpu("l40s-48gb", "NVIDIA L40S 48GB", "ada", 89, 45589 * _MIB, 864e9,
          {"fp32": 91.6, "tf32": 183, "fp16": 362.05, "bf16": 362.05}, _PCIE4,
-         (_L40S_DS, _PRINTOUT.format(45589) + " (name='NVIDIA L40S')")),
+         (_L40S_DS, _PRINTOUT.format(45589) + " (name='NVIDIA L40S')"),
+         _MATMUL_ROWS["l40s-48gb"]),
     _gpu("rtx-4090-24gb", "NVIDIA GeForce RTX 4090 24GB", "ada", 89, 24563 * _MIB, 1008e9,
          {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2}, _PCIE4,
-         (_ADA_WP, _PRINTOUT.format(24563) + " (name='NVIDIA GeForce RTX 4090')")),
+         (_ADA_WP, _PRINTOUT.format(24563) + " (name='NVIDIA GeForce RTX 4090')"),
+         _MATMUL_ROWS["rtx-4090-24gb"]),
     _gpu("rtx-6000-ada-48gb", "NVIDIA RTX 6000 Ada Generation 48GB", "ada", 89, 48 * _GIB, 960e9,
          {"fp32": 91.1, "tf32": 182.1, "fp16": 364.25, "bf16": 364.25}, _PCIE4,
          (_RTX6000_ADA_DS, _ADA_WP, _NOMINAL.format(48))),
     _gpu("rtx-a6000-48gb", "NVIDIA RTX A6000 48GB", "ampere", 86, 48 * _GIB, 768e9,
          {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8}, _PCIE4,
-         (_A6000_DS, _GA102_WP, _NOMINAL.format(48))),
+         (_A6000_DS, _GA102_WP, _NOMINAL.format(48)),
+         _MATMUL_ROWS["rtx-a6000-48gb"]),
     _gpu("rtx-3090-24gb", "NVIDIA GeForce RTX 3090 24GB", "ampere", 86, 24268 * _MIB, 936e9,
          {"fp32": 35.6, "tf32": 35.6, "fp16": 71, "bf16": 71}, _PCIE4,
          (_GA102_WP, _PRINTOUT.format(24268) + " (name='GeForce RTX 3090'), Hugging Face transformers "
-                                               "docs, debugging.md")),
+                                               "docs, debugging.md"),
+         _MATMUL_ROWS["rtx-3090-24gb"]),
 )}
+
+# The median share of the datasheet's peak that the measured GPUs reach, by units: what a GPU
+# without a measurement of its own is assumed to reach.
+_MEDIAN_SHARE = {units: float(np.median([GPUS[n].matmul_flops[k] / GPUS[n].flops[k] for n in _MATMUL_ROWS
+                                         for k in GPUS[n].matmul_flops if _units(k) == units]))
+                 for units in ("cuda cores", "tensor cores")}
 
 # Short names and the names CUDA gives the devices (after normalisation) -> table names.
 _ALIASES = {

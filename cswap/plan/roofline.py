@@ -1,29 +1,33 @@
 """Compute time per op on a named GPU, predicted by op class from FLOPs and bytes.
 
 An op of a traced step (cswap.plan.fake_gpu.OpRecord) falls in one of four
-classes, each timed against the GPU's datasheet (cswap.plan.gpus):
+classes, each timed against what the GPU reaches (cswap.plan.gpus):
 
-    matmul     mm, addmm, bmm, baddbmm: flops / (peak * e_mm(flops)), where
+    matmul     mm, addmm, bmm, baddbmm: flops / (rate * e_mm(flops)), where
                e_mm(f) = matmul_efficiency * f / (f + matmul_half_flops): large
-               multiplies run near a fixed share of peak, small ones (a LoRA
+               multiplies run near a fixed share of the rate, small ones (a LoRA
                adapter's, a batch of one's) far below it
-    conv       convolutions and their backward: flops / (peak * e_conv)
-    attention  fused SDPA kernels (flash, efficient, cuDNN): flops / (peak *
+    conv       convolutions and their backward: flops / (rate * e_conv)
+    attention  fused SDPA kernels (flash, efficient, cuDNN): flops / (rate *
                e_attn), causal masking counted as executed (cswap.plan.fake_gpu)
     memory     everything else: bytes / (hbm_bandwidth * e_bw)
 
 and no op is faster than its bytes at that bandwidth, nor than LAUNCH_FLOOR_S
 (an eager op's launch). Views (and _unsafe_view, which aten does not mark as
-one) move nothing and take no time. The compute classes' factors are scaled
-per GPU family (how much of a generation's datasheet peak its libraries reach:
-less, the newer the generation, against Ampere's 1.0), within what each class can
-reach. The factors are fitted together (an OpTimeModel, committed as
+one) move nothing and take no time. The rate is what a large torch.matmul
+measurably reaches on the GPU in the op's dtype (GPU.reachable_flops: a public
+measurement where one exists, else the datasheet's peak at the measured GPUs'
+median share), so the clocks a GPU really runs at (a GeForce card above its
+rated boost, a data-centre part below, held by power) are in the rate, not the
+shares. The compute classes' shares are scaled per GPU family (how well a
+generation's libraries use its units, against Ampere's 1.0), within what each
+class can reach. The factors are fitted together (an OpTimeModel, committed as
 cswap/data/time_model.json by `python benchmarks/plan_accuracy.py --fit`) on a
 calibration set of published training runs, CNNs and LLMs on several GPUs;
 another set of published runs, kept apart, measures the model
 (benchmarks/results/plan-accuracy/).
 
-Which peak an op gets: float16 and bfloat16 ops the tensor-core rate of their
+Which rate an op gets: float16 and bfloat16 ops the tensor-core rate of their
 type; float32 convolutions TF32 where the GPU has it (PyTorch's default,
 torch.backends.cudnn.allow_tf32 = True), float32 matmuls TF32 only with
 precision "tf32" (torch.backends.cuda.matmul.allow_tf32 is False by default).
@@ -61,10 +65,11 @@ _FREE = {"_unsafe_view", "_reshape_alias", "alias", "lift_fresh"}
 
 @dataclass(frozen=True)
 class OpTimeModel:
-    """The fitted factors (module docstring): shares of the datasheet's peaks that each
-    class of op reaches, and per GPU family a scale on the compute classes' shares."""
+    """The fitted factors (module docstring): shares of the measured matmul rate (compute
+    classes) and of HBM bandwidth (memory-bound ops) that each class of op reaches, and per
+    GPU family a scale on the compute classes' shares."""
 
-    matmul_efficiency: float = 0.75   # of the dense tensor-core (or fp32) peak, for large multiplies
+    matmul_efficiency: float = 0.9    # of the measured matmul rate, for large multiplies
     matmul_half_flops: float = 1e9    # the multiply size at which half of that is reached
     conv_efficiency: float = 0.5
     attention_efficiency: float = 0.5
@@ -92,11 +97,12 @@ class OpTimeModel:
         return doc | {"family_scale": {k: float(f"{v:.6g}") for k, v in self.family_scale}}
 
 
-# The most each factor may reach, with its family's scale: cuBLAS and cuDNN reach about 80% of
-# the dense peak on large problems, FlashAttention-2 50-73% on an A100 (Dao 2023, Fig. 5), and a
-# copy kernel about 92% of HBM bandwidth. Unbounded, the fit trades every compute factor up to
-# 1.0 against the bandwidth's, which the published step times alone cannot tell apart.
-_UPPER = OpTimeModel(matmul_efficiency=0.8, matmul_half_flops=1e13, conv_efficiency=0.8, attention_efficiency=0.75,
+# The most each factor may reach, with its family's scale, as shares of the measured matmul rate:
+# a large multiply reaches the rate (it is that rate), a convolution at best the same, and
+# FlashAttention-2 50-73% of an A100's datasheet peak (Dao 2023, Fig. 5), up to 0.86 of the
+# A100's measured rate; a copy kernel about 92% of HBM bandwidth. Unbounded, the fit trades every
+# compute factor up against the bandwidth's, which the published step times alone cannot tell apart.
+_UPPER = OpTimeModel(matmul_efficiency=1.0, matmul_half_flops=1e13, conv_efficiency=1.0, attention_efficiency=0.9,
                      bandwidth_efficiency=0.92)
 
 
@@ -124,14 +130,14 @@ def _peak_key(op, gpu: GPU, precision: str) -> str:
 
 
 def _arrays(ops, gpu: GPU, precision: str):
-    """Per op: its class index, FLOPs, bytes and peak FLOP/s on `gpu` (ops that only
+    """Per op: its class index, FLOPs, bytes and reachable FLOP/s on `gpu` (ops that only
     reinterpret their input: no FLOPs, no bytes)."""
     classes = [op_class(op.name) for op in ops]
     free = np.array([c == "free" for c in classes], dtype=bool)
     kind = np.array([CLASSES.index("memory" if c == "free" else c) for c in classes], dtype=np.int64)
     flops = np.where(free, 0.0, np.array([float(op.flops) for op in ops], dtype=np.float64))
     nbytes = np.where(free, 0.0, np.array([float(op.bytes) for op in ops], dtype=np.float64))
-    peak = np.array([gpu.peak_flops(_peak_key(op, gpu, precision)) if k < 3 and f else 1.0
+    peak = np.array([gpu.reachable_flops(_peak_key(op, gpu, precision)) if k < 3 and f else 1.0
                      for op, k, f in zip(ops, kind, flops)], dtype=np.float64)
     return kind, flops, nbytes, peak
 
