@@ -84,6 +84,43 @@ def test_each_transformer_layer_is_compiled_on_its_own_and_computes_the_eager_st
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_a_chunked_loss_is_compiled_chunk_by_chunk_as_torchtune_compiles_it():
+    """Under compile each chunk's upcast and cross-entropy is a compiled region of its own
+    (torchtune's compile_loss), the chunks alike sharing one capture: replayed on real CPU
+    tensors it gives the eager loss and gradients, and it saves no float32 logits for
+    backward, where eager saves each chunk's float32 log-softmax."""
+    from cswap.plan.hf import ChunkedLoss
+
+    torch.manual_seed(0)
+    model, inputs = modern.llama(seq=32)
+    model.config.use_cache = False
+    step = ChunkedLoss(model, 4)
+    ids = inputs.kwargs["input_ids"]
+    chunks = [f"cross_entropy.{i}" for i in range(4)]
+    regions = compiled.capture_blocks(*_fake(step, fake_gpu.Inputs((ids, ids), {})), chunks)
+    assert set(regions) == set(chunks) and len({id(c) for c in regions.values()}) == 1
+    eager = copy.deepcopy(step)
+    loss = eager(ids, ids)
+    loss.backward()
+    replayed = copy.deepcopy(step)
+    compiled.replay_blocks(replayed, {n: c.moved(torch.device("cpu")) for n, c in regions.items()})
+    out = replayed(ids, ids)
+    out.backward()
+    torch.testing.assert_close(out, loss, rtol=1e-5, atol=1e-5)
+    grads = dict(eager.named_parameters())
+    for name, p in replayed.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+    def float_logits(trace):
+        return {r.storage for r in trace.activations() if r.dtype == torch.float32 and r.shape[-1:] == (modern.VOCAB,)}
+
+    bf16 = {"drops": False, "dtype": torch.bfloat16, "optimizer": "adamw"}
+    assert len(float_logits(fake_gpu.trace_step(step, {"input_ids": ids, "labels": ids}, **bf16))) == 4
+    traced = fake_gpu.trace_step(step, {"input_ids": ids, "labels": ids}, compile=True, **bf16)
+    assert float_logits(traced) == set()
+    assert any(op.compiled and op.module.startswith("cross_entropy.") for op in traced.ops)
+
+
 def test_a_compiled_step_saves_what_the_partitioner_saves(llama):
     """Compiled layers save fewer bytes than eager ones (the partitioner recomputes norms
     and activations in backward); every saved tensor is used in backward; the layers' ops

@@ -160,6 +160,7 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
     import torch._dynamo
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
 
     from torch.utils._pytree import tree_flatten
 
@@ -178,7 +179,7 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
         return _in_their_mode(gm.forward)
 
     inner = aot_autograd(fw_compiler=keep_forward, bw_compiler=keep_backward,
-                         partition_fn=min_cut_rematerialization_partition)
+                         partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
 
     def backend_(gm, example_inputs):
         missing = [i for i, t in enumerate(example_inputs) if isinstance(t, torch.Tensor) and id(t) not in names]
@@ -248,7 +249,8 @@ def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None 
     for transformers): each of the blocks `names` (the repeated layers) compiled on its
     own, the rest of the step eager. A block's example arguments are taken from one
     forward of the model (fake, as for capture); blocks alike (the same class, parameter
-    names and shapes) share one capture. Returns block name -> Captured."""
+    names and shapes, and arguments of the same shapes) share one capture. Returns block
+    name -> Captured."""
     from torch.utils._pytree import tree_flatten, tree_map
 
     seen: dict[str, tuple] = {}
@@ -272,10 +274,11 @@ def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None 
     regions, by_kind = {}, {}
     for name in names:
         block = model.get_submodule(name)
-        kind = (type(block), tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in block.named_parameters()))
+        args, kwargs = seen[name]
+        leaves = tree_flatten((args, kwargs))[0]
+        kind = (type(block), tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in block.named_parameters()),
+                tuple((tuple(t.shape), t.dtype) for t in leaves if isinstance(t, torch.Tensor)))
         if kind not in by_kind:
-            args, kwargs = seen[name]
-            leaves = tree_flatten((args, kwargs))[0]
             if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves) and \
                     not any(p.requires_grad for p in block.parameters()):
                 continue  # (nothing to differentiate: frozen and fed no gradient)

@@ -430,6 +430,7 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .compiled import capture, capture_blocks
+    from .hf import ChunkCrossEntropy
     from .recompute import repeated_blocks
 
     if autocast is not None:
@@ -446,6 +447,8 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
         _to_fake(copy, cpu)
         inputs = _fake_inputs(example_inputs, cpu, dtype)
     blocks = repeated_blocks(copy)  # (regional compilation: each repeated block compiled, the rest eager)
+    # and a chunked loss's upcast and cross-entropy, chunk by chunk, as torchtune's compile_loss
+    blocks += [name for name, m in copy.named_modules() if isinstance(m, ChunkCrossEntropy)]
     regions = capture_blocks(copy, inputs, blocks, arch) if blocks else {"": capture(copy, inputs, arch)}
     device, moved = torch.device(DEVICE), {}
     return {name: moved.setdefault(id(c), c.moved(device)) for name, c in regions.items()}

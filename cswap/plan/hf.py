@@ -23,7 +23,7 @@ from torch import nn
 
 from .inputs import Inputs
 
-__all__ = ["ChunkedLoss", "enable_checkpointing", "from_config", "is_causal_lm"]
+__all__ = ["ChunkCrossEntropy", "ChunkedLoss", "enable_checkpointing", "from_config", "is_causal_lm"]
 
 _AUTO_CLASSES = ("AutoModelForMaskedLM", "AutoModelForCausalLM", "AutoModel")
 
@@ -61,29 +61,41 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+class ChunkCrossEntropy(nn.Module):
+    """One chunk's float32 cross-entropy, summed: torchtune's `compute_cross_entropy`, which
+    its recipes compile on its own under compile (`training.compile_loss`); so does
+    `--compile` (cswap.plan.fake_gpu)."""
+
+    def forward(self, logits, targets):
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
+
+
 class ChunkedLoss(nn.Module):
     """A causal LM whose cross-entropy is computed in `chunks` pieces of the sequence, as
     torchtune's CEWithChunkedOutputLoss does: the output head makes the logits chunk by
     chunk (kept in the model's dtype), and each chunk is upcast to float32 only inside its
-    own loss. Without it (the model's own loss) the whole vocabulary x tokens logits are
-    upcast at once, and three float32 copies are alive at the log-softmax's backward.
-    forward(input_ids, labels) returns the mean loss over the predicted tokens, the
-    model's own (labels shifted by one, -100 ignored)."""
+    own loss (a ChunkCrossEntropy per chunk). Without it (the model's own loss) the whole
+    vocabulary x tokens logits are upcast at once, and three float32 copies are alive at the
+    log-softmax's backward. As torchtune, every position is predicted and the labels are
+    shifted by one with an ignored label last, so the chunks are alike. forward(input_ids,
+    labels) returns the mean loss over the predicted tokens, the model's own (labels
+    shifted by one, -100 ignored)."""
 
     def __init__(self, lm: nn.Module, chunks: int):
         super().__init__()
         if chunks < 1:
             raise ValueError(f"cswap: a chunked loss needs at least 1 chunk, got {chunks}")
         self.lm, self.chunks = lm, chunks
+        self.cross_entropy = nn.ModuleList(ChunkCrossEntropy() for _ in range(chunks))
 
     def forward(self, input_ids, labels, **kwargs):
         base = self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm  # (peft)
         hidden = base.get_decoder()(input_ids=input_ids, **kwargs)[0]
         head = base.get_output_embeddings()
-        logits = [head(h) for h in hidden[:, :-1].chunk(self.chunks, dim=1)]
-        targets = labels[:, 1:].chunk(self.chunks, dim=1)
-        total = sum(F.cross_entropy(z.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
-                    for z, y in zip(logits, targets))
+        logits = [head(h) for h in hidden.chunk(self.chunks, dim=1)]
+        shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), -100)], dim=1)
+        targets = shifted.chunk(self.chunks, dim=1)
+        total = sum(loss(z, y) for loss, z, y in zip(self.cross_entropy, logits, targets))
         return total / (labels[:, 1:] != -100).sum()
 
 

@@ -645,7 +645,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     paged = paged_bytes(optimizer, model)
     model_of_time, model_source = time_model(g)
     op_s = op_times(trace.ops, g, precision, model_of_time)
-    compute_source = f"predicted: FLOPs and bytes per op against the {g.label} datasheet, by an {model_source}"
+    rate = ("torch.matmul's rate measured on it (cswap.plan.gpus.MATMUL_DB)" if g.matmul_flops else
+            "its datasheet at the median share measured GPUs reach (no matmul measurement of it found)")
+    compute_source = (f"predicted: FLOPs and bytes per op against the {g.label}'s HBM bandwidth and {rate}, "
+                      f"by an {model_source}")
     if times is not None:
         measured, where = measured_times(times)
         phases = np.array([op.phase for op in trace.ops])
