@@ -15,6 +15,7 @@ equal to them, so the model computes its own loss (cswap.plan.inputs.default_los
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -110,7 +111,10 @@ def _with_lora(peft, model, rank: int, targets):
     module is an error that names the linear layers there are."""
     targets = targets if isinstance(targets, str) else list(targets)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), warnings.catch_warnings():
+            # (peft asks the model for `is_gradient_checkpointing`, deprecated in transformers 5.24:
+            # peft's call, not the user's, so not theirs to see)
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
             return peft.get_peft_model(model, peft.LoraConfig(r=rank, target_modules=targets))
     except ValueError as exc:
         linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
