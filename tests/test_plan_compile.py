@@ -84,6 +84,7 @@ def test_each_transformer_layer_is_compiled_on_its_own_and_computes_the_eager_st
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow  # (five captures and two traces: the quick set stays under its five minutes)
 def test_a_chunked_loss_is_compiled_chunk_by_chunk_as_torchtune_compiles_it():
     """Under compile each chunk's upcast and cross-entropy is a compiled region of its own
     (torchtune's compile_loss), the chunks alike sharing one capture: replayed on real CPU
