@@ -370,7 +370,11 @@ def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):
     doc = json.loads(out_json.read_text())
     assert set(doc["modes"]) == {"none", "vdnn", "sc", "cswap", "budget"} and doc["tensors"]
     assert out_png.stat().st_size > 10_000
-    assert cli.main(["--list-gpus"]) == 0 and "h100-sxm-80gb" in capsys.readouterr().out
+    assert cli.main(["--list-gpus"]) == 0
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "990 TFLOPS datasheet,    791 measured" in listed["h100-sxm-80gb"]
+    assert "fp16    125 TFLOPS datasheet,     95 measured" in listed["v100-sxm2-16gb"]
+    assert "assumed (torch.matmul)" in listed["rtx-6000-ada-48gb"]
 
 
 @pytest.mark.parametrize("name", ["alexnet", "mobilenet", "squeezenet1_0", "squeezenet1_1", "plain20", "resnet18"])

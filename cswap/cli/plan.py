@@ -222,8 +222,11 @@ def main(argv=None) -> int:
         table = [gpu(name) for name in gpus()]
         width = max(len(g.name) for g in table), max(len(g.label) for g in table)
         for g in table:
+            half = "bf16" if "bf16" in g.flops else "fp16"  # (Volta: no bf16 tensor cores)
+            reach = "measured" if half in g.matmul_flops else "assumed"
             print(f"{g.name:<{width[0]}} {g.label:<{width[1]}} {gib(g.memory_bytes):>11} "
-                  f"{g.hbm_bytes_per_s / 1e12:5.2f} TB/s {g.link}")
+                  f"{g.hbm_bytes_per_s / 1e12:5.2f} TB/s {g.link:<12} {half} {g.peak_flops(half) / 1e12:6.0f} "
+                  f"TFLOPS datasheet, {g.reachable_flops(half) / 1e12:6.0f} {reach} (torch.matmul)")
         return 0
     try:
         if args.hf_config is not None:
