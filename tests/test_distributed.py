@@ -29,7 +29,8 @@ import nets  # noqa: E402
 from cswap.report import ReportWriter  # noqa: E402
 from ranks import assert_same, run_rank, spawn  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning")
+# slow: the spawn takes about 14 s; FSDP's (tests/test_fsdp.py) stays in the quick set.
+pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning"), pytest.mark.slow]
 
 WORLD = 2
 STEPS = 3

@@ -183,7 +183,7 @@ def _traced_and_real(name, **kwargs):
     return trace, cpu_step_peak(model, inputs)
 
 
-HEAVY = ("convnext", "mobilenet_v3", "resnet18")
+HEAVY = ("convnext", "mobilenet_v3", "resnet18", "t5", "bart")  # slow: the longest traces
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
@@ -198,7 +198,8 @@ LONG = ["attention", "llama", "llama_bf16", "llama_lora", "gpt2", "bert"]
 
 
 @pytest.mark.parametrize("seq", [512, pytest.param(2048, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", LONG)
+@pytest.mark.parametrize("name", [n if n in ("attention", "llama", "bert") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in LONG])  # the quick set: flash, the math path with dropout, a bare SDPA
 def test_attention_at_long_sequences_is_predicted_as_run(name, seq):
     """The fake device runs SDPA as the target would (here the CPU: flash attention saves
     the output and logsumexp; with dropout, GPT-2 and BERT take the math path and save
@@ -253,7 +254,8 @@ def test_predict_takes_keyword_inputs_uses_the_models_loss_and_names_its_attenti
         cswap.predict(model, 3, "h100-sxm-80gb")
 
 
-@pytest.mark.parametrize("name", ["llama_lora", "llama_checkpointed", "llama_bf16", "t5", "convnext"])
+@pytest.mark.parametrize("name", ["llama_lora", "llama_checkpointed", "llama_bf16", pytest.param("t5", marks=pytest.mark.slow),
+                                  pytest.param("convnext", marks=pytest.mark.slow)])
 def test_predict_runs_on_frozen_checkpointed_and_bf16_models(name):
     model, inputs = modern.build(name)
     prediction = cswap.predict(model, inputs.kwargs or inputs.args, "h100-sxm-80gb")

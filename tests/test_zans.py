@@ -254,7 +254,8 @@ def test_torch_round_trip_with_every_plane_coded(name, x):
 
 
 @needs_triton
-@pytest.mark.parametrize("name,x", _cases()[:4], ids=[c[0] for c in _cases()[:4]])
+@pytest.mark.parametrize("name,x", [pytest.param(*c, marks=pytest.mark.slow) if c[0] == "relu fp64" else c
+                                    for c in _cases()[:4]], ids=[c[0] for c in _cases()[:4]])
 def test_backends_write_identical_bytes_and_decode_each_other(name, x):
     w = words_of(x).to(TRITON_DEVICE)
     meta_t, pay_t = encode(w, "triton")
@@ -678,8 +679,16 @@ def _plan_cases():
     }
 
 
-@pytest.mark.parametrize("case", list(_plan_cases()))
-@pytest.mark.parametrize("code_below", [kz.CODE_BELOW, INF, 0.5])
+def _plan_params():
+    """Every case at the default threshold; at the others, in the quick set, only the two
+    cases that reach normalize's largest-first loop (the rest are slow)."""
+    for code_below in (kz.CODE_BELOW, INF, 0.5):
+        for case in _plan_cases():
+            quick = code_below == kz.CODE_BELOW or (code_below == INF and case in ("dominant-int8", "three-int8"))
+            yield pytest.param(case, code_below, marks=() if quick else pytest.mark.slow, id=f"{code_below}-{case}")
+
+
+@pytest.mark.parametrize("case,code_below", list(_plan_params()))
 def test_the_device_plan_chooses_what_the_host_plan_does(case, code_below):
     """One kernel does `plan` on the device (normalize's remainder ranks and its
     largest-first loop, the fixed-point estimates, the mode): the same mode, planes,
