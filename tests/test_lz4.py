@@ -13,21 +13,21 @@ from cswap.kernels import lz4 as kl
 
 LZ4 = cswap.codecs.get("lz4")
 BACKENDS = ["torch", "triton"]
-SLOW = pytest.mark.slow
-
-
-def on_backends(values, quick_on_triton, ident=str):
-    """(value, backend) parameters: every value on torch, and on triton too, where only the
-    values `quick_on_triton` accepts are in the quick set (the interpreter takes seconds a
-    case; `pytest -m slow`, which CI runs, covers the rest)."""
-    return [pytest.param(v, backend, marks=SLOW if backend == "triton" and not quick_on_triton(v) else (),
-                         id=f"{ident(v)}-{backend}") for v in values for backend in BACKENDS]
 CHUNK = kl.CHUNK
 MFLIMIT = kl.MFLIMIT
 # lz4.block.compress settings our decoders must read: default, fast at several
 # accelerations, high compression at two levels.
 LZ4_MODES = [dict(), dict(mode="fast", acceleration=1), dict(mode="fast", acceleration=16),
              dict(mode="high_compression", compression=9), dict(mode="high_compression", compression=12)]
+SLOW = pytest.mark.slow
+
+
+def on_backends(values, quick_on_triton):
+    """(value, backend) parameters: every value on torch, and on triton too, where only the
+    values `quick_on_triton` accepts are in the quick set (the interpreter takes seconds a
+    case; `pytest -m slow`, which CI runs, covers the rest)."""
+    return [pytest.param(v, backend, marks=SLOW if backend == "triton" and not quick_on_triton(v) else (),
+                         id=f"{v}-{backend}") for v in values for backend in BACKENDS]
 
 
 def u8(data: bytes) -> torch.Tensor:

@@ -11,6 +11,7 @@ CPU runs it, at short and long sequences.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import warnings
 
@@ -330,6 +331,27 @@ def test_a_model_from_a_config_is_built_on_meta_with_the_asked_for_wrapping(tmp_
     assert type(model).__name__ == "BertForMaskedLM"
     with pytest.raises(ValueError, match="not a Hugging Face config.json"):
         from_config(tmp_path / "missing.json")
+
+
+def test_checkpointing_turns_the_cache_off_so_transformers_has_nothing_to_say():
+    """A training step keeps no key/value cache: transformers turns it off in each
+    checkpointed layer and says so (once a process) on stderr, in cswap-plan's output too."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()  # (another test in this process may have had it said)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        model, inputs = modern.llama_checkpointed()
+        model.train()
+        model(**inputs.kwargs).loss.backward()
+    finally:
+        logger.removeHandler(handler)
+    assert model.config.use_cache is False
+    assert not [r.getMessage() for r in records if "use_cache" in r.getMessage()]
 
 
 def test_attention_flops_of_grouped_queries_count_as_torch_counts_equal_heads():

@@ -55,6 +55,9 @@ def enable_checkpointing(model) -> None:
     """The model's own activation checkpointing, non-reentrant: `activation_checkpointing_enable`
     (transformers 5.24 and later), else `gradient_checkpointing_enable`, its name before (a
     deprecated alias since, to be removed in transformers 6)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", None):  # (transformers turns it off in checkpointed layers, and says so)
+        config.use_cache = False
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
