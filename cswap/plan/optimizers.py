@@ -8,10 +8,13 @@ they hold, not how they compute:
   block of 256 elements for each (bitsandbytes' blockwise quantization); tensors
   under 4096 elements keep float32 states (its `min_8bit_size`). Its update is one
   fused kernel per parameter, with no temporaries of the parameter's size.
-- paged (PagedAdamW, PagedAdamW8bit): the same states in CUDA unified memory,
-  allocated by bitsandbytes outside PyTorch's caching allocator. The driver moves
-  them to host memory when the GPU runs short, so they do not count toward what
-  PyTorch's allocator must fit; `paged_bytes` says how much they are.
+- paged (PagedAdamW, PagedAdamW8bit): the two states of each tensor of at least
+  100,000 elements in CUDA unified memory, allocated by bitsandbytes outside PyTorch's
+  caching allocator; smaller tensors' states, and the 8-bit states' absmax, stay
+  ordinary device tensors (bitsandbytes 0.50, `Optimizer8bit.get_state_buffer` and
+  `Optimizer2State.init_state`). The driver moves unified memory to host memory when
+  the GPU runs short, so it does not count toward what PyTorch's allocator must fit;
+  `paged_bytes` says how much it is.
 
 Optimizer-in-backward (torchtune's `optimizer_in_bwd`) is `in_backward`: one
 optimizer per parameter, stepped from a post-accumulate-grad hook, each gradient
@@ -30,6 +33,7 @@ __all__ = ["OPTIMIZERS", "in_backward", "make", "paged_bytes"]
 OPTIMIZERS = ("sgd", "adam", "adamw", "adamw8bit", "paged_adamw", "paged_adamw8bit")
 _BLOCK = 256            # bitsandbytes' blockwise quantization: one absmax per 256 values
 _MIN_8BIT_SIZE = 4096   # bitsandbytes' min_8bit_size: smaller tensors keep float32 states
+_MIN_PAGED_SIZE = 100_000  # bitsandbytes pages the states of tensors this large (get_state_buffer)
 
 
 def _quantized(name: str, n: int) -> bool:
@@ -37,10 +41,14 @@ def _quantized(name: str, n: int) -> bool:
     return name.endswith("8bit") and n >= _MIN_8BIT_SIZE
 
 
-def _state_bytes(name: str, p: torch.Tensor) -> int:
-    """Bytes of optimizer state for parameter `p`."""
-    n = p.numel()
-    return 2 * (n + 4 * math.ceil(n / _BLOCK)) if _quantized(name, n) else 2 * 4 * n
+def _paged(name: str, p: torch.Tensor) -> bool:
+    """Whether `name` keeps `p`'s two states in unified memory."""
+    return name.startswith("paged") and p.numel() >= _MIN_PAGED_SIZE
+
+
+def _paged_state_bytes(name: str, p: torch.Tensor) -> int:
+    """Bytes of `p`'s state in unified memory: the two states, not the absmax beside them."""
+    return 2 * p.numel() * (1 if _quantized(name, p.numel()) else 4) if _paged(name, p) else 0
 
 
 class _Bitsandbytes(torch.optim.Optimizer):
@@ -51,15 +59,18 @@ class _Bitsandbytes(torch.optim.Optimizer):
         self.name = name
 
     def _states(self, p: torch.Tensor) -> dict:
-        if self.name.startswith("paged"):  # unified memory: PyTorch's allocator (and the fake GPU) never sees it
-            return {"paged_bytes": _state_bytes(self.name, p)}
         n = p.numel()
+        if _paged(self.name, p):  # unified memory: PyTorch's allocator (and the fake GPU) never sees it
+            states = {"paged_bytes": _paged_state_bytes(self.name, p)}
+        elif _quantized(self.name, n):
+            states = {"state1": torch.zeros(n, dtype=torch.uint8, device=p.device),
+                      "state2": torch.zeros(n, dtype=torch.uint8, device=p.device)}
+        else:
+            states = {"state1": torch.zeros(n, device=p.device), "state2": torch.zeros(n, device=p.device)}
         if _quantized(self.name, n):
             blocks = math.ceil(n / _BLOCK)
-            return {"state1": torch.zeros(n, dtype=torch.uint8, device=p.device),
-                    "state2": torch.zeros(n, dtype=torch.uint8, device=p.device),
-                    "absmax1": torch.zeros(blocks, device=p.device), "absmax2": torch.zeros(blocks, device=p.device)}
-        return {"state1": torch.zeros(n, device=p.device), "state2": torch.zeros(n, device=p.device)}
+            states.update(absmax1=torch.zeros(blocks, device=p.device), absmax2=torch.zeros(blocks, device=p.device))
+        return states
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -93,9 +104,7 @@ def make(name: str, params) -> torch.optim.Optimizer:
 
 def paged_bytes(name: str, model: nn.Module) -> int:
     """Bytes of optimizer state a paged optimizer keeps in unified memory (0 if not paged)."""
-    if not name.startswith("paged"):
-        return 0
-    return sum(_state_bytes(name, p) for p in model.parameters() if p.requires_grad)
+    return sum(_paged_state_bytes(name, p) for p in model.parameters() if p.requires_grad)
 
 
 def in_backward(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:
