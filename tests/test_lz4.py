@@ -227,9 +227,9 @@ def test_within_5_percent_of_the_lz4_package_on_activations():
 
 @pytest.mark.parametrize("name,x", [
     pytest.param("blocky-bf16", blocky((CHUNK // 2 + 77,), torch.bfloat16, 0.6, run=3000), marks=SLOW),
-    ("tiled", tiled(CHUNK + 300, 1024)),
+    pytest.param("tiled", tiled(CHUNK + 300, 1024), marks=SLOW),
     pytest.param("zeros", torch.zeros(5000, dtype=torch.int32), marks=SLOW),
-    ("random", random_bits((999,), torch.float64, 0.0)),
+    pytest.param("random", random_bits((999,), torch.float64, 0.0), marks=SLOW),
     ("mixed", u8(mixed_bytes(3000, random.Random(7)))),  # many sequences, overlapping matches, extensions
     pytest.param("relu", torch.randn(300).relu(), marks=SLOW),
     ("empty", torch.empty(0, dtype=torch.float32)),
@@ -482,6 +482,7 @@ def test_fuzzed_blocks_torch_decoder_is_safe_and_agrees_with_lz4():
     assert codes >= {kl.OK, kl.TRUNCATED, kl.OVERFLOW, kl.OFFSET_BEFORE_START, kl.SHORT}
 
 
+@SLOW  # (tests/test_fuzz.py fuzzes the Triton decoder in the quick set)
 def test_fuzzed_blocks_triton_matches_torch_status_and_output():
     for block, n in _corruptions(40, seed=11):
         payload = torch.zeros(kl.layout(1, len(block))[1], dtype=torch.uint8)

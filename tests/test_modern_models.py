@@ -55,11 +55,12 @@ def hook_counts(model):
     return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()]
 
 
-# The emulated device's half, and the heavier CNNs' peaks, run in the slow set: the quick
-# set stays within the README's five minutes on two cores.
+# The emulated device's half, the compressed modes on most models, and the heavier CNNs'
+# peaks run in the slow set: the quick set stays within the README's five minutes on two cores.
 @pytest.mark.parametrize("device", ["cpu", pytest.param("emulated", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name,mode", [
+    pytest.param(name, mode, id=f"{name}-{mode}", marks=() if mode == "vdnn" or name in ("llama", "llama_lora", "resnet18")
+                 else pytest.mark.slow) for name in MODELS for mode in ("vdnn", "sc", "cswap")])
 def test_training_is_bit_identical_and_unpatch_restores(name, mode, device):
     model, inputs = modern.build(name)
     expected = train(copy.deepcopy(model), inputs)
@@ -184,7 +185,7 @@ def _traced_and_real(name, **kwargs):
     return trace, cpu_step_peak(model, inputs)
 
 
-HEAVY = ("convnext", "mobilenet_v3", "resnet18", "t5", "bart")  # slow: the longest traces
+HEAVY = ("convnext", "mobilenet_v3", "resnet18", "t5", "bart", "gpt2", "llama_lora")  # slow: the longest traces
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")

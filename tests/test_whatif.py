@@ -318,6 +318,7 @@ def test_committed_time_model_is_what_the_fit_wrote():
     assert roofline.time_model()[0] == model
 
 
+@pytest.mark.slow
 def test_largest_batch_is_the_edge_of_fitting(small):
     p = cswap.predict(small, torch.empty(16, *CIFAR), gpu="l4-24gb", budget="48MiB")
     b = p.largest_batch("none")
@@ -377,7 +378,8 @@ def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):
     assert "assumed (torch.matmul)" in listed["rtx-6000-ada-48gb"]
 
 
-@pytest.mark.parametrize("name", ["alexnet", "mobilenet", "squeezenet1_0", "squeezenet1_1", "plain20", "resnet18"])
+@pytest.mark.parametrize("name", ["alexnet", "squeezenet1_0", "resnet18",
+                                  *(pytest.param(n, marks=pytest.mark.slow) for n in ("mobilenet", "squeezenet1_1", "plain20"))])
 def test_every_model_predicts(name):
     p = cswap.predict(build(name, dataset="cifar10"), torch.empty(8, *CIFAR), gpu="rtx-4090-24gb", sparsity=0.5)
     # raw offloads only ever take bytes off the device (compressed ones stage a buffer first)
