@@ -103,7 +103,8 @@ def test_zans_builds_its_decoder_tables_in_one_kernel(sparsity):
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))
 
 
-@pytest.mark.parametrize("dtype,sparsity", [(torch.bfloat16, 0.0), pytest.param(torch.float32, 0.8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype,sparsity", [(torch.bfloat16, 0.0),
+                                            pytest.param(torch.float32, 0.8, marks=pytest.mark.slow)])
 def test_zans_launches_without_a_host_sync(dtype, sparsity):
     """The runtime's path: the histograms, the plan (one kernel) and every size stay on the
     device; 14 launches and 2 syncs before. Into a buffer of the exact size: one sync."""

@@ -65,7 +65,8 @@ def without_prefix(result):
     return {key.replace("_orig_mod.", ""): value for key, value in result.items()}
 
 
-@pytest.mark.parametrize("name,mode", [("vgg", "sc"), ("resnet", "cswap"), pytest.param("vgg", "cswap", marks=pytest.mark.slow),
+@pytest.mark.parametrize("name,mode", [("vgg", "sc"), ("resnet", "cswap"),
+                                       pytest.param("vgg", "cswap", marks=pytest.mark.slow),
                                        pytest.param("resnet", "sc", marks=pytest.mark.slow)])
 def test_patching_a_compiled_model_offloads_at_graph_boundaries(name, mode):
     expected = reference(name)

@@ -59,8 +59,9 @@ def hook_counts(model):
 # peaks run in the slow set: the quick set stays within the README's five minutes on two cores.
 @pytest.mark.parametrize("device", ["cpu", pytest.param("emulated", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name,mode", [
-    pytest.param(name, mode, id=f"{name}-{mode}", marks=() if mode == "vdnn" or name in ("llama", "llama_lora", "resnet18")
-                 else pytest.mark.slow) for name in MODELS for mode in ("vdnn", "sc", "cswap")])
+    pytest.param(name, mode, id=f"{name}-{mode}",
+                 marks=() if mode == "vdnn" or name in ("llama", "llama_lora", "resnet18") else pytest.mark.slow)
+    for name in MODELS for mode in ("vdnn", "sc", "cswap")])
 def test_training_is_bit_identical_and_unpatch_restores(name, mode, device):
     model, inputs = modern.build(name)
     expected = train(copy.deepcopy(model), inputs)
@@ -256,7 +257,8 @@ def test_predict_takes_keyword_inputs_uses_the_models_loss_and_names_its_attenti
         cswap.predict(model, 3, "h100-sxm-80gb")
 
 
-@pytest.mark.parametrize("name", ["llama_lora", "llama_checkpointed", "llama_bf16", pytest.param("t5", marks=pytest.mark.slow),
+@pytest.mark.parametrize("name", ["llama_lora", "llama_checkpointed", "llama_bf16",
+                                  pytest.param("t5", marks=pytest.mark.slow),
                                   pytest.param("convnext", marks=pytest.mark.slow)])
 def test_predict_runs_on_frozen_checkpointed_and_bf16_models(name):
     model, inputs = modern.build(name)

@@ -52,7 +52,8 @@ def _reserved(mode: str, mib: int, layers: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("mode,mib,layers", [  # large segments split; 20 MiB ones shared (one mode quick)
-    pytest.param(mode, mib, layers, marks=pytest.mark.slow if mib == 6 and mode != "sc" else (), id=f"{mode}-{mib}-{layers}")
+    pytest.param(mode, mib, layers, marks=pytest.mark.slow if mib == 6 and mode != "sc" else (),
+                 id=f"{mode}-{mib}-{layers}")
     for mib, layers in ((12, 8), (6, 12)) for mode in ("vdnn", "sc", "cswap")])
 def test_reserved_memory_is_at_most_unpatcheds_plus_the_windows(mode, mib, layers):
     unpatched, _ = _reserved("unpatched", mib, layers)

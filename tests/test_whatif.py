@@ -379,7 +379,8 @@ def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", ["alexnet", "squeezenet1_0", "resnet18",
-                                  *(pytest.param(n, marks=pytest.mark.slow) for n in ("mobilenet", "squeezenet1_1", "plain20"))])
+                                  *(pytest.param(n, marks=pytest.mark.slow)
+                                    for n in ("mobilenet", "squeezenet1_1", "plain20"))])
 def test_every_model_predicts(name):
     p = cswap.predict(build(name, dataset="cifar10"), torch.empty(8, *CIFAR), gpu="rtx-4090-24gb", sparsity=0.5)
     # raw offloads only ever take bytes off the device (compressed ones stage a buffer first)
