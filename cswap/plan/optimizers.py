@@ -59,15 +59,13 @@ class _Bitsandbytes(torch.optim.Optimizer):
         self.name = name
 
     def _states(self, p: torch.Tensor) -> dict:
-        n = p.numel()
+        n, quantized = p.numel(), _quantized(self.name, p.numel())
         if _paged(self.name, p):  # unified memory: PyTorch's allocator (and the fake GPU) never sees it
             states = {"paged_bytes": _paged_state_bytes(self.name, p)}
-        elif _quantized(self.name, n):
-            states = {"state1": torch.zeros(n, dtype=torch.uint8, device=p.device),
-                      "state2": torch.zeros(n, dtype=torch.uint8, device=p.device)}
         else:
-            states = {"state1": torch.zeros(n, device=p.device), "state2": torch.zeros(n, device=p.device)}
-        if _quantized(self.name, n):
+            dtype = torch.uint8 if quantized else torch.float32
+            states = {key: torch.zeros(n, dtype=dtype, device=p.device) for key in ("state1", "state2")}
+        if quantized:
             blocks = math.ceil(n / _BLOCK)
             states.update(absmax1=torch.zeros(blocks, device=p.device), absmax2=torch.zeros(blocks, device=p.device))
         return states
