@@ -1,7 +1,8 @@
 """Today's models at tiny sizes, built from configs with random weights (nothing is
-downloaded): Hugging Face transformers (GPT-2, a Llama-style decoder, BERT, T5, BART),
-peft LoRA, timm (ViT, ConvNeXt) and torchvision (ResNet-18, MobileNetV3). Two layers,
-hidden 64, short sequences: a training step takes milliseconds on a CPU.
+downloaded): Hugging Face transformers (GPT-2, a Llama-style decoder, a Qwen3
+Mixture-of-Experts decoder, BERT, T5, BART), peft LoRA, timm (ViT, ConvNeXt) and
+torchvision (ResNet-18, MobileNetV3). Two layers, hidden 64, short sequences: a training
+step takes milliseconds on a CPU.
 
 Each entry builds (model, inputs): inputs a cswap.plan.inputs.Inputs whose call
 returns something default_loss turns into the step's loss.
@@ -61,6 +62,18 @@ def llama_bf16(seq: int = 16):
     return model.to(torch.bfloat16), inputs
 
 
+def qwen3_moe(seq: int = 16, **extra):
+    """A Mixture-of-Experts decoder: each token's MLP is 2 of 4 experts, run as one grouped
+    matmul (torch._grouped_mm, transformers' default)."""
+    tf = _hf()
+    config = tf.Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+                               num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                               max_position_embeddings=max(seq, 64), bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                               **extra)
+    return tf.Qwen3MoeForCausalLM(config), _tokens(2, seq)
+
+
 def bert(seq: int = 16):
     tf = _hf()
     config = tf.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -109,8 +122,8 @@ def mobilenet_v3():
     return tv.models.mobilenet_v3_small(num_classes=10), _image()
 
 
-MODELS = {f.__name__: f for f in (gpt2, llama, llama_checkpointed, llama_lora, llama_bf16, bert, t5, bart, vit,
-                                  convnext, resnet18, mobilenet_v3)}
+MODELS = {f.__name__: f for f in (gpt2, llama, llama_checkpointed, llama_lora, llama_bf16, qwen3_moe, bert, t5, bart,
+                                  vit, convnext, resnet18, mobilenet_v3)}
 
 
 def build(name: str, **kwargs):

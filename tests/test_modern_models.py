@@ -21,7 +21,7 @@ import torch
 import cswap
 import modern
 from cpu_memory import cpu_step_peak
-from cswap.plan import attention, fake_gpu
+from cswap.plan import attention, fake_gpu, grouped_mm, roofline
 from cswap.plan.inputs import default_loss
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarning",
@@ -370,6 +370,46 @@ def test_attention_flops_of_grouped_queries_count_as_torch_counts_equal_heads():
         q, q, q, q, None, q, lse, None, None, 0.0, (True, True, True, False), out_val=None)
     assert fake_gpu._attention_flops("_scaled_dot_product_efficient_attention", (q, q, q)) == forward
     assert fake_gpu._attention_flops("_scaled_dot_product_efficient_attention_backward", (q, q, q, q)) == backward
+
+
+def test_moe_experts_count_as_the_matmuls_they_are():
+    """torch.utils.flop_counter has no formula for torch._grouped_mm, which runs a Mixture-of-
+    Experts layer's experts: the trace counts it, fused (bf16) and in float32 (which CUDA runs
+    as one mm per group and the meta kernel refuses), as many FLOPs as the same experts run as
+    bmm (whose FLOPs torch counts), and the roofline times it as a matmul."""
+    model, inputs = modern.build("qwen3_moe")
+    c = model.config
+    routed = 2 * 16 * c.num_experts_per_tok  # batch x sequence, each token to 2 experts
+    gate_up_down = 3 * 2 * routed * c.hidden_size * c.moe_intermediate_size
+    expected = 3 * gate_up_down * c.num_hidden_layers  # forward, then backward's two gradients
+
+    def flops(model, dtype=None, name=None):
+        ops = fake_gpu.trace_step(model, inputs.kwargs, drops=False, dtype=dtype).ops
+        return sum(op.flops for op in ops if name in (None, op.name))
+
+    assert flops(model, name="_grouped_mm") == expected
+    assert flops(model, torch.bfloat16, name="_grouped_mm") == expected
+    batched, _ = modern.build("qwen3_moe", experts_implementation="batched_mm")
+    assert flops(batched, name="_grouped_mm") == 0 and flops(batched) == flops(model)
+    assert roofline.op_class("_grouped_mm") == "matmul"
+    eager, _ = modern.build("qwen3_moe", experts_implementation="eager")  # a loop over the experts with tokens
+    with pytest.raises(ValueError, match=r"nonzero.*depends on tensor values.*experts_implementation='eager'"):
+        fake_gpu.trace_step(eager, inputs.kwargs, drops=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_moe_experts_count_as_the_matmuls_they_are(dtype):
+    """Under torch.compile, transformers runs float32 experts as its own custom op (and that
+    op's backward), bf16 ones as torch._grouped_mm: both counted as the eager step's."""
+    model, inputs = modern.build("qwen3_moe")
+    eager = fake_gpu.trace_step(model, inputs.kwargs, drops=False, dtype=dtype).ops
+    compiled = fake_gpu.trace_step(model, inputs.kwargs, drops=False, dtype=dtype, compile=True).ops
+    names = {op.name for op in compiled if op.name in grouped_mm.GROUPED_MATMULS}
+    assert names == ({"grouped_mm_fallback", "grouped_mm_fallback_backward"} if dtype == torch.float32
+                     else {"_grouped_mm"})
+    assert sum(op.flops for op in compiled if op.name in names) == \
+        sum(op.flops for op in eager if op.name == "_grouped_mm") > 0
 
 
 def test_lora_adapts_only_the_targeted_modules_and_a_wrong_name_lists_the_real_ones(tmp_path, capsys):

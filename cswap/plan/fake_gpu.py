@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 import itertools
 import re
@@ -48,7 +49,7 @@ from torch import nn
 
 from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
-from . import optimizers
+from . import grouped_mm, optimizers
 from .attention import fused_attention_mode
 from .compiled import replay_blocks, running as compiled_running
 from .hf_masks import as_in_a_real_step
@@ -86,7 +87,8 @@ class _Recorder:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                out = func(*args, **kwargs)
+                out = grouped_mm.output_as_cuda(*args, **kwargs) if grouped_mm.runs_unfused(func, args) else \
+                    func(*args, **kwargs)
                 outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                 if recorder.paused or not outs:  # no tensor out (prim.device, sizes): not a kernel
                     return out
@@ -97,6 +99,8 @@ class _Recorder:
                     if not any(t is a for a in ins):  # (an in-place op's output was made before it)
                         made_at[id(t)] = len(ops)
                 count = flop_registry.get(func._overloadpacket)
+                if count is None and func._overloadpacket.__name__ in grouped_mm.GROUPED_MATMULS:
+                    count = functools.partial(grouped_mm.flops, func._overloadpacket.__name__)
                 try:
                     flops = int(count(*args, **kwargs, out_val=out)) if count is not None else 0
                 except AssertionError:  # torch 2.11's attention formulas refuse grouped-query shapes
@@ -376,13 +380,15 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
     stepping = (optimizer, optimizer_in_backward)
-    captured = _capture(model, example_inputs, dtype, autocast, sdpa_arch) if compile else None
-    kept = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=False, compiled=captured)
-    if not drops:
-        gc.collect()
-        return kept
-    dropped = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=True,
-                     compiled=captured)
+    with _shapes_from_shapes():
+        captured = _capture(model, example_inputs, dtype, autocast, sdpa_arch) if compile else None
+        kept = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=False,
+                      compiled=captured)
+        if not drops:
+            gc.collect()
+            return kept
+        dropped = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=True,
+                         compiled=captured)
     if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
         raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
                            "step (is its forward data-dependent or random in structure?)")
@@ -391,6 +397,22 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
     # not at some later collection in the middle of the caller's training.
     gc.collect()
     return replace(kept, saved=saved, offloaded_peak_bytes=dropped.peak_bytes)
+
+
+@contextlib.contextmanager
+def _shapes_from_shapes():
+    """A step whose shapes depend on tensor values (aten.nonzero, .item()) cannot be traced
+    without data: say which op, and the usual cause."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if type(exc).__name__ not in ("DynamicOutputShapeException", "DataDependentOutputException"):
+            raise
+        raise ValueError(
+            f"cswap.plan.fake_gpu: the step calls {getattr(exc, 'func', 'an op')}, whose output depends on tensor "
+            f"values, which a step traced without data does not have. A Hugging Face Mixture-of-Experts model does "
+            f"so with experts_implementation='eager' (a loop over the experts that received tokens); its default, "
+            f"'grouped_mm', and 'batched_mm' can be traced") from None
 
 
 def _live_bytes(memory):

@@ -3,7 +3,8 @@
 An op of a traced step (cswap.plan.fake_gpu.OpRecord) falls in one of four
 classes, each timed against what the GPU reaches (cswap.plan.gpus):
 
-    matmul     mm, addmm, bmm, baddbmm: flops / (rate * e_mm(flops)), where
+    matmul     mm, addmm, bmm, baddbmm, grouped ones (MoE experts, cswap.plan.grouped_mm):
+               flops / (rate * e_mm(flops)), where
                e_mm(f) = matmul_efficiency * f / (f + matmul_half_flops): large
                multiplies run near a fixed share of the rate, small ones (a LoRA
                adapter's, a batch of one's) far below it
@@ -47,6 +48,7 @@ import numpy as np
 import torch
 
 from .gpus import GPU
+from .grouped_mm import GROUPED_MATMULS
 
 __all__ = ["CLASSES", "LAUNCH_FLOOR_S", "PRECISIONS", "TIME_MODEL_FILE", "OpTimeModel", "fit", "op_class",
            "op_seconds", "op_times", "step_seconds", "time_model", "trace_for"]
@@ -57,7 +59,7 @@ LAUNCH_FLOOR_S = 5e-6
 PRECISIONS = ("fp32", "tf32", "amp", "bf16", "fp16")
 TIME_MODEL_FILE = Path(__file__).resolve().parents[1] / "data" / "time_model.json"
 CLASSES = ("matmul", "conv", "attention", "memory")
-_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"}
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", *GROUPED_MATMULS}
 _CONV = {"convolution", "convolution_backward", "_convolution", "cudnn_convolution", "cudnn_convolution_transpose"}
 # Ops aten does not mark as views that still only reinterpret their input: no kernel runs.
 _FREE = {"_unsafe_view", "_reshape_alias", "alias", "lift_fresh"}
