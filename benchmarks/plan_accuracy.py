@@ -50,6 +50,7 @@ class Run:
     chunked_loss: int | None = None
     in_backward: bool = False
     compile: bool = False       # under torch.compile (cswap.plan.compiled)
+    quantize: str | None = None  # "nf4": QLoRA's 4-bit base weights (cswap.plan.quantized)
     differs: str = ""           # what the run did that cswap-plan's trace does not (then in neither set)
     tokens_per_s: float | None = None   # published throughput, tokens/s
     peak_gib: float | None = None       # published peak memory, GiB
@@ -67,6 +68,9 @@ _QWEN = dict(config="qwen-7b-as-llama.json", gpu="a100-sxm4-80gb", batch=1, prec
 # NVIDIA's BERT is its own program (fused bias-GELU, LayerNorm and softmax kernels, LAMB), not the
 # eager Hugging Face model traced here (Adam's two states in place of LAMB's).
 _NVIDIA_BERT = "NVIDIA's fused BERT"
+# torchtune's QLoRA recipes: LoRA on the attention projections and the MLP, every base linear in NF4.
+_QLORA = dict(lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+              quantize="nf4", checkpointing=True, compile=True)
 RUNS = [
     Run("llama3.2-3b-full-packed", 6, **_LLAMA3B, tokens_per_s=7075, peak_gib=60.0, set=CALIBRATION,
         note="torchtune's flags table, '+ Packed': the eager baseline with packing"),
@@ -79,12 +83,20 @@ RUNS = [
         tokens_per_s=7309, peak_gib=23.1, set=EVALUATION),
     Run("llama3.2-3b-8bit", 12, **_LLAMA3B, compile=True, chunked_loss=8, checkpointing=True, in_backward=True,
         optimizer="adamw8bit", differs="activation offloading", tokens_per_s=6960, peak_gib=17.6),
+    Run("llama3.2-3b-qlora", 14, **_LLAMA3B, chunked_loss=8, lora_rank=64,
+        **(_QLORA | {"lora_targets": ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}),
+        differs="activation offloading", tokens_per_s=8035, peak_gib=4.6),
     Run("llama3.1-8b-full-4090", 0, "llama-3-8b.json", "rtx-4090-24gb", 2048, 2, "bf16", compile=True,
         chunked_loss=8, checkpointing=True, in_backward=True, optimizer="paged_adamw8bit", tokens_per_s=1650,
         peak_gib=18.9, set=EVALUATION, note="Llama 3's config: 3.1 differs only in its RoPE scaling"),
     Run("llama3.1-8b-lora-4090", 2, "llama-3-8b.json", "rtx-4090-24gb", 2048, 2, "bf16", compile=True,
         chunked_loss=8, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"), tokens_per_s=3083,
         peak_gib=16.2, set=EVALUATION, note="Llama 3's config: 3.1 differs only in its RoPE scaling"),
+    Run("llama3.1-8b-qlora-4090", 4, "llama-3-8b.json", "rtx-4090-24gb", 2048, 2, "bf16", chunked_loss=8,
+        lora_rank=8, **_QLORA, tokens_per_s=2413, peak_gib=7.4, set=EVALUATION,
+        note="Llama 3's config: 3.1 differs only in its RoPE scaling"),
+    Run("llama2-7b-qlora-4090", 15, "llama-2-7b.json", "rtx-4090-24gb", 2048, 4, "bf16", lora_rank=8, **_QLORA,
+        tokens_per_s=3155, peak_gib=12.3, set=EVALUATION, note="batch 4 as the table says (its config's default is 2)"),
     Run("llama2-7b-lora-4090", 16, "llama-2-7b.json", "rtx-4090-24gb", 2048, 4, "bf16", lora_rank=8,
         lora_targets=("q_proj", "v_proj"), checkpointing=True, tokens_per_s=2582, peak_gib=21.3, set=CALIBRATION,
         note="batch 4 as the table says (its config's default is 2)"),
@@ -129,7 +141,8 @@ def _run_inputs(run: Run):
 
     return from_config(CONFIGS / run.config, batch=run.batch, seq_len=run.seq_len, lora_rank=run.lora_rank,
                        lora_targets=list(run.lora_targets) or "all-linear",
-                       gradient_checkpointing=run.checkpointing, chunked_loss=run.chunked_loss)
+                       gradient_checkpointing=run.checkpointing, chunked_loss=run.chunked_loss,
+                       quantize=run.quantize)
 
 
 def _sample_of_run(run: Run):

@@ -1,6 +1,6 @@
 """Today's models at tiny sizes, built from configs with random weights (nothing is
 downloaded): Hugging Face transformers (GPT-2, a Llama-style decoder, a Qwen3
-Mixture-of-Experts decoder, BERT, T5, BART), peft LoRA, timm (ViT, ConvNeXt) and
+Mixture-of-Experts decoder, BERT, T5, BART), peft LoRA and QLoRA, timm (ViT, ConvNeXt) and
 torchvision (ResNet-18, MobileNetV3). Two layers, hidden 64, short sequences: a training
 step takes milliseconds on a CPU.
 
@@ -55,6 +55,15 @@ def llama_lora(seq: int = 16):
     peft = pytest.importorskip("peft")
     model, inputs = llama(seq)
     return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])), inputs
+
+
+def llama_qlora(seq: int = 16):
+    """QLoRA: LoRA adapters on a base whose frozen linear layers are held in NF4 (cswap-plan's
+    model of them, cswap.plan.quantized; it dequantizes for real on a CPU)."""
+    from cswap.plan.quantized import nf4
+
+    model, inputs = llama_lora(seq)
+    return nf4(model), inputs
 
 
 def llama_bf16(seq: int = 16):
@@ -122,8 +131,8 @@ def mobilenet_v3():
     return tv.models.mobilenet_v3_small(num_classes=10), _image()
 
 
-MODELS = {f.__name__: f for f in (gpt2, llama, llama_checkpointed, llama_lora, llama_bf16, qwen3_moe, bert, t5, bart,
-                                  vit, convnext, resnet18, mobilenet_v3)}
+MODELS = {f.__name__: f for f in (gpt2, llama, llama_checkpointed, llama_lora, llama_qlora, llama_bf16, qwen3_moe,
+                                  bert, t5, bart, vit, convnext, resnet18, mobilenet_v3)}
 
 
 def build(name: str, **kwargs):

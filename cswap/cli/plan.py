@@ -45,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lora-targets", default="all-linear",
                    help="with --lora-rank: the modules LoRA adapts, names separated by commas (e.g. "
                         "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear (the default)")
+    p.add_argument("--quantize", choices=["nf4"],
+                   help="with --lora-rank: QLoRA, every frozen linear layer but the output head held in 4-bit "
+                        "NF4 and dequantized for each multiply (bitsandbytes' load_in_4bit, torchtune's QLoRA)")
     p.add_argument("--chunked-loss", type=int, metavar="N",
                    help="with --hf-config: the cross-entropy in N chunks of the sequence, each upcast to float32 "
                         "alone (torchtune's CEWithChunkedOutputLoss)")
@@ -95,6 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"{hf_only[0]} needs --hf-config")
     if args.lora_targets != "all-linear" and not args.lora_rank:
         p.error("--lora-targets needs --lora-rank")
+    if args.quantize and not args.lora_rank:
+        p.error("--quantize needs --lora-rank: QLoRA trains LoRA adapters beside the quantized base")
     if args.batch is None:
         args.batch = 1 if args.hf_config else 64
     if args.sparsity is None:
@@ -164,7 +169,8 @@ def _fit(args, spars, reserve, model, inputs) -> str:
         def build(setup):
             return from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len, lora_rank=args.lora_rank,
                                lora_targets=_lora_targets(args.lora_targets),
-                               gradient_checkpointing=setup.gradient_checkpointing, chunked_loss=setup.chunked_loss)
+                               gradient_checkpointing=setup.gradient_checkpointing, chunked_loss=setup.chunked_loss,
+                               quantize=args.quantize)
 
         causal = is_causal_lm(build(setups(args.optimizer, False)[0])[0])
     else:
@@ -235,7 +241,7 @@ def main(argv=None) -> int:
             model, inputs = from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len,
                                         lora_rank=args.lora_rank, lora_targets=_lora_targets(args.lora_targets),
                                         gradient_checkpointing=args.gradient_checkpointing,
-                                        chunked_loss=args.chunked_loss)
+                                        chunked_loss=args.chunked_loss, quantize=args.quantize)
             if args.sparsity == "auto":
                 raise ValueError("--sparsity auto runs CPU steps, which a model built from a config alone "
                                  "cannot; give a number or a cswap-plan JSON")

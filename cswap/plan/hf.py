@@ -127,14 +127,16 @@ def _with_lora(peft, model, rank: int, targets):
 
 
 def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | None = None,
-                lora_targets="all-linear", gradient_checkpointing: bool = False, chunked_loss: int | None = None):
+                lora_targets="all-linear", gradient_checkpointing: bool = False, chunked_loss: int | None = None,
+                quantize: str | None = None):
     """(model on "meta", Inputs of token ids and labels) for the config at `path` (a
     config.json, or a folder holding one). lora_rank: wrap with peft LoRA of that rank
     (the base frozen) on `lora_targets`: "all-linear" (every linear layer but the output
     head) or module names as peft matches them (["q_proj", "v_proj", "o_proj"]: every module
     whose name ends so); gradient_checkpointing: the model's own activation checkpointing
     (enable_checkpointing); chunked_loss: a causal LM's loss in that many chunks
-    (ChunkedLoss)."""
+    (ChunkedLoss); quantize="nf4": QLoRA, the frozen linear layers held in 4-bit NF4
+    (cswap.plan.quantized; needs lora_rank)."""
     transformers = _transformers()
     path = Path(path)
     if path.is_dir():
@@ -144,6 +146,11 @@ def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | N
         config = transformers.AutoConfig.for_model(doc.pop("model_type"), **doc)
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"cswap: {path} is not a Hugging Face config.json with a model_type ({exc})") from None
+    if quantize not in (None, "nf4"):
+        raise ValueError(f"cswap: quantize must be 'nf4' (QLoRA's 4-bit base weights) or None, got {quantize!r}")
+    if quantize and not lora_rank:
+        raise ValueError("cswap: NF4 base weights are QLoRA's, which trains LoRA adapters beside them: give a "
+                         "LoRA rank too (--lora-rank)")
     if batch < 1 or seq_len < 1:
         raise ValueError(f"cswap: batch and seq_len must be at least 1, got {batch} and {seq_len}")
     with torch.device("meta"):
@@ -156,6 +163,10 @@ def from_config(path, *, batch: int = 1, seq_len: int = 1024, lora_rank: int | N
         except ImportError:
             raise ImportError("cswap: --lora-rank needs the peft package: pip install peft") from None
         model = _with_lora(peft, model, lora_rank, lora_targets)
+    if quantize:
+        from .quantized import nf4
+
+        nf4(model)
     if chunked_loss:
         if not is_causal_lm(model):
             base = model.get_base_model() if hasattr(model, "get_base_model") else model
