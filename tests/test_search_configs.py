@@ -32,10 +32,10 @@ def test_a_seed_draws_the_same_configuration_each_time_and_seeds_differ(search):
 
 
 def test_seeds_of_each_kind_train_as_stock_autograd(search, capsys):
-    # budget="auto" with recompute, channels_last with retain_graph, T5 with compute behind;
+    # budget="auto" with recompute, channels_last with retain_graph, T5 with compute behind (vdnnpp);
     # and a budget on a slow device with bf16 autocast, accumulation and a gradient penalty,
     # which cswap refuses (its backward keeps the graph: issue 39 §3.3), counted apart
-    assert search.main(["42", "113", "140", "49"]) == 0
+    assert search.main(["42", "251", "140", "338"]) == 0
     out = capsys.readouterr().out
     assert "4 seeds: 0 failed" in out and sum(line.startswith("ok ") for line in out.splitlines()) == 3
     refused = [line for line in out.splitlines() if line.startswith("n/a  seed 42:")]
@@ -59,7 +59,8 @@ def test_gradients_that_differ_fail_the_run_naming_the_seed(search, monkeypatch,
 
 
 def test_what_stock_autograd_cannot_train_the_same_way_twice_is_counted_apart(search, monkeypatch):
-    c = next(c for c in map(search.draw, range(200)) if c["penalty"] and c["name"] == "llama")
+    c = search.draw(477)  # (the first seed that draws Llama with a gradient penalty)
+    assert c["penalty"] and c["name"] == "llama"
     assert search.run(c).startswith("n/a: derivative for")  # (no double backward through SDPA on the CPU)
     # (resnet18's double backward on this CPU varies from its second step, as memory is laid out)
     train, calls = search.train, []

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .attention import _sdpa_args, backend
-from .grouped_mm import unfused_as_cuda
+from .grouped_mm import UnfusedGroupedMM
 from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
 
@@ -267,7 +267,7 @@ def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None 
     for name in names:
         hooks.append(model.get_submodule(name).register_forward_pre_hook(keep(name), with_kwargs=True))
     try:
-        with as_in_a_real_step(inputs), unfused_as_cuda():  # (autograd on: what needs a gradient is as in training)
+        with as_in_a_real_step(inputs), UnfusedGroupedMM():  # (autograd on: what needs a gradient is as in training)
             inputs(model)
     finally:
         for hook in hooks:

@@ -380,7 +380,7 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
     stepping = (optimizer, optimizer_in_backward)
-    with _shapes_from_shapes():
+    with _explain_data_dependent_shapes():
         captured = _capture(model, example_inputs, dtype, autocast, sdpa_arch) if compile else None
         kept = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=False,
                       compiled=captured)
@@ -400,7 +400,7 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
 
 
 @contextlib.contextmanager
-def _shapes_from_shapes():
+def _explain_data_dependent_shapes():
     """A step whose shapes depend on tensor values (aten.nonzero, .item()) cannot be traced
     without data: say which op, and the usual cause."""
     try:

@@ -8,7 +8,7 @@ needs two things PyTorch does not give it:
 - their FLOPs: torch.utils.flop_counter has no formula for them (`flops`);
 - torch._grouped_mm in float32 (an fp32 model, or fp16 autocast, whose experts' weights
   stay float32): CUDA runs it as one mm per group, but the meta kernel, which the fake
-  device runs, refuses every dtype but bf16 and fp16 (`unfused_as_cuda`).
+  device runs, refuses every dtype but bf16 and fp16 (`UnfusedGroupedMM`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["GROUPED_MATMULS", "flops", "output_as_cuda", "runs_unfused", "unfused_as_cuda"]
+__all__ = ["GROUPED_MATMULS", "UnfusedGroupedMM", "flops", "output_as_cuda", "runs_unfused"]
 
 GROUPED_MATMULS = frozenset({"_grouped_mm", "_scaled_grouped_mm", "grouped_mm_fallback",
                              "grouped_mm_fallback_backward"})
@@ -54,7 +54,7 @@ def output_as_cuda(a, b, offs=None, bias=None, out_dtype=None) -> torch.Tensor:
     return torch.empty(shape, dtype=out_dtype or a.dtype, device=a.device)
 
 
-class unfused_as_cuda(TorchDispatchMode):
+class UnfusedGroupedMM(TorchDispatchMode):
     """While active, torch._grouped_mm in float32 returns what CUDA would (output_as_cuda)
     instead of the meta kernel's refusal; every other op runs as it would."""
 

@@ -710,12 +710,13 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
                     f"on streams of their own beside compute, shared D2H/H2D links, prefetch window), plus "
                     f"{1e6 * host_seconds(link):.0f} us of the training thread per offloaded tensor ({host_source})",
     }
-    nf4 = sys.modules.get(f"{__package__}.quantized")  # (imported where a model has NF4 layers: not by cswap)
-    quantized = sum(isinstance(m, nf4.NF4Linear) for m in model.modules()) if nf4 else 0
+    nf4_module = sys.modules.get(f"{__package__}.quantized")  # (imported where a model has NF4 layers, not by cswap)
+    quantized = sum(isinstance(m, nf4_module.NF4Linear) for m in model.modules()) if nf4_module else 0
     if quantized:
+        per_value = nf4_module.nf4_bytes(2**20) / 2**20
         sources["quantized"] = (f"assumed: {quantized} frozen linear layers held in NF4 with double quantization "
-                                f"({nf4.nf4_bytes(2**20) / 2**20:.3f} bytes a value), each weight dequantized to the "
-                                f"compute dtype for every multiply, in one memory-bound kernel (cswap.plan.quantized)")
+                                f"({per_value:.3f} bytes a value), each weight dequantized to the compute dtype "
+                                f"for every multiply, in one memory-bound kernel (cswap.plan.quantized)")
     if trace.attention:
         calls = ", ".join(f"{n} {b}" for b, n in sorted(trace.attention.items()))
         sources["attention"] = (f"assumed: scaled_dot_product_attention as PyTorch's dispatcher picks it on compute "
