@@ -186,7 +186,8 @@ def _traced_and_real(name, **kwargs):
     return trace, cpu_step_peak(model, inputs)
 
 
-HEAVY = ("convnext", "mobilenet_v3", "resnet18", "t5", "bart", "gpt2", "llama_lora")  # slow: the longest traces
+HEAVY = ("convnext", "mobilenet_v3", "resnet18", "t5", "bart", "gpt2", "llama_lora",  # slow: the longest traces
+         "llama_qlora")  # (and the slowest real step: its layers dequantize a few blocks at a time)
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
@@ -372,27 +373,35 @@ def test_attention_flops_of_grouped_queries_count_as_torch_counts_equal_heads():
     assert fake_gpu._attention_flops("_scaled_dot_product_efficient_attention_backward", (q, q, q, q)) == backward
 
 
+def _moe_flops(model, inputs, dtype=None, name=None) -> int:
+    ops = fake_gpu.trace_step(model, inputs.kwargs, drops=False, dtype=dtype).ops
+    return sum(op.flops for op in ops if name in (None, op.name))
+
+
 def test_moe_experts_count_as_the_matmuls_they_are():
     """torch.utils.flop_counter has no formula for torch._grouped_mm, which runs a Mixture-of-
-    Experts layer's experts: the trace counts it, fused (bf16) and in float32 (which CUDA runs
-    as one mm per group and the meta kernel refuses), as many FLOPs as the same experts run as
-    bmm (whose FLOPs torch counts), and the roofline times it as a matmul."""
+    Experts layer's experts: the trace counts it, here in float32 (which CUDA runs as one mm
+    per group and the meta kernel refuses), and the roofline times it as a matmul."""
     model, inputs = modern.build("qwen3_moe")
     c = model.config
     routed = 2 * 16 * c.num_experts_per_tok  # batch x sequence, each token to 2 experts
     gate_up_down = 3 * 2 * routed * c.hidden_size * c.moe_intermediate_size
     expected = 3 * gate_up_down * c.num_hidden_layers  # forward, then backward's two gradients
-
-    def flops(model, dtype=None, name=None):
-        ops = fake_gpu.trace_step(model, inputs.kwargs, drops=False, dtype=dtype).ops
-        return sum(op.flops for op in ops if name in (None, op.name))
-
-    assert flops(model, name="_grouped_mm") == expected
-    assert flops(model, torch.bfloat16, name="_grouped_mm") == expected
-    batched, _ = modern.build("qwen3_moe", experts_implementation="batched_mm")
-    assert flops(batched, name="_grouped_mm") == 0 and flops(batched) == flops(model)
+    assert _moe_flops(model, inputs, name="_grouped_mm") == expected
     assert roofline.op_class("_grouped_mm") == "matmul"
-    eager, _ = modern.build("qwen3_moe", experts_implementation="eager")  # a loop over the experts with tokens
+
+
+@pytest.mark.slow
+def test_moe_experts_count_as_bmm_counts_them_fused_too_and_eager_ones_are_named():
+    """Fused (bf16), the same FLOPs; the same experts run as bmm (whose FLOPs torch counts),
+    the same step's; run eager (a loop over the experts that got tokens), an error that says why."""
+    model, inputs = modern.build("qwen3_moe")
+    grouped = _moe_flops(model, inputs, name="_grouped_mm")
+    assert _moe_flops(model, inputs, torch.bfloat16, name="_grouped_mm") == grouped > 0
+    batched, _ = modern.build("qwen3_moe", experts_implementation="batched_mm")
+    assert _moe_flops(batched, inputs, name="_grouped_mm") == 0
+    assert _moe_flops(batched, inputs) == _moe_flops(model, inputs)
+    eager, _ = modern.build("qwen3_moe", experts_implementation="eager")
     with pytest.raises(ValueError, match=r"nonzero.*depends on tensor values.*experts_implementation='eager'"):
         fake_gpu.trace_step(eager, inputs.kwargs, drops=False)
 
