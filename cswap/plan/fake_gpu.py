@@ -87,8 +87,7 @@ class _Recorder:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                out = grouped_mm.output_as_cuda(*args, **kwargs) if grouped_mm.runs_unfused(func, args) else \
-                    func(*args, **kwargs)
+                out = grouped_mm.run_as_cuda(func, args, kwargs)
                 outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                 if recorder.paused or not outs:  # no tensor out (prim.device, sizes): not a kernel
                     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["GROUPED_MATMULS", "UnfusedGroupedMM", "flops", "output_as_cuda", "runs_unfused"]
+__all__ = ["GROUPED_MATMULS", "UnfusedGroupedMM", "flops", "output_as_cuda", "run_as_cuda", "runs_unfused"]
 
 GROUPED_MATMULS = frozenset({"_grouped_mm", "_scaled_grouped_mm", "grouped_mm_fallback",
                              "grouped_mm_fallback_backward"})
@@ -35,9 +35,17 @@ def flops(name: str, a, b, *args, out_val, **kwargs) -> int:
     return 2 * out.numel() * a.shape[-1]
 
 
+_GROUPED_MM = torch.ops.aten._grouped_mm.default
+
+
 def runs_unfused(func, args) -> bool:
     """torch._grouped_mm in a dtype its fused kernel lacks, which the meta kernel refuses."""
-    return func is torch.ops.aten._grouped_mm.default and args[0].dtype not in (torch.bfloat16, torch.float16)
+    return func is _GROUPED_MM and args[0].dtype not in (torch.bfloat16, torch.float16)
+
+
+def run_as_cuda(func, args, kwargs):
+    """func(*args, **kwargs), but torch._grouped_mm in float32 as CUDA runs it (output_as_cuda)."""
+    return output_as_cuda(*args, **kwargs) if runs_unfused(func, args) else func(*args, **kwargs)
 
 
 def output_as_cuda(a, b, offs=None, bias=None, out_dtype=None) -> torch.Tensor:
@@ -59,5 +67,4 @@ class UnfusedGroupedMM(TorchDispatchMode):
     instead of the meta kernel's refusal; every other op runs as it would."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        return output_as_cuda(*args, **kwargs) if runs_unfused(func, args) else func(*args, **kwargs)
+        return run_as_cuda(func, args, kwargs or {})
