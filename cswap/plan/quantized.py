@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["BLOCK", "SCALE_BLOCK", "NF4Linear", "nf4", "nf4_bytes"]
+__all__ = ["BLOCK", "SCALE_BLOCK", "NF4Linear", "nf4", "nf4_bytes", "nf4_dequantize"]
 
 BLOCK = 64          # values per 8-bit scale
 SCALE_BLOCK = 256   # scales per float32 factor
