@@ -723,7 +723,9 @@ def _zans_encode_kernel(words_ptr, values_ptr, mask_ptr, enc_ptr, magic_ptr, pla
     nprog = tl.num_programs(0)
     r = tl.arange(0, ROWS)
     k = tl.arange(0, K)
-    masked = tl.load(plan_ptr + _PLAN_MODE) == _MASKED
+    # A block of equal values, not a 0-d bool: the CPU interpreter turns a 0-d bool & a block
+    # of bools into integers, which Triton 3.9's masks reject.
+    masked = (tl.zeros([ROWS, K], dtype=tl.int64) + tl.load(plan_ptr + _PLAN_MODE)) == _MASKED
     symbols = tl.load(plan_ptr + _PLAN_SYMBOLS)
     coded_planes = tl.load(plan_ptr + _PLAN_CODED)
     tiles_per_plane = tl.load(plan_ptr + _PLAN_TV)
@@ -788,7 +790,7 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
     nprog = tl.num_programs(0)
     i0 = tl.arange(0, BLOCK)
     first_lane = i0 == 0
-    masked = tl.load(plan_ptr + _PLAN_MODE) == _MASKED
+    masked = (i0 * 0 + tl.load(plan_ptr + _PLAN_MODE)) == _MASKED  # (a block: see _zans_encode_kernel)
     symbols = tl.load(plan_ptr + _PLAN_SYMBOLS)
     tiles_per_plane = tl.load(plan_ptr + _PLAN_TV)
     total_tiles = tl.load(plan_ptr + _PLAN_TT)
@@ -832,13 +834,16 @@ def _zans_tables_kernel(freqs_ptr, dec_ptr, ok_ptr, sums_ptr, coded_planes):
     q = tl.program_id(0)
     sym = tl.arange(0, 256)
     slots = tl.arange(0, 4096)
-    coded = ((coded_planes >> q) & 1) == 1
+    plane_coded = (coded_planes >> q) & 1
+    coded = plane_coded == 1
+    # (masks as blocks of equal values: see _zans_encode_kernel)
+    coded_sym, coded_slot = (sym * 0 + plane_coded) == 1, (slots * 0 + plane_coded) == 1
     bits = tl.arange(0, 16)
     row = tl.sum(tl.where(bits < q, (coded_planes >> bits) & 1, 0), axis=0)  # its table among the coded planes'
-    f = tl.load(freqs_ptr + row * 256 + sym, mask=coded, other=0).to(tl.int32) & 0xFFFF
+    f = tl.load(freqs_ptr + row * 256 + sym, mask=coded_sym, other=0).to(tl.int32) & 0xFFFF
     start = tl.cumsum(f, axis=0) - f
     total = tl.sum(f, axis=0)
-    present = coded & (f > 0)
+    present = coded_sym & (f > 0)
     starts_here = present & (start < 4096)
     table = dec_ptr + q * 4096
     tl.store(table + slots, tl.zeros([4096], dtype=tl.int32))
@@ -852,7 +857,7 @@ def _zans_tables_kernel(freqs_ptr, dec_ptr, ok_ptr, sums_ptr, coded_planes):
     tl.debug_barrier()
     mark = tl.load(table + k - 1, mask=k > 0, other=0)
     chosen = mark & 255
-    fs = tl.load(freqs_ptr + row * 256 + chosen, mask=coded, other=0).to(tl.int32) & 0xFFFF
+    fs = tl.load(freqs_ptr + row * 256 + chosen, mask=coded_slot, other=0).to(tl.int32) & 0xFFFF
     entry = chosen | ((fs - 1) & 4095) << 8 | ((slots - (mark >> 8)) & 4095) << 20
     tl.debug_barrier()
     tl.store(table + slots, tl.where(coded, entry, 0))

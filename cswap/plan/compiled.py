@@ -162,7 +162,7 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
-
+    import torch._inductor.lowering  # noqa: F401 - torch 2.15's max-pool decomposition reads it, unimported
     from torch.utils._pytree import tree_flatten
 
     names = {id(t): ("param", n) for n, t in model.named_parameters(remove_duplicate=False)}
