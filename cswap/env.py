@@ -37,7 +37,7 @@ def _version(dist: str) -> str | None:
 
 
 def tested_ranges() -> dict[str, SpecifierSet]:
-    """{"torch": SpecifierSet(">=2.11,<2.15"), "python": ...}: the ranges cswap's
+    """{"torch": SpecifierSet(">=2.11,<2.16"), "python": ...}: the ranges cswap's
     installed metadata declares (pyproject.toml, which claims what CI tests);
     empty when cswap runs from a source tree that was never installed."""
     try:
@@ -58,7 +58,7 @@ def _range_note(name: str, version: str | None, ranges: dict[str, SpecifierSet])
     if version is None or not spec:
         return ""
     inside = spec.contains(Version(version).base_version)
-    shown = ",".join(sorted(map(str, spec), key=lambda clause: not clause.startswith(">")))  # ">=2.11,<2.15"
+    shown = ",".join(sorted(map(str, spec), key=lambda clause: not clause.startswith(">")))  # ">=2.11,<2.16"
     return f"  (tested: {shown}: {'yes' if inside else 'NO, outside what cswap is tested on'})"
 
 

@@ -100,7 +100,7 @@ class _Patch:
         if self.swapper.compiled_saves == 0 and _runs_compiled_graph(output):
             warnings.warn(f"cswap: this model runs torch.compile'd graphs, but cswap did not recognise the tensors "
                           f"they save on torch {torch.__version__} (it reads a private part of AOTAutograd, known "
-                          f"for torch 2.11-2.14); their activations stay on the GPU. Please report it with the "
+                          f"for torch 2.11-2.15); their activations stay on the GPU. Please report it with the "
                           f"output of `python -m cswap.env`", RuntimeWarning, stacklevel=2)
 
     def warn_if_traced(self) -> None:

@@ -21,7 +21,7 @@ Activation checkpointing (torch.utils.checkpoint, non-reentrant) is traced as
 it runs: the region's inputs are saved, and its forward runs again in backward,
 where its ops and memory count.
 
-Private PyTorch surfaces, pinned here and nowhere else (checked on 2.11-2.14):
+Private PyTorch surfaces, pinned here and nowhere else (checked on 2.11-2.15):
 `torch._subclasses.fake_tensor.FakeTensorMode`,
 `torch.distributed._tools.mem_tracker.MemTracker`, its grad-hook table and its
 peak update (a torch without them raises FakeGPUUnavailable naming what is

@@ -106,7 +106,7 @@ def compiled_graph_inputs(caller, depth: int = 3):
     now, or None when the pack hook was not called for one. `caller` is the frame
     that called the pack hook; AOTAutograd runs a compiled graph as the autograd
     Function `CompiledFunction`, and autograd packs what it saved when its apply
-    returns. Private structure, known for torch 2.11-2.14 and kept here alone:
+    returns. Private structure, known for torch 2.11-2.15 and kept here alone:
     up to torch 2.13 the hook's caller is Function.apply's Python frame (locals
     `cls`, `args`); from 2.14 apply is C and the caller is AOTAutograd's boxed
     call `g(args)`, which calls `f(*args)` with f = CompiledFunction.apply. A

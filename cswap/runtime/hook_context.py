@@ -22,7 +22,7 @@ __all__ = ["hooks_turned_off", "keeps_graph", "mark", "why_not_ours"]
 
 _OWN = "_cswap_own_hooks"
 
-try:  # (private, in torch 2.11-2.14)
+try:  # (private, in torch 2.11-2.15)
     from torch._C._autograd import _get_current_graph_task_keep_graph as _keep_graph
 except ImportError:  # pragma: no cover - a torch without it: retain_graph is seen at the second backward
     _keep_graph = None

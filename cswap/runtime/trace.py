@@ -9,7 +9,7 @@ out: the sender, or whoever sends raw groups), copy_wait (the releaser waiting f
 out), release (dropping device tensors, wherever it happens), prefetch and restore
 (backward's). The profiler records cswap's own threads only with
 `experimental_config=torch._C._profiler._ExperimentalConfig(profile_all_threads=True)`,
-and under it no thread's check says a profiler records (torch 2.11 to 2.14): the ranges
+and under it no thread's check says a profiler records (torch 2.11 to 2.15): the ranges
 are then made only inside on_every_thread().
 
 Inside `seam_calls(dev)`, the stages instead name where each of the device's seam calls
