@@ -723,8 +723,7 @@ def _zans_encode_kernel(words_ptr, values_ptr, mask_ptr, enc_ptr, magic_ptr, pla
     nprog = tl.num_programs(0)
     r = tl.arange(0, ROWS)
     k = tl.arange(0, K)
-    # A block of equal values, not a 0-d bool: the CPU interpreter turns a 0-d bool & a block
-    # of bools into integers, which Triton 3.9's masks reject.
+    # (a block of equal values, not a 0-d bool, for the masks below: see _zans_pack_kernel's tiles)
     masked = (tl.zeros([ROWS, K], dtype=tl.int64) + tl.load(plan_ptr + _PLAN_MODE)) == _MASKED
     symbols = tl.load(plan_ptr + _PLAN_SYMBOLS)
     coded_planes = tl.load(plan_ptr + _PLAN_CODED)
@@ -790,7 +789,7 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
     nprog = tl.num_programs(0)
     i0 = tl.arange(0, BLOCK)
     first_lane = i0 == 0
-    masked = (i0 * 0 + tl.load(plan_ptr + _PLAN_MODE)) == _MASKED  # (a block: see _zans_encode_kernel)
+    masked = (i0 * 0 + tl.load(plan_ptr + _PLAN_MODE)) == _MASKED  # (a block, as each tile's t below)
     symbols = tl.load(plan_ptr + _PLAN_SYMBOLS)
     tiles_per_plane = tl.load(plan_ptr + _PLAN_TV)
     total_tiles = tl.load(plan_ptr + _PLAN_TT)
@@ -836,7 +835,7 @@ def _zans_tables_kernel(freqs_ptr, dec_ptr, ok_ptr, sums_ptr, coded_planes):
     slots = tl.arange(0, 4096)
     plane_coded = (coded_planes >> q) & 1
     coded = plane_coded == 1
-    # (masks as blocks of equal values: see _zans_encode_kernel)
+    # (masks as blocks of equal values: see _zans_pack_kernel's tiles)
     coded_sym, coded_slot = (sym * 0 + plane_coded) == 1, (slots * 0 + plane_coded) == 1
     bits = tl.arange(0, 16)
     row = tl.sum(tl.where(bits < q, (coded_planes >> bits) & 1, 0), axis=0)  # its table among the coded planes'
