@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import math
+import threading
 import warnings
 
 import pytest
@@ -116,9 +117,12 @@ def test_a_budget_between_offload_all_and_none_is_met_by_moving_only_part(net, f
             cswap.unpatch(model)
         choices = [r.decision for r in report.rows]
         windows = plan.instance.windows if plan.instance else []
-        # Unexplained, in about one CI run in three: the profiled step records all but one tensor
-        # never away (window (0, 0)), and the plan then keeps none. Such a profile is run once more;
-        # a second one, or any other failure, fails the test (what it printed says which).
+        # In about one CI run in three until 2026-11-29, the profiled step recorded all but one
+        # tensor never away (window (0, 0)) and the plan kept none: its trace waited on cswap's
+        # worker and releaser threads, which a loaded host runs late. It no longer does (the test
+        # below); what still depends on timing is when the emulated device's copy thread completes
+        # a copy. Such a profile is run once more; a second one, or any other failure, fails the
+        # test (what it printed says which).
         if attempt == 0 and "keep" not in choices and sum(w == (0, 0) for w in windows) >= len(windows) - 1:
             print(f"profiled step with windows {windows}: run again")
             continue
@@ -134,6 +138,49 @@ def test_a_budget_between_offload_all_and_none_is_met_by_moving_only_part(net, f
     assert m["predicted_step_no_offload_s"] <= m["predicted_step_s"] <= m["predicted_step_offload_all_s"]
     table = report.table()
     assert "keep" in table and "budget_bytes=" in table
+
+
+def test_the_profiled_step_traces_memory_whatever_the_worker_threads_speed(monkeypatch):
+    """The profiled step is the first, whose host buffers the worker thread pins (20 ms each
+    here), and the releaser thread may run late (a second here): its trace, which every
+    later step's plan reads, must wait on neither. At each save and use the copies out of
+    the saves before it are queued, as in a later step, where pack queues a raw copy itself
+    into a buffer the first step pinned, and those completed are released; so every tensor
+    the forward drops is away before backward uses it."""
+    from cswap.plan import profiler
+    from cswap.runtime import offload
+
+    make, shape, expected = with_expected("small_cnn")
+    budget = between(make, shape, 0.6, PROMPT)
+    unqueued, traced, saved = [], [], [0]
+    on_tick = profiler.TensorProfiler.on_tick
+
+    def watch(self, pass_, device, incoming=0):
+        if self.traces_memory and pass_ is not None:
+            unqueued.append(sum(not item.issued.is_set() for item in pass_.items))
+            saved[0] = max(saved[0], len(pass_.items))
+        on_tick(self, pass_, device, incoming)
+        if self.traces_memory:
+            traced.append(self.current.ticks[-1])
+
+    put_done = offload.Offloader.put_done
+
+    def late(self, item):  # the releaser thread gets the item a second later
+        threading.Timer(1.0, lambda: self._done is not None and put_done(self, item)).start()
+
+    monkeypatch.setattr(profiler.TensorProfiler, "on_tick", watch)
+    monkeypatch.setattr(offload.Offloader, "put_done", late)
+    model = cswap.patch(make(), budget=budget, min_bytes=0, verbose=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the default profile's notice
+            with cswap.testing.emulated_device(**PROMPT, pin_latency_s=0.02) as dev:
+                train(model, shape, expected, dev)
+    finally:
+        cswap.unpatch(model)
+    assert unqueued and not any(unqueued), unqueued
+    most_away = max(len(away) for _, away in traced)
+    assert saved[0] >= 4 and most_away >= saved[0] - 1, traced  # (the last one saved may be used at once)
 
 
 def test_a_step_that_fits_moves_nothing_and_says_so_once(capsys):

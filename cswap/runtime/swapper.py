@@ -668,8 +668,18 @@ class Swapper:
         it leaves room for what the profiled step rose to before the next). Under a budget
         the copies out completed by now are released first (the plan counts their memory
         gone then; the releaser thread runs late on a loaded host), and the tensors released
-        since the last tick dropped when the pass traces memory."""
-        if self.memory_limit is not None and self.inflight:
+        since the last tick dropped when the pass traces memory.
+
+        A pass that traces memory (the budget's profiled step) also first waits for the copies
+        out of earlier saves to be queued, and releases those completed as a budget does: its
+        trace says when each tensor can be away, for the plan of every later step, and must not
+        depend on when the worker and releaser threads happen to run (a loaded host runs them
+        late enough that backward serves a tensor from the device: the plan then sees it never
+        away, where a later step, whose pack queues raw copies itself, sends it away in forward)."""
+        tracing = self.held_drops is not None
+        if tracing:
+            self._await_issued()
+        if (self.memory_limit is not None or tracing) and self.inflight:
             self.offloader.release_completed(handed=True)
         if self.held_drops:
             self._drop_held(hold_on=True)
@@ -678,6 +688,16 @@ class Swapper:
         tick = self._pass.ticks
         self._pass.ticks = tick + 1
         return tick
+
+    def _await_issued(self) -> None:
+        """Wait until the worker has queued the copy out of every item in flight (a later
+        step's pack queues a raw copy itself, into a host buffer the first step allocated)."""
+        with self.lock:
+            waiting = [item for item in self.inflight if not item.issued.is_set()]
+        if waiting:
+            self.offloader.flush()  # (none may wait in an open group)
+            for item in waiting:
+                item.issued.wait()  # the sender sets it whatever happens, even when it stops
 
     def _drop_held(self, hold_on: bool = False) -> None:
         """Drop the tensors released while a pass traces memory; `hold_on`: go on holding."""
