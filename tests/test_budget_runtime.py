@@ -163,10 +163,11 @@ def test_the_profiled_step_traces_memory_whatever_the_worker_threads_speed(monke
         if self.traces_memory:
             traced.append(self.current.ticks[-1])
 
-    put_done = offload.Offloader.put_done
+    put_done, timers = offload.Offloader.put_done, []
 
     def late(self, item):  # the releaser thread gets the item a second later
-        threading.Timer(1.0, lambda: self._done is not None and put_done(self, item)).start()
+        timers.append(threading.Timer(1.0, put_done, (self, item)))
+        timers[-1].start()
 
     monkeypatch.setattr(profiler.TensorProfiler, "on_tick", watch)
     monkeypatch.setattr(offload.Offloader, "put_done", late)
@@ -177,6 +178,8 @@ def test_the_profiled_step_traces_memory_whatever_the_worker_threads_speed(monke
             with cswap.testing.emulated_device(**PROMPT, pin_latency_s=0.02) as dev:
                 train(model, shape, expected, dev)
     finally:
+        for timer in timers:
+            timer.cancel()  # (what the step released itself needs no releaser)
         cswap.unpatch(model)
     assert unqueued and not any(unqueued), unqueued
     most_away = max(len(away) for _, away in traced)
