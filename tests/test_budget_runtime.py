@@ -118,9 +118,9 @@ def test_a_budget_between_offload_all_and_none_is_met_by_moving_only_part(net, f
         choices = [r.decision for r in report.rows]
         windows = plan.instance.windows if plan.instance else []
         # In about one CI run in three until 2026-11-29, the profiled step recorded all but one
-        # tensor never away (window (0, 0)) and the plan kept none: its trace waited on cswap's
-        # worker and releaser threads, which a loaded host runs late. It no longer does (the test
-        # below); what still depends on timing is when the emulated device's copy thread completes
+        # tensor never away (window (0, 0)) and the plan kept none, likely because its trace waited
+        # on cswap's worker and releaser threads, which a loaded host runs late. It no longer does
+        # (the test below); what still depends on timing is when the emulated device's copy thread completes
         # a copy. Such a profile is run once more; a second one, or any other failure, fails the
         # test (what it printed says which).
         if attempt == 0 and "keep" not in choices and sum(w == (0, 0) for w in windows) >= len(windows) - 1:
