@@ -310,6 +310,13 @@ class Offloader:
         else:
             self.send_group(group, block)
 
+    def wait_issued(self, item: Item) -> None:
+        """Wait until the item's copy out is queued (or it is kept, or failed): the sender
+        sets `issued` whatever happens, even when it stops. No wait when pack sent it itself."""
+        if not item.issued.is_set():
+            self.flush()  # (it may wait in the open group)
+            item.issued.wait()
+
     def send_group(self, group: _Group, block: torch.Tensor | None = None) -> None:
         """Queue the group's copies out into `block` (None: allocate one; at the host
         memory limit the tensors stay on the device): one wait for the ready event, one

@@ -280,9 +280,7 @@ class Restorer:
         was needed (kept on the device, or still there). `timing`: its last event can be
         timed (an on-demand restore's stall is measured; CUDA's timing events cost more)."""
         sw = self.sw
-        if not item.issued.is_set():  # (pack copied it itself, or the worker did already: no wait)
-            sw.offloader.flush()  # (it may wait in the open group)
-            item.issued.wait()  # the sender sets it whatever happens, even when it stops
+        sw.offloader.wait_issued(item)
         if item.failure is not None:
             raise sw.offload_failed(item, item.failure)
         if item.fallback is not None:

@@ -515,9 +515,7 @@ class Swapper:
 
     def _wait_released(self, item: Item, at: str) -> None:
         """Wait for the item's copy out, then release it."""
-        if not item.issued.is_set():
-            self.offloader.flush()  # (it may wait in the open group)
-            item.issued.wait()  # the worker sets it whatever happens, even when it stops
+        self.offloader.wait_issued(item)
         if item.d2h_done is not None:
             try:
                 item.device.event_synchronize(item.d2h_done, at=at)
@@ -694,10 +692,8 @@ class Swapper:
         step's pack queues a raw copy itself, into a host buffer the first step allocated)."""
         with self.lock:
             waiting = [item for item in self.inflight if not item.issued.is_set()]
-        if waiting:
-            self.offloader.flush()  # (none may wait in an open group)
-            for item in waiting:
-                item.issued.wait()  # the sender sets it whatever happens, even when it stops
+        for item in waiting:
+            self.offloader.wait_issued(item)
 
     def _drop_held(self, hold_on: bool = False) -> None:
         """Drop the tensors released while a pass traces memory; `hold_on`: go on holding."""
