@@ -835,6 +835,35 @@ def test_steady_steps_reuse_their_groups_host_buffers():
     assert allocations[1] == allocations[2] == allocations[3], allocations
 
 
+def test_the_timed_steps_lone_host_buffers_are_freed_once_the_grouped_steps_do_without_them():
+    """The timed step sends each raw tensor alone, into a host buffer of its size; later
+    steps send them in groups, into buffers of a group's size. The step after the first
+    grouped one begins by freeing the lone buffers: from then on the pool holds what a
+    step's copies out take, not the timed step's buffers beside them (pinned, idle, until
+    an epoch_end that some training loops never call)."""
+    model = cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0, stash_bytes=1 << 20)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")):
+            reserved, in_use, allocations = [], [], []
+            for _ in range(5):
+                model.zero_grad(set_to_none=True)
+                loss = model(x).square().sum()
+                sw = swapper_of(model)
+                sw.synchronize()  # (every copy out queued, every host buffer of the step taken)
+                leased = {item.lease.buffer.data_ptr(): item.lease.buffer.numel()
+                          for item in sw._pass.items if item.lease is not None}
+                reserved.append(sw.pool.reserved_bytes)
+                in_use.append(sum(leased.values()))
+                allocations.append(sw.pool.allocations)
+                loss.backward()
+    finally:
+        cswap.unpatch(model)
+    assert reserved[1] > in_use[1]  # the timed step's buffers, idle beside the groups'
+    assert reserved[2:] == in_use[2:], (reserved, in_use)
+    assert allocations[1] == allocations[4], allocations  # (and none pinned again)
+
+
 def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
     """Backward restores released raw tensors ahead of use in groups: one wait for
     compute, one copy call and one event per group, and compute waits for that event

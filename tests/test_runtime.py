@@ -1378,8 +1378,9 @@ def test_host_pool_buffers_reused_across_iterations(mode):
         sw = swapper_of(model)
         # sc: fixed weights (no step) and data, so compressed sizes repeat exactly
         lr = 0.1 if mode == "vdnn" else 0.0
-        # (the first step is the timed pass, which sends each tensor alone; later ones, in groups)
-        train(model, nets.IMAGE, steps=2, lr=lr)
+        # (the first step is the timed pass, which sends each tensor alone; later ones, in groups,
+        # and the third starts by freeing the buffers the second did not use)
+        train(model, nets.IMAGE, steps=3, lr=lr)
         sw.synchronize()
         allocations, peak = sw.pool.allocations, cswap.stats(model)["peak_host_pool_bytes"]
         reserved = sw.pool.reserved_bytes

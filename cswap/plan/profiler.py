@@ -258,6 +258,12 @@ class TensorProfiler:
         self.overhead_s += time.perf_counter() - start
 
     @property
+    def timing(self) -> bool:
+        """The pass observed now is timed (the swapper then sends each raw tensor alone)."""
+        p = self.current
+        return p is not None and p.timing
+
+    @property
     def traces_memory(self) -> bool:
         """The pass observed now traces device memory at each tick (the swapper then releases
         copied tensors at ticks only, so that what rises between two is the model's own)."""

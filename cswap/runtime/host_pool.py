@@ -19,11 +19,12 @@ Lock order: the swapper's lock, then the pool's (the swapper returns buffers
 while holding its own); the pool calls nothing outside itself while holding its
 lock, its warnings included.
 
-Idle buffers go back to the system at `max_bytes`, and at `trim_idle()`
-(cswap calls it at each epoch end): a buffer no request used since the
-previous trim_idle is freed, and the host allocator's cache emptied so the
-memory really leaves the process. Freeing pinned memory synchronises the
-device, hence once an epoch rather than per iteration.
+Idle buffers go back to the system at `max_bytes`, and at `trim_idle()`: a
+buffer no request used since the previous trim_idle (or `restart_use`) is
+freed, and the host allocator's cache emptied so the memory really leaves the
+process. Freeing pinned memory synchronises the device, hence rarely: cswap
+trims at each epoch end, and once after a timed step, whose copies out go one
+tensor a buffer where every later step's go in groups (see Swapper.begin_pass).
 """
 
 from __future__ import annotations
@@ -154,6 +155,11 @@ class HostPool:
     def release(self, buf: torch.Tensor, event=None, dev=None) -> None:
         with self._lock:
             self._free[buf.numel()].append((buf, event, dev))
+
+    def restart_use(self) -> None:
+        """Count buffers as used from now on only (the next trim_idle frees the rest)."""
+        with self._lock:
+            self._used.clear()
 
     def trim_idle(self) -> int:
         """Free the idle buffers no request used since the previous call; the bytes freed."""

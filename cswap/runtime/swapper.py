@@ -230,6 +230,7 @@ class Swapper:
         self._previous_pass_bytes = 0          # the footprints of the previous pass's offloaded tensors
         self._failure: tuple[BaseException, Item | None] | None = None
         self._passes = 0                       # forward passes begun (an item's pass_number)
+        self._timed_pass = -2                  # the latest timed one's number
         self._stopped_pass = -1                # the pass whose step a failure stopped
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
@@ -275,10 +276,25 @@ class Swapper:
         self._passes += 1
         self._seen.clear()
         self._drop_held()
+        self._trim_after_timed_pass()
         if self.observer is not None:
             self.observer.begin_pass()
+            if self.observer.timing:
+                self._timed_pass = self._passes
             if self.observer.traces_memory:
                 self.held_drops = []
+
+    def _trim_after_timed_pass(self) -> None:
+        """The timed pass sends each raw tensor alone, into a host buffer of its size, and
+        later passes send them in groups, into buffers of a group's size (or compressed, or
+        not at all under a budget): the timed pass's buffers would stay pinned, idle, until
+        the epoch's end, or for good where epoch_end is never called. So the pool counts
+        what the pass after it uses, and as the next begins frees the rest (one device sync)."""
+        since = self._passes - self._timed_pass
+        if since == 1:
+            self.pool.restart_use()
+        elif since == 2:
+            self.pool.trim_idle()
 
     def end_pass(self, abandoned: bool = False) -> None:
         """The forward ended (`abandoned`: it raised, and its graph is gone)."""
