@@ -835,33 +835,69 @@ def test_steady_steps_reuse_their_groups_host_buffers():
     assert allocations[1] == allocations[2] == allocations[3], allocations
 
 
-def test_the_timed_steps_lone_host_buffers_are_freed_once_the_grouped_steps_do_without_them():
-    """The timed step sends each raw tensor alone, into a host buffer of its size; later
-    steps send them in groups, into buffers of a group's size. The step after the first
-    grouped one begins by freeing the lone buffers: from then on the pool holds what a
-    step's copies out take, not the timed step's buffers beside them (pinned, idle, until
-    an epoch_end that some training loops never call)."""
-    model = cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0, stash_bytes=1 << 20)
+def _host_buffers_per_step(model, x, steps: int, dev=None) -> tuple[list[int], list[int], list[int]]:
+    """Per step, as forward ends with every copy out queued: the bytes the host pool holds,
+    the bytes of the buffers the step's tensors are in, and the pool's allocations so far."""
+    reserved, in_use, allocations = [], [], []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        loss = model(x).square().sum()
+        sw = swapper_of(model)
+        sw.synchronize()
+        leased = {item.lease.buffer.data_ptr(): item.lease.buffer.numel()
+                  for item in sw._pass.items if item.lease is not None}
+        reserved.append(sw.pool.reserved_bytes)
+        in_use.append(sum(leased.values()))
+        allocations.append(sw.pool.allocations)
+        loss.backward()
+    return reserved, in_use, allocations
+
+
+def test_the_step_after_the_timed_one_groups_its_copies_into_the_buffers_they_had_alone():
+    """The timed step sends each raw tensor alone, into a host buffer of its size; the next
+    sends them in groups, and a group with no idle buffer of its own size takes the ones its
+    tensors had: nothing pinned again (pinning is slow and, on the worker, holds the copies
+    out and so the tensors' device memory up), nothing pinned beside what a step uses."""
+    stock, model = _relu_chain(20), cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0,
+                                                 stash_bytes=1 << 20)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+            groups = _spy_groups(dev)
+            reserved, in_use, allocations = _host_buffers_per_step(model, x, 1)
+            assert groups == []  # (the timed step: each alone)
+            more = _host_buffers_per_step(model, x, 3)
+            assert groups == [16, 4] * 3
+            grads = _chain_gradients(model, x, released=True)
+    finally:
+        cswap.unpatch(model)
+    reserved, in_use, allocations = (a + b for a, b in zip((reserved, in_use, allocations), more))
+    assert reserved == in_use, (reserved, in_use)
+    assert allocations == [20] * 4
+    expected = _chain_gradients(stock, x)
+    assert all(torch.equal(grads[k], expected[k]) for k in expected)
+
+
+def test_host_buffers_the_step_after_the_timed_one_did_not_use_are_freed_as_the_next_begins():
+    """Here the policy keeps every other tensor on the device once the timed step is over:
+    the timed step's buffers for those would stay pinned, idle, until an epoch_end that
+    some training loops never call. The pool counts what the step after the timed one
+    uses and frees the rest as the next begins."""
+    keep = []
+    model = cswap.patch(_relu_chain(20), min_bytes=0, stash_bytes=1 << 20,
+                        policy=lambda info: "keep" if keep and info.index % 2 else None)
     x = torch.randn(4, 16)
     try:
         with cswap.testing.emulated_device(bandwidth_gbps=float("inf")):
-            reserved, in_use, allocations = [], [], []
-            for _ in range(5):
-                model.zero_grad(set_to_none=True)
-                loss = model(x).square().sum()
-                sw = swapper_of(model)
-                sw.synchronize()  # (every copy out queued, every host buffer of the step taken)
-                leased = {item.lease.buffer.data_ptr(): item.lease.buffer.numel()
-                          for item in sw._pass.items if item.lease is not None}
-                reserved.append(sw.pool.reserved_bytes)
-                in_use.append(sum(leased.values()))
-                allocations.append(sw.pool.allocations)
-                loss.backward()
+            reserved, in_use, allocations = _host_buffers_per_step(model, x, 1)
+            keep.append(True)
+            more = _host_buffers_per_step(model, x, 3)
     finally:
         cswap.unpatch(model)
-    assert reserved[1] > in_use[1]  # the timed step's buffers, idle beside the groups'
+    reserved, in_use, allocations = (a + b for a, b in zip((reserved, in_use, allocations), more))
+    assert in_use[1] == in_use[0] // 2 and reserved[1] == in_use[0]  # the kept ones' buffers, idle
     assert reserved[2:] == in_use[2:], (reserved, in_use)
-    assert allocations[1] == allocations[4], allocations  # (and none pinned again)
+    assert allocations == [20] * 4
 
 
 def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():

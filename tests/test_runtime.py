@@ -1657,6 +1657,29 @@ def test_host_pool_acquire_release_reuse(dev):
     assert pool.reserved_bytes == pool.idle_bytes == 0 and pool.peak_reserved_bytes == 3072
 
 
+def test_host_pool_acquire_each_takes_an_idle_buffer_for_every_size_or_none(dev):
+    """A group with no buffer of its own size takes one per tensor, all or none: nothing is
+    allocated, and what it could not use stays idle and unused (trim_idle frees it)."""
+    pool = HostPool(1 << 20, pin_memory=True)
+    a, b = pool.acquire(1000, dev), pool.acquire(3000, dev)
+    pool.release(a)
+    pool.release(b)
+    pool.restart_use()
+    assert pool.acquire_each([1000, 5000], dev) is None  # (no idle buffer holds 5000 bytes)
+    assert pool.allocations == 2 and pool.idle_bytes == 1024 + 4096
+    assert pool.trim_idle() == 1024 + 4096  # (the one it took and gave back counts as unused)
+    a, b = pool.acquire(1000, dev), pool.acquire(3000, dev)
+    pool.release(a)
+    pool.release(b)
+    taken = pool.acquire_each([3000, 600], dev)
+    assert [t.data_ptr() for t in taken] == [b.data_ptr(), a.data_ptr()] and pool.idle_bytes == 0
+    pool.release(taken[1])
+    assert pool.acquire_each([4000, 4000], dev) is None and pool.idle_bytes == 1024
+    pool.release(taken[0])
+    assert pool.trim_idle() == 0  # both used since restart_use
+    assert pool.trim_idle() == 1024 + 4096 and pool.reserved_bytes == 0
+
+
 def test_host_pool_keeps_typed_views_of_its_buffers_and_drops_them_with_them(dev):
     """Copies in and out of a pooled buffer go through a view of its first bytes as the
     tensor's dtype and shape, made once per buffer and kind; freeing the buffer frees them."""

@@ -23,8 +23,8 @@ Idle buffers go back to the system at `max_bytes`, and at `trim_idle()`: a
 buffer no request used since the previous trim_idle (or `restart_use`) is
 freed, and the host allocator's cache emptied so the memory really leaves the
 process. Freeing pinned memory synchronises the device, hence rarely: cswap
-trims at each epoch end, and once after a timed step, whose copies out go one
-tensor a buffer where every later step's go in groups (see Swapper.begin_pass).
+trims at each epoch end, and once after the timed step, whose plan may leave
+some of its buffers unused (see Swapper._trim_after_timed_pass).
 """
 
 from __future__ import annotations
@@ -121,9 +121,27 @@ class HostPool:
             self._devices.add(dev)
         return buf
 
-    def _reuse(self, cls: int) -> torch.Tensor | None:
+    def acquire_each(self, sizes, dev) -> list[torch.Tensor] | None:
+        """An idle buffer for each of `sizes` (bytes), or None, taking none, when one has no
+        idle buffer; nothing is allocated. (A group of copies out whose one buffer of the
+        group's size is not there yet takes the buffers its tensors had alone, in the timed
+        step: the step after it pins nothing.)"""
+        with self._lock:
+            taken = []
+            for nbytes in sizes:
+                buf = self._reuse(size_class(nbytes), mark=False)
+                if buf is None:
+                    for back in taken:  # (idle: their last copies had completed)
+                        self._free[back.numel()].append((back, None, None))
+                    return None
+                taken.append(buf)
+            self._used.update(buf.data_ptr() for buf in taken)
+            return taken
+
+    def _reuse(self, cls: int, mark: bool = True) -> torch.Tensor | None:
         """An idle buffer of this class, else the smallest of up to _REUSE_UP_TO times it,
-        whose last copy has completed (the oldest first: its copy is the likeliest done)."""
+        whose last copy has completed (the oldest first: its copy is the likeliest done).
+        `mark`: count it as used (see trim_idle)."""
         fit = cls
         while fit <= _REUSE_UP_TO * cls:  # classes are powers of two
             bufs = self._free.get(fit)
@@ -131,7 +149,8 @@ class HostPool:
                 for i, (buf, event, dev) in enumerate(bufs):
                     if idle(event, dev):
                         del bufs[i]
-                        self._used.add(buf.data_ptr())
+                        if mark:
+                            self._used.add(buf.data_ptr())
                         return buf
             fit <<= 1
         return None

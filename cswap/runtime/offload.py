@@ -30,8 +30,10 @@ every wait between them):
 Dense tensors sent raw skip the worker: consecutive such saves form a group (at most
 GROUP_TENSORS tensors and half the stash limit's bytes), sent when full with one
 ready event, one copy call on D2H into one pooled host buffer and one completion
-event shared by its items. Pack sends it itself when the pool has an idle buffer
-(every step after the first); else the worker allocates one and sends it. Whatever
+event shared by its items. Pack sends it itself when the pool has an idle buffer,
+or an idle buffer for each of its tensors (the ones the first, timed step took,
+sending each alone: the second step pins nothing); else the worker allocates one
+and sends it. Whatever
 must wait for one of its items (the stash limit, synchronize, a restore during
 forward), forward's end and a save that goes another way send the open group
 first. The profiled pass, a memory budget (each tensor's own copy counted) and
@@ -305,6 +307,8 @@ class Offloader:
             self._group_failed(group, exc)
             return
         block = sw.pool.acquire(group.size, dev, allocate=False)
+        if block is None:  # the buffers its tensors had alone (the timed step's), else the worker pins one
+            block = sw.pool.acquire_each([item.info.nbytes for item in group.items], dev)
         if block is None:  # (pinning blocks: the worker's job)
             self._running().put_job(group)
         else:
@@ -317,16 +321,17 @@ class Offloader:
             self.flush()  # (it may wait in the open group)
             item.issued.wait()
 
-    def send_group(self, group: _Group, block: torch.Tensor | None = None) -> None:
-        """Queue the group's copies out into `block` (None: allocate one; at the host
-        memory limit the tensors stay on the device): one wait for the ready event, one
-        copy call, one completion event for all. Then its items are issued and settled;
-        never raises (failures are recorded on each item)."""
+    def send_group(self, group: _Group, block: torch.Tensor | list | None = None) -> None:
+        """Queue the group's copies out into `block` (a list: a buffer per item; None:
+        allocate one; at the host memory limit the tensors stay on the device): one wait
+        for the ready event, one copy call, one completion event for all. Then its items
+        are issued and settled; never raises (failures are recorded on each item)."""
         with stage("send"):
             self._send_group(group, block)
 
-    def _send_group(self, group: _Group, block: torch.Tensor | None) -> None:
+    def _send_group(self, group: _Group, block: torch.Tensor | list | None) -> None:
         sw, dev, items = self.sw, group.device, group.items
+        buffers = []
         try:
             if block is None:
                 block = sw.pool.acquire(group.size, dev)
@@ -339,21 +344,27 @@ class Offloader:
                     sw.stats.add("kept_on_gpu", len(items))
                     self.settle_all(items)
                     return
+            if type(block) is list:  # a buffer each (see flush)
+                buffers, places = block, [(buf, 0) for buf in block]
+            else:
+                buffers, places = [block], [(block, offset) for offset in group.offsets]
             view = sw.pool.view
-            dsts = [view(block, src.dtype, src.shape, offset) for src, offset in zip(group.srcs, group.offsets)]
+            dsts = [view(buf, src.dtype, src.shape, offset) for (buf, offset), src in zip(places, group.srcs)]
             done = lanes_of(dev).copy_out(dsts, group.srcs, group.ready, prepared=False)
         except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
-            if block is not None:
-                sw.pool.release(block)  # no copy was queued into it
+            for buf in buffers:
+                sw.pool.release(buf)  # no copy was queued into it
             self._group_failed(group, exc)
             return
-        lease = Lease(sw.pool, block, dev, shares=len(items))
-        lease.last_use = done
+        # (one buffer shared by all the items, or one each)
+        leases = {id(buf): Lease(sw.pool, buf, dev, shares=len(items) // len(buffers)) for buf in buffers}
+        for lease in leases.values():
+            lease.last_use = done
         with sw.lock:
-            for item, src, offset, dst in zip(items, group.srcs, group.offsets, dsts):
+            for item, src, (buf, offset), dst in zip(items, group.srcs, places, dsts):
                 item.d2h_done, item.sent, item.moved, item.offset = done, src, item.info.nbytes, offset
                 item.ready = group.ready
-                item.lease, item.host_view = lease, dst  # (the restore copies back from that view)
+                item.lease, item.host_view = leases[id(buf)], dst  # (the restore copies back from that view)
                 item.advance(Phase.ISSUED)
                 sw.return_host(item)  # (its every save died meanwhile: its share goes back)
             group.issued.set()  # (under the lock: a handle dropped from now on gives its share back itself)

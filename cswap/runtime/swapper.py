@@ -285,11 +285,11 @@ class Swapper:
                 self.held_drops = []
 
     def _trim_after_timed_pass(self) -> None:
-        """The timed pass sends each raw tensor alone, into a host buffer of its size, and
-        later passes send them in groups, into buffers of a group's size (or compressed, or
-        not at all under a budget): the timed pass's buffers would stay pinned, idle, until
-        the epoch's end, or for good where epoch_end is never called. So the pool counts
-        what the pass after it uses, and as the next begins frees the rest (one device sync)."""
+        """The timed pass sends each raw tensor alone, into a host buffer of its size; the
+        plan made from it may compress or keep some (groups take those buffers again,
+        Offloader.flush): the buffers no later pass needs would stay pinned, idle, until the
+        epoch's end, or for good where epoch_end is never called. So the pool counts what
+        the pass after it uses, and as the next begins frees the rest (once)."""
         since = self._passes - self._timed_pass
         if since == 1:
             self.pool.restart_use()
