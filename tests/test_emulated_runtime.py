@@ -900,6 +900,39 @@ def test_host_buffers_the_step_after_the_timed_one_did_not_use_are_freed_as_the_
     assert allocations == [20] * 4
 
 
+def test_the_trim_after_the_timed_step_keeps_the_buffers_of_every_forward_of_a_step():
+    """Two forwards a step (as a GAN's or a contrastive loss's), of different sizes, then one
+    backward: what the pool counts and frees goes by backwards, not forwards, so neither
+    forward's buffers are freed for the other's, and none is pinned again."""
+    keep = []
+    model = cswap.patch(_relu_chain(20), min_bytes=0, stash_bytes=1 << 20,
+                        policy=lambda info: "keep" if keep and info.index % 2 else None)
+    xs = torch.randn(4, 16), torch.randn(64, 16)
+    reserved, in_use, allocations = [], [], []
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")):
+            for step in range(5):
+                if step == 1:
+                    keep.append(True)
+                model.zero_grad(set_to_none=True)
+                losses, leased = [], {}
+                for x in xs:
+                    losses.append(model(x).square().sum())
+                    sw = swapper_of(model)
+                    sw.synchronize()
+                    leased.update({item.lease.buffer.data_ptr(): item.lease.buffer.numel()
+                                   for item in sw._pass.items if item.lease is not None})
+                reserved.append(sw.pool.reserved_bytes)
+                in_use.append(sum(leased.values()))
+                allocations.append(sw.pool.allocations)
+                sum(losses).backward()
+    finally:
+        cswap.unpatch(model)
+    assert allocations == [allocations[0]] * 5, allocations  # (all pinned in the first step)
+    assert reserved[1] > in_use[1]  # the kept tensors' buffers, idle
+    assert reserved[2:] == in_use[2:], (reserved, in_use)
+
+
 def test_prefetched_raw_restores_go_in_groups_refilled_at_half_the_window():
     """Backward restores released raw tensors ahead of use in groups: one wait for
     compute, one copy call and one event per group, and compute waits for that event

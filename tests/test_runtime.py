@@ -1661,23 +1661,34 @@ def test_host_pool_acquire_each_takes_an_idle_buffer_for_every_size_or_none(dev)
     """A group with no buffer of its own size takes one per tensor, all or none: nothing is
     allocated, and what it could not use stays idle and unused (trim_idle frees it)."""
     pool = HostPool(1 << 20, pin_memory=True)
-    a, b = pool.acquire(1000, dev), pool.acquire(3000, dev)
-    pool.release(a)
-    pool.release(b)
+
+    def idle_buffers(*sizes):
+        for buf in [pool.acquire(n, dev) for n in sizes]:
+            pool.release(buf)
+
+    idle_buffers(1000, 3000)  # (1024 and 4096 bytes)
     pool.restart_use()
     assert pool.acquire_each([1000, 5000], dev) is None  # (no idle buffer holds 5000 bytes)
     assert pool.allocations == 2 and pool.idle_bytes == 1024 + 4096
     assert pool.trim_idle() == 1024 + 4096  # (the one it took and gave back counts as unused)
-    a, b = pool.acquire(1000, dev), pool.acquire(3000, dev)
-    pool.release(a)
-    pool.release(b)
+    idle_buffers(1000, 3000)
     taken = pool.acquire_each([3000, 600], dev)
-    assert [t.data_ptr() for t in taken] == [b.data_ptr(), a.data_ptr()] and pool.idle_bytes == 0
+    assert [t.numel() for t in taken] == [4096, 1024] and pool.idle_bytes == 0
     pool.release(taken[1])
     assert pool.acquire_each([4000, 4000], dev) is None and pool.idle_bytes == 1024
     pool.release(taken[0])
     assert pool.trim_idle() == 0  # both used since restart_use
     assert pool.trim_idle() == 1024 + 4096 and pool.reserved_bytes == 0
+    # Buffers of 4096 and 8192 bytes: 2000 bytes fit both, 1000 only the 4096 one (up to 4x its
+    # 1024-byte class): in either order, both are served
+    idle_buffers(3000, 5000)
+    for sizes in ([2000, 1000], [1000, 2000]):
+        taken = pool.acquire_each(sizes, dev)
+        assert taken is not None and sorted(t.numel() for t in taken) == [4096, 8192]
+        assert taken[sizes.index(1000)].numel() == 4096
+        for t in taken:
+            pool.release(t)
+    assert pool.allocations == 6
 
 
 def test_host_pool_keeps_typed_views_of_its_buffers_and_drops_them_with_them(dev):

@@ -126,15 +126,17 @@ class HostPool:
         idle buffer; nothing is allocated. (A group of copies out whose one buffer of the
         group's size is not there yet takes the buffers its tensors had alone, in the timed
         step: the step after it pins nothing.)"""
+        taken = [None] * len(sizes)
         with self._lock:
-            taken = []
-            for nbytes in sizes:
-                buf = self._reuse(size_class(nbytes), mark=False)
-                if buf is None:
+            # (the smallest first, each taking the smallest idle buffer that fits it, leaves the
+            # larger buffers to the larger requests)
+            for i in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+                taken[i] = self._reuse(size_class(sizes[i]), mark=False)
+                if taken[i] is None:
                     for back in taken:  # (idle: their last copies had completed)
-                        self._free[back.numel()].append((back, None, None))
+                        if back is not None:
+                            self._free[back.numel()].append((back, None, None))
                     return None
-                taken.append(buf)
             self._used.update(buf.data_ptr() for buf in taken)
             return taken
 

@@ -230,7 +230,7 @@ class Swapper:
         self._previous_pass_bytes = 0          # the footprints of the previous pass's offloaded tensors
         self._failure: tuple[BaseException, Item | None] | None = None
         self._passes = 0                       # forward passes begun (an item's pass_number)
-        self._timed_pass = -2                  # the latest timed one's number
+        self._trim: str | None = None           # "timed", then "counting": see _trim_after_timed_pass
         self._stopped_pass = -1                # the pass whose step a failure stopped
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
@@ -272,29 +272,34 @@ class Swapper:
         self._phase += 1
         if self._pass is not None and self._pass.footprint:
             self._previous_pass_bytes = self._pass.footprint
+        if self._trim is not None:
+            self._trim_after_timed_pass(self._pass)
         self._pass = Pass()
         self._passes += 1
         self._seen.clear()
         self._drop_held()
-        self._trim_after_timed_pass()
         if self.observer is not None:
             self.observer.begin_pass()
             if self.observer.timing:
-                self._timed_pass = self._passes
+                self._trim = "timed"
             if self.observer.traces_memory:
                 self.held_drops = []
 
-    def _trim_after_timed_pass(self) -> None:
+    def _trim_after_timed_pass(self, previous: Pass | None) -> None:
         """The timed pass sends each raw tensor alone, into a host buffer of its size; the
         plan made from it may compress or keep some (groups take those buffers again,
-        Offloader.flush): the buffers no later pass needs would stay pinned, idle, until the
-        epoch's end, or for good where epoch_end is never called. So the pool counts what
-        the pass after it uses, and as the next begins frees the rest (once)."""
-        since = self._passes - self._timed_pass
-        if since == 1:
+        Offloader.flush): the buffers no later step needs would stay pinned, idle, until the
+        epoch's end, or for good where epoch_end is never called. So once a backward has run
+        after the timed pass, the pool counts what the forwards use, and once another has,
+        frees the rest (whatever forwards a step runs: a backward is what ends a step)."""
+        if previous is None or not any(item.round for item in previous.items):
+            return  # (its backward has not run: another forward of the same step, or none offloaded)
+        if self._trim == "timed":
             self.pool.restart_use()
-        elif since == 2:
+            self._trim = "counting"
+        else:
             self.pool.trim_idle()
+            self._trim = None
 
     def end_pass(self, abandoned: bool = False) -> None:
         """The forward ended (`abandoned`: it raised, and its graph is gone)."""
