@@ -835,21 +835,24 @@ def test_steady_steps_reuse_their_groups_host_buffers():
     assert allocations[1] == allocations[2] == allocations[3], allocations
 
 
-def _host_buffers_per_step(model, x, steps: int, dev=None) -> tuple[list[int], list[int], list[int]]:
-    """Per step, as forward ends with every copy out queued: the bytes the host pool holds,
-    the bytes of the buffers the step's tensors are in, and the pool's allocations so far."""
+def _host_buffers_per_step(model, xs, steps: int) -> tuple[list[int], list[int], list[int]]:
+    """Per step (a forward of each input of `xs`, then one backward), once the forwards end
+    with every copy out queued: the bytes the host pool holds, the bytes of the buffers the
+    step's tensors are in, and the pool's allocations so far."""
     reserved, in_use, allocations = [], [], []
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
-        loss = model(x).square().sum()
-        sw = swapper_of(model)
-        sw.synchronize()
-        leased = {item.lease.buffer.data_ptr(): item.lease.buffer.numel()
-                  for item in sw._pass.items if item.lease is not None}
+        losses, leased = [], {}
+        for x in xs:
+            losses.append(model(x).square().sum())
+            sw = swapper_of(model)
+            sw.synchronize()
+            leased.update({item.lease.buffer.data_ptr(): item.lease.buffer.numel()
+                           for item in sw._pass.items if item.lease is not None})
         reserved.append(sw.pool.reserved_bytes)
         in_use.append(sum(leased.values()))
         allocations.append(sw.pool.allocations)
-        loss.backward()
+        sum(losses).backward()
     return reserved, in_use, allocations
 
 
@@ -864,9 +867,9 @@ def test_the_step_after_the_timed_one_groups_its_copies_into_the_buffers_they_ha
     try:
         with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
             groups = _spy_groups(dev)
-            reserved, in_use, allocations = _host_buffers_per_step(model, x, 1)
+            reserved, in_use, allocations = _host_buffers_per_step(model, [x], 1)
             assert groups == []  # (the timed step: each alone)
-            more = _host_buffers_per_step(model, x, 3)
+            more = _host_buffers_per_step(model, [x], 3)
             assert groups == [16, 4] * 3
             grads = _chain_gradients(model, x, released=True)
     finally:
@@ -889,9 +892,9 @@ def test_host_buffers_the_step_after_the_timed_one_did_not_use_are_freed_as_the_
     x = torch.randn(4, 16)
     try:
         with cswap.testing.emulated_device(bandwidth_gbps=float("inf")):
-            reserved, in_use, allocations = _host_buffers_per_step(model, x, 1)
+            reserved, in_use, allocations = _host_buffers_per_step(model, [x], 1)
             keep.append(True)
-            more = _host_buffers_per_step(model, x, 3)
+            more = _host_buffers_per_step(model, [x], 3)
     finally:
         cswap.unpatch(model)
     reserved, in_use, allocations = (a + b for a, b in zip((reserved, in_use, allocations), more))
@@ -908,26 +911,14 @@ def test_the_trim_after_the_timed_step_keeps_the_buffers_of_every_forward_of_a_s
     model = cswap.patch(_relu_chain(20), min_bytes=0, stash_bytes=1 << 20,
                         policy=lambda info: "keep" if keep and info.index % 2 else None)
     xs = torch.randn(4, 16), torch.randn(64, 16)
-    reserved, in_use, allocations = [], [], []
     try:
         with cswap.testing.emulated_device(bandwidth_gbps=float("inf")):
-            for step in range(5):
-                if step == 1:
-                    keep.append(True)
-                model.zero_grad(set_to_none=True)
-                losses, leased = [], {}
-                for x in xs:
-                    losses.append(model(x).square().sum())
-                    sw = swapper_of(model)
-                    sw.synchronize()
-                    leased.update({item.lease.buffer.data_ptr(): item.lease.buffer.numel()
-                                   for item in sw._pass.items if item.lease is not None})
-                reserved.append(sw.pool.reserved_bytes)
-                in_use.append(sum(leased.values()))
-                allocations.append(sw.pool.allocations)
-                sum(losses).backward()
+            reserved, in_use, allocations = _host_buffers_per_step(model, xs, 1)
+            keep.append(True)
+            more = _host_buffers_per_step(model, xs, 4)
     finally:
         cswap.unpatch(model)
+    reserved, in_use, allocations = (a + b for a, b in zip((reserved, in_use, allocations), more))
     assert allocations == [allocations[0]] * 5, allocations  # (all pinned in the first step)
     assert reserved[1] > in_use[1]  # the kept tensors' buffers, idle
     assert reserved[2:] == in_use[2:], (reserved, in_use)

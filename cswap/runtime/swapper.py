@@ -230,7 +230,7 @@ class Swapper:
         self._previous_pass_bytes = 0          # the footprints of the previous pass's offloaded tensors
         self._failure: tuple[BaseException, Item | None] | None = None
         self._passes = 0                       # forward passes begun (an item's pass_number)
-        self._trim: str | None = None           # "timed", then "counting": see _trim_after_timed_pass
+        self._trim: str | None = None          # "timed", then "counting": see _trim_after_timed_pass
         self._stopped_pass = -1                # the pass whose step a failure stopped
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
