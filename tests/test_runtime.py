@@ -1379,8 +1379,8 @@ def test_host_pool_buffers_reused_across_iterations(mode):
         # sc: fixed weights (no step) and data, so compressed sizes repeat exactly
         lr = 0.1 if mode == "vdnn" else 0.0
         # (the first step is the timed pass, which sends each tensor alone; later ones, in groups,
-        # and the third starts by freeing the buffers the second did not use)
-        train(model, nets.IMAGE, steps=3, lr=lr)
+        # and the fourth starts by freeing the buffers the third did not use)
+        train(model, nets.IMAGE, steps=4, lr=lr)
         sw.synchronize()
         allocations, peak = sw.pool.allocations, cswap.stats(model)["peak_host_pool_bytes"]
         reserved = sw.pool.reserved_bytes

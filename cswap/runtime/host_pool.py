@@ -125,7 +125,7 @@ class HostPool:
         """An idle buffer for each of `sizes` (bytes), or None, taking none, when one has no
         idle buffer; nothing is allocated. (A group of copies out whose one buffer of the
         group's size is not there yet takes the buffers its tensors had alone, in the timed
-        step: the step after it pins nothing.)"""
+        step: its copies wait for no pinning.)"""
         taken = [None] * len(sizes)
         with self._lock:
             # (the smallest first, each taking the smallest idle buffer that fits it, leaves the

@@ -32,8 +32,8 @@ GROUP_TENSORS tensors and half the stash limit's bytes), sent when full with one
 ready event, one copy call on D2H into one pooled host buffer and one completion
 event shared by its items. Pack sends it itself when the pool has an idle buffer,
 or an idle buffer for each of its tensors (the ones the first, timed step took,
-sending each alone: the second step pins nothing); else the worker allocates one
-and sends it. Whatever
+sending each alone: then the worker pins one of the group's size as forward ends,
+for the next step); else the worker allocates one and sends it. Whatever
 must wait for one of its items (the stash limit, synchronize, a restore during
 forward), forward's end and a save that goes another way send the open group
 first. The profiled pass, a memory budget (each tensor's own copy counted) and
@@ -129,7 +129,8 @@ def _run_stage(swapper_ref, jobs: _Jobs, stage: str, after: _Jobs | None, done: 
         left += [j for j in jobs.close() if j is not _STOP]
         if after is not None:  # (the sender sends what it was given, then stops)
             after.put(_STOP)
-        stranded = [it for j in left for it in (j.items if type(j) is _Group else [j]) if not it.issued.is_set()]
+        stranded = [it for j in left for it in (j.items if type(j) in (_Group, _Pin) else [j])
+                    if not it.issued.is_set()]
         swapper = swapper_ref()
         for it in stranded:
             stopped = RuntimeError(f"cswap: the offload thread ({stage}) stopped before copying this tensor")
@@ -155,6 +156,18 @@ def _release(swapper_ref, done: queue.SimpleQueue) -> None:
             return
         swapper.offloader.finish(item)
         item = swapper = None
+
+
+class _Pin:
+    """Host buffers to pin on the worker and leave idle in the pool, one per group this
+    forward sent into the buffers its tensors had alone (Offloader.flush): the next step's
+    groups take one buffer each again. Queued at forward's end, after its encodes."""
+
+    __slots__ = ("buffers",)
+    items = ()
+
+    def __init__(self, buffers: list[tuple[int, object]]):
+        self.buffers = buffers  # (bytes, device)
 
 
 class _Group:
@@ -216,6 +229,7 @@ class Offloader:
         self._threads: list[threading.Thread] = []
         self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
         self._slots: dict = {}     # device -> [_Slots]: the buffers encodes' sizes are read back into
+        self._pins: list = []      # (bytes, device) of group buffers to pin at forward's end (_Pin)
 
     # -- pack's part --------------------------------------------------------------------------
 
@@ -309,6 +323,8 @@ class Offloader:
         block = sw.pool.acquire(group.size, dev, allocate=False)
         if block is None:  # the buffers its tensors had alone (the timed step's), else the worker pins one
             block = sw.pool.acquire_each([item.info.nbytes for item in group.items], dev)
+            if block is not None:  # (and one of the group's size is pinned for the next step's, _Pin)
+                self._pins.append((group.size, dev))
         if block is None:  # (pinning blocks: the worker's job)
             self._running().put_job(group)
         else:
@@ -392,6 +408,13 @@ class Offloader:
         raises: failures are recorded."""
         if type(job) is _Group:
             self.send_group(job)
+            return
+        if type(job) is _Pin:
+            pool = self.sw.pool
+            pinned = [pool.acquire(nbytes, dev) for nbytes, dev in job.buffers]  # (all, then back: one each)
+            for buf in pinned:
+                if buf is not None:  # (None at the host memory limit)
+                    pool.release(buf)
             return
         item = job
         with stage("encode"):
@@ -686,6 +709,9 @@ class Offloader:
         sw = self.sw
         self.flush()
         self.poll()
+        if self._pins:
+            pins, self._pins = self._pins, []
+            self._running().put_job(_Pin(pins))
         with sw.lock:
             sw.in_forward = False
             pending = [item for item in sw.inflight if item.phase == Phase.ISSUED and item.advance(Phase.HANDED)]

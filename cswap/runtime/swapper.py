@@ -230,7 +230,7 @@ class Swapper:
         self._previous_pass_bytes = 0          # the footprints of the previous pass's offloaded tensors
         self._failure: tuple[BaseException, Item | None] | None = None
         self._passes = 0                       # forward passes begun (an item's pass_number)
-        self._trim: str | None = None          # "timed", then "counting": see _trim_after_timed_pass
+        self._trim: str | None = None          # "timed", "bridged", "counting": see _trim_after_timed_pass
         self._stopped_pass = -1                # the pass whose step a failure stopped
         self._stalls: list = []                # (device, asked, restored) events of on-demand restores
         self._pass: Pass | None = None
@@ -287,14 +287,17 @@ class Swapper:
 
     def _trim_after_timed_pass(self, previous: Pass | None) -> None:
         """The timed pass sends each raw tensor alone, into a host buffer of its size; the
-        plan made from it may compress or keep some (groups take those buffers again,
-        Offloader.flush): the buffers no later step needs would stay pinned, idle, until the
-        epoch's end, or for good where epoch_end is never called. So once a backward has run
-        after the timed pass, the pool counts what the forwards use, and once another has,
-        frees the rest (whatever forwards a step runs: a backward is what ends a step)."""
+        next step groups them into those buffers while buffers of its groups' sizes are
+        pinned for the steps after (Offloader.flush), and the plan may compress or keep
+        some: the buffers no later step needs would stay pinned, idle, until the epoch's
+        end, or for good where epoch_end is never called. So the pool counts what the third
+        step uses, and frees the rest as the fourth begins (steps counted by backwards,
+        whatever forwards a step runs)."""
         if previous is None or not any(item.round for item in previous.items):
             return  # (its backward has not run: another forward of the same step, or none offloaded)
-        if self._trim == "timed":
+        if self._trim == "timed":  # the step after it groups into the timed step's buffers
+            self._trim = "bridged"
+        elif self._trim == "bridged":  # and the one after that into its own
             self.pool.restart_use()
             self._trim = "counting"
         else:
