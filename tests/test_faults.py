@@ -14,7 +14,6 @@ tensors raise torch.OutOfMemoryError, as the CUDA caching allocator would.
 from __future__ import annotations
 
 import re
-import time
 import warnings
 
 import pytest
@@ -35,7 +34,8 @@ CODECS = ("zvc", "rle", "csr", "lz4")
 
 
 def forward(model):
-    """One forward pass of the patched model; its loss and the swapper's items (host copies done)."""
+    """One forward pass of the patched model; its loss and the swapper's items (host copies
+    done, and vdnnpp's host compressions)."""
     x, y = nets.batches(nets.IMAGE, 1)[0]
     loss = F.cross_entropy(model(x), y)
     swapper = _PATCHED[model].swapper
@@ -156,9 +156,6 @@ def test_checksum_catches_a_flipped_value_byte(mode, kwargs):
 def test_checksum_covers_vdnnpp_host_compressed_copies():
     model = cswap.patch(nets.vgg_like(), mode="vdnnpp", min_bytes=0, checksum=True)
     loss, items = forward(model)
-    deadline = time.monotonic() + 30
-    while not any(item.host_blob is not None for item in items) and time.monotonic() < deadline:
-        time.sleep(0.01)  # the host compression runs on CPU threads
     item = next(item for item in items if item.host_blob is not None)
     item.host_blob.data[-1] ^= 0x01
     with pytest.raises(cswap.CorruptDataError, match=rf"{re.escape(item.info.where)} .* checksum differs"):

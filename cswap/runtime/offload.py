@@ -49,6 +49,7 @@ anyway first fails what waits on it, so nothing waits forever.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import queue
@@ -228,6 +229,7 @@ class Offloader:
         self._done: queue.SimpleQueue | None = None  # the releaser's
         self._threads: list[threading.Thread] = []
         self._host_threads = None  # vdnnpp's CPU compression pool, made on first use
+        self._host_jobs: list = []  # its futures not seen done yet (the releaser appends, synchronize waits)
         self._slots: dict = {}     # device -> [_Slots]: the buffers encodes' sizes are read back into
         self._pins: list = []      # (bytes, device) of group buffers to pin at forward's end (_Pin)
 
@@ -836,13 +838,21 @@ class Offloader:
                 if sw.mode == "vdnnpp" and item.header is None and not item.freed and item.failure is None \
                         and item.lease is not None:
                     compress.append((item, item.lease))
-        for item, lease in compress:
-            if self._host_threads is None:
-                from concurrent.futures import ThreadPoolExecutor
+            # (queued under the lock that released the items: synchronize, seeing them released,
+            # sees their compressions queued)
+            if compress:
+                self._host_jobs = [job for job in self._host_jobs if not job.done()]
+            for item, lease in compress:
+                if self._host_threads is None:
+                    self._host_threads = concurrent.futures.ThreadPoolExecutor(
+                        max(1, (os.cpu_count() or 2) // 2), thread_name_prefix="cswap-host-zvc")
+                self._host_jobs.append(self._host_threads.submit(self._host_compress, item, lease))
 
-                self._host_threads = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) // 2),
-                                                        thread_name_prefix="cswap-host-zvc")
-            self._host_threads.submit(self._host_compress, item, lease)
+    def wait_host_compressions(self) -> None:
+        """vdnnpp: wait for the host compressions queued so far."""
+        with self.sw.lock:
+            jobs, self._host_jobs = self._host_jobs, []
+        concurrent.futures.wait(jobs)
 
     def _host_compress(self, item: Item, lease: Lease) -> None:
         """vdnnpp: ZVC the host copy on the CPU and give the pinned buffer back."""
