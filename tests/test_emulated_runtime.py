@@ -884,6 +884,31 @@ def test_the_step_after_the_timed_one_groups_its_copies_into_the_buffers_they_ha
     assert all(torch.equal(grads[k], expected[k]) for k in expected)
 
 
+def test_pinning_the_groups_buffers_ahead_stays_within_the_host_limit_quietly():
+    """The host limit leaves room for the timed step's lone buffers and one group's buffer:
+    the second group's buffer is not pinned ahead, and nothing idle is freed for it, with
+    no warning of the limit (no tensor stayed on the device); its group takes the lone
+    buffers, and every tensor is offloaded at every step."""
+    lone = 20 * 512  # (20 tensors of 256 bytes, each alone in a 512-byte buffer)
+    stock, model = _relu_chain(20), cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0,
+                                                 stash_bytes=1 << 20, max_host_bytes=lone + 4096)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            groups = _spy_groups(dev)
+            expected = _chain_gradients(stock, x)
+            for _ in range(5):
+                grads = _chain_gradients(model, x, released=True)
+                assert all(torch.equal(grads[k], expected[k]) for k in expected)
+            assert groups == [16, 4] * 4
+            s = cswap.stats(model)
+            assert s["kept_on_gpu"] == 0 and s["offloaded_tensors"] == 5 * 20
+            assert swapper_of(model).pool.peak_reserved_bytes <= lone + 4096
+    finally:
+        cswap.unpatch(model)
+
+
 def test_host_buffers_the_steps_after_the_timed_one_do_without_are_freed():
     """Here the policy keeps every other tensor on the device once the timed step is over:
     the timed step's buffers for those would stay pinned, idle, until an epoch_end that

@@ -1691,6 +1691,23 @@ def test_host_pool_acquire_each_takes_an_idle_buffer_for_every_size_or_none(dev)
     assert pool.allocations == 6
 
 
+def test_host_pool_pins_idle_buffers_ahead_within_its_bound_and_frees_nothing(dev):
+    """The buffers pinned at forward's end for the next step's groups: one idle buffer per
+    size (an idle one that fits counts), the missing ones pinned while the bound allows.
+    At the bound nothing idle is freed to make room and nothing is warned of: no tensor
+    stayed on the device. What is pinned counts as unused until a request takes it."""
+    warned = []
+    pool = HostPool(8192, pin_memory=True, warn=lambda key, message: warned.append(key))
+    pool.release(pool.acquire(1000, dev))  # an idle 1024-byte buffer
+    pool.restart_use()
+    assert pool.pin_idle([1000, 1000, 3000], dev) == 2  # (the idle one serves one 1000)
+    assert pool.allocations == 3 and pool.idle_bytes == pool.reserved_bytes == 1024 + 1024 + 4096
+    assert pool.pin_idle([1000, 1000, 3000], dev) == 0 and pool.allocations == 3
+    assert pool.pin_idle([5000], dev) == 0  # (8192 bytes would pass the bound of 8192 in all)
+    assert pool.idle_bytes == pool.reserved_bytes == 6144 and warned == []
+    assert pool.trim_idle() == 6144  # none was used
+
+
 def test_host_pool_keeps_typed_views_of_its_buffers_and_drops_them_with_them(dev):
     """Copies in and out of a pooled buffer go through a view of its first bytes as the
     tensor's dtype and shape, made once per buffer and kind; freeing the buffer frees them."""

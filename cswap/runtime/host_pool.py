@@ -65,7 +65,8 @@ class HostPool:
     acquire(n, dev) -> a 1-D uint8 tensor of at least n bytes, or None when the
     bound would be exceeded even after dropping idle buffers (the caller then
     keeps its tensor on the device). release(buf, event) returns a buffer; it is
-    reused only once `event` (the last copy touching it) has completed.
+    reused only once `event` (the last copy touching it) has completed. pin_idle(sizes,
+    dev) pins buffers ahead of the requests that will take them.
     `warn(key, message)` reports fallbacks (once per key) to the user's thread.
     """
 
@@ -101,25 +102,39 @@ class HostPool:
                 return buf
             if self.reserved_bytes + cls > self.max_bytes:
                 self._free_idle(lambda b: self.reserved_bytes + cls > self.max_bytes)
-            full = self.reserved_bytes + cls > self.max_bytes
-            if not full:
-                self.reserved_bytes += cls  # held for this allocation, made outside the lock
-                self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
-            pinned = self.pinned
-        if full:  # warned outside the lock: the warning takes the swapper's lock, which is taken before ours
+            reserved = self._reserve(cls)
+        if not reserved:  # warned outside the lock: the warning takes the swapper's lock, which is taken before ours
             self._warn("host-limit", f"cswap: host memory limit of {self.max_bytes / 2**30:.2f} GiB reached; "
                                      f"new tensors stay on the device until buffers come back (raise "
                                      f"max_host_bytes to offload more)")
             return None
-        buf = self._allocate(cls, dev, pinned)
+        return self._allocate_reserved(cls, dev, used=True)
+
+    def pin_idle(self, sizes, dev) -> int:
+        """Make sure an idle buffer fits each of `sizes` (bytes), one each, pinning the
+        missing ones within the bound; the number pinned. Nothing is freed or warned of:
+        a request that later meets the limit is handled then. (Buffers pinned ahead of the
+        requests, off the copies' path: see Offloader.flush.)"""
+        taken, missing = [], []
         with self._lock:
-            if buf is None:
-                self.reserved_bytes -= cls
-                return None
-            self.allocations += 1
-            self._used.add(buf.data_ptr())
-            self._devices.add(dev)
-        return buf
+            for cls in map(size_class, sizes):
+                buf = self._reuse(cls, mark=False)
+                if buf is None:
+                    missing.append(cls)
+                else:
+                    taken.append(buf)
+            for buf in taken:  # (idle: their last copies had completed)
+                self._free[buf.numel()].append((buf, None, None))
+        pinned = 0
+        for cls in missing:
+            with self._lock:
+                if not self._reserve(cls):
+                    continue
+            buf = self._allocate_reserved(cls, dev, used=False)  # (used from the request that takes it)
+            if buf is not None:
+                self.release(buf)
+                pinned += 1
+        return pinned
 
     def acquire_each(self, sizes, dev) -> list[torch.Tensor] | None:
         """An idle buffer for each of `sizes` (bytes), or None, taking none, when one has no
@@ -203,6 +218,27 @@ class HostPool:
         if self.pinned:
             for dev in list(self._devices):
                 dev.empty_host_cache()
+
+    def _reserve(self, cls: int) -> bool:
+        """Count cls bytes as held, for an allocation made outside the lock, if the bound allows."""
+        if self.reserved_bytes + cls > self.max_bytes:
+            return False
+        self.reserved_bytes += cls
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+        return True
+
+    def _allocate_reserved(self, cls: int, dev, used: bool) -> torch.Tensor | None:
+        """A new buffer of the cls bytes _reserve counted (given back if none could be made)."""
+        buf = self._allocate(cls, dev, self.pinned)
+        with self._lock:
+            if buf is None:
+                self.reserved_bytes -= cls
+                return None
+            self.allocations += 1
+            if used:
+                self._used.add(buf.data_ptr())
+            self._devices.add(dev)
+        return buf
 
     def _allocate(self, cls: int, dev, pinned: bool) -> torch.Tensor | None:
         if pinned:

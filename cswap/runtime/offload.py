@@ -412,11 +412,8 @@ class Offloader:
             self.send_group(job)
             return
         if type(job) is _Pin:
-            pool = self.sw.pool
-            pinned = [pool.acquire(nbytes, dev) for nbytes, dev in job.buffers]  # (all, then back: one each)
-            for buf in pinned:
-                if buf is not None:  # (None at the host memory limit)
-                    pool.release(buf)
+            for dev in {dev for _, dev in job.buffers}:
+                self.sw.pool.pin_idle([nbytes for nbytes, d in job.buffers if d is dev], dev)
             return
         item = job
         with stage("encode"):
