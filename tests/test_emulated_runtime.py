@@ -909,6 +909,27 @@ def test_pinning_the_groups_buffers_ahead_stays_within_the_host_limit_quietly():
         cswap.unpatch(model)
 
 
+def test_synchronize_waits_for_the_buffers_pinned_for_the_next_step(monkeypatch):
+    """The worker pins the next step's group buffers after the forward that needed them;
+    synchronize, the point after which nothing runs behind the user's back (a benchmark
+    times stock autograd next), waits for that too."""
+    model = cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0, stash_bytes=1 << 20)
+    x = torch.randn(4, 16)
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")):
+            _chain_gradients(model, x, released=True)  # (the timed step)
+            pool = swapper_of(model).pool
+            pin_idle = pool.pin_idle
+            monkeypatch.setattr(pool, "pin_idle", lambda *args: (time.sleep(0.2), pin_idle(*args))[1])
+            before = pool.allocations
+            loss = model(x).square().sum()
+            swapper_of(model).synchronize()
+            assert pool.allocations == before + 2  # (a buffer for each of the two groups)
+            loss.backward()
+    finally:
+        cswap.unpatch(model)
+
+
 def test_host_buffers_the_steps_after_the_timed_one_do_without_are_freed():
     """Here the policy keeps every other tensor on the device once the timed step is over:
     the timed step's buffers for those would stay pinned, idle, until an epoch_end that

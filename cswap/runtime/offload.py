@@ -132,6 +132,9 @@ def _run_stage(swapper_ref, jobs: _Jobs, stage: str, after: _Jobs | None, done: 
             after.put(_STOP)
         stranded = [it for j in left for it in (j.items if type(j) in (_Group, _Pin) else [j])
                     if not it.issued.is_set()]
+        for j in left:
+            if type(j) is _Pin:
+                j.done.set()  # (nothing to fail: only buffers ahead of need)
         swapper = swapper_ref()
         for it in stranded:
             stopped = RuntimeError(f"cswap: the offload thread ({stage}) stopped before copying this tensor")
@@ -164,11 +167,12 @@ class _Pin:
     forward sent into the buffers its tensors had alone (Offloader.flush): the next step's
     groups take one buffer each again. Queued at forward's end, after its encodes."""
 
-    __slots__ = ("buffers",)
+    __slots__ = ("buffers", "done")
     items = ()
 
     def __init__(self, buffers: list[tuple[int, object]]):
         self.buffers = buffers  # (bytes, device)
+        self.done = Signal()    # (set once pinned, or once its worker stopped without it)
 
 
 class _Group:
@@ -232,6 +236,7 @@ class Offloader:
         self._host_jobs: list = []  # its futures not seen done yet (the releaser appends, synchronize waits)
         self._slots: dict = {}     # device -> [_Slots]: the buffers encodes' sizes are read back into
         self._pins: list = []      # (bytes, device) of group buffers to pin at forward's end (_Pin)
+        self._last_pin: _Pin | None = None  # the last queued (the worker runs them in order)
 
     # -- pack's part --------------------------------------------------------------------------
 
@@ -412,8 +417,11 @@ class Offloader:
             self.send_group(job)
             return
         if type(job) is _Pin:
-            for dev in {dev for _, dev in job.buffers}:
-                self.sw.pool.pin_idle([nbytes for nbytes, d in job.buffers if d is dev], dev)
+            try:
+                for dev in {dev for _, dev in job.buffers}:
+                    self.sw.pool.pin_idle([nbytes for nbytes, d in job.buffers if d is dev], dev)
+            finally:
+                job.done.set()
             return
         item = job
         with stage("encode"):
@@ -709,8 +717,9 @@ class Offloader:
         self.flush()
         self.poll()
         if self._pins:
-            pins, self._pins = self._pins, []
-            self._running().put_job(_Pin(pins))
+            self._last_pin = _Pin(self._pins)
+            self._pins = []
+            self._running().put_job(self._last_pin)
         with sw.lock:
             sw.in_forward = False
             pending = [item for item in sw.inflight if item.phase == Phase.ISSUED and item.advance(Phase.HANDED)]
@@ -845,8 +854,12 @@ class Offloader:
                         max(1, (os.cpu_count() or 2) // 2), thread_name_prefix="cswap-host-zvc")
                 self._host_jobs.append(self._host_threads.submit(self._host_compress, item, lease))
 
-    def wait_host_compressions(self) -> None:
-        """vdnnpp: wait for the host compressions queued so far."""
+    def wait_background(self) -> None:
+        """Wait for the work queued so far that no item waits for: the buffers the worker
+        pins for the next step (_Pin), and vdnnpp's host compressions."""
+        pin, self._last_pin = self._last_pin, None
+        if pin is not None:
+            pin.done.wait()
         with self.sw.lock:
             jobs, self._host_jobs = self._host_jobs, []
         concurrent.futures.wait(jobs)

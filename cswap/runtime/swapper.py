@@ -864,16 +864,16 @@ class Swapper:
         lease.give_back()
 
     def synchronize(self) -> None:
-        """Wait until every admitted offload has been copied out and released (and, in
-        vdnnpp, compressed on the host), and every verdict of a restore served to
-        backward has been read."""
+        """Wait until every admitted offload has been copied out and released, the work
+        queued beside them is done (buffers pinned for the next step, vdnnpp's host
+        compressions), and every verdict of a restore served to backward has been read."""
         while True:
             with self.lock:
                 if not self.inflight:
                     break
                 oldest = self.inflight[0]
             self._wait_released(oldest, at="release.copy_done")
-        self.offloader.wait_host_compressions()
+        self.offloader.wait_background()
         if self.held_drops:
             self._drop_held(hold_on=True)
         if self.restorer.unread:  # (a backward that raised never reached its end)
