@@ -146,6 +146,35 @@ def test_bayes_is_deterministic_for_a_seed():
     assert run(8) != first
 
 
+def test_bayes_probes_at_random_where_the_acquisitions_optimiser_gives_up(monkeypatch):
+    """bayes_opt raises when scipy's differential evolution, which maximises its acquisition
+    over the int block axis, stops at its iteration cap (it failed a CI run of
+    `cswap-tune --quick`): that probe is a random one, and the search goes on. Any other
+    error of bayes_opt is raised."""
+    from bayes_opt import BayesianOptimization
+
+    suggest, failures = BayesianOptimization.suggest, []
+
+    def failing(self, *args, **kwargs):
+        if len(failures) < 2:
+            failures.append(1)
+            raise RuntimeError("Differential evolution optimization failed. Message: Maximum number of "
+                               "iterations has been exceeded.")
+        return suggest(self, *args, **kwargs)
+
+    monkeypatch.setattr(BayesianOptimization, "suggest", failing)
+    result = bayes_tune(kernel_seconds, init_points=3, n_iter=4, seed=0)
+    assert failures == [1, 1] and 1 <= len(result.evaluations) <= 7
+    assert result.best == min(result.evaluations, key=lambda e: e.seconds).config
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(BayesianOptimization, "suggest", broken)
+    with pytest.raises(RuntimeError, match="something else"):
+        bayes_tune(kernel_seconds, init_points=1, n_iter=1, seed=0)
+
+
 def test_random_search_is_deterministic_and_log_uniform():
     a = random_search(kernel_seconds, seed=3)
     b = random_search(kernel_seconds, seed=3)
