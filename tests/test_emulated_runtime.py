@@ -532,6 +532,56 @@ def test_a_dead_offload_worker_surfaces_in_the_training_step(monkeypatch):
     assert isinstance(error, RuntimeError) and "offload thread (encode) stopped" in str(error), error
 
 
+def _worker_dies_and_its_successor_at_once(monkeypatch):
+    """(inject, undo) for _fail_then_train: the worker stops, and so does every worker started
+    after it, before a job reaches it (each closes its queue as it ends)."""
+    from cswap.runtime.offload import _STOP, Offloader
+
+    start = Offloader._start
+
+    def stop_worker(offloader):
+        offloader._jobs.put(_STOP)
+        offloader._threads[0].join()
+
+    def start_dying(self):
+        start(self)
+        stop_worker(self)
+
+    def inject(dev, sw):
+        stop_worker(sw.offloader)
+        monkeypatch.setattr(Offloader, "_start", start_dying)
+
+    return inject, lambda: monkeypatch.setattr(Offloader, "_start", start)
+
+
+def test_a_job_no_worker_will_take_fails_its_items_instead_of_hanging(monkeypatch):
+    """put_job retries once on a new worker; when that one is gone too, the job's items fail
+    and the step raises (it waited for their copies for ever before)."""
+    inject, undo = _worker_dies_and_its_successor_at_once(monkeypatch)
+    error = _fail_then_train(inject, mode="sc", undo=undo)
+    assert isinstance(error, RuntimeError) and "offload thread (encode) stopped" in str(error), error
+
+
+def test_a_pin_no_worker_will_take_is_done(monkeypatch):
+    """(synchronize and unpatch wait for the last pin queued: for ever, before)"""
+    from cswap.runtime.offload import _Pin
+
+    make, shape = NETS["small_cnn"]
+    model = cswap.patch(make(), mode="vdnn", min_bytes=0, verbose=False)
+    try:
+        with cswap.testing.emulated_device(**SLOW):
+            gradients(model, *nets.batches(shape, 1)[0])
+            sw = swapper_of(model)
+            inject, undo = _worker_dies_and_its_successor_at_once(monkeypatch)
+            inject(None, sw)
+            pin = _Pin([(4096, torch.device("cuda"))])  # (never pinned: no worker takes it)
+            sw.offloader.put_job(pin)
+            undo()
+            assert pin.done.is_set()
+    finally:
+        cswap.unpatch(model)
+
+
 def test_a_failed_copy_surfaces_in_the_training_step():
     error = _fail_then_train(lambda dev, sw: dev.inject_failure("copy", RuntimeError("link down")))
     assert isinstance(error, RuntimeError) and "link down" in str(error), error

@@ -130,23 +130,29 @@ def _run_stage(swapper_ref, jobs: _Jobs, stage: str, after: _Jobs | None, done: 
         left += [j for j in jobs.close() if j is not _STOP]
         if after is not None:  # (the sender sends what it was given, then stops)
             after.put(_STOP)
-        stranded = [it for j in left for it in (j.items if type(j) in (_Group, _Pin) else [j])
-                    if not it.issued.is_set()]
-        for j in left:
-            if type(j) is _Pin:
-                j.done.set()  # (nothing to fail: only buffers ahead of need)
-        swapper = swapper_ref()
-        for it in stranded:
-            stopped = RuntimeError(f"cswap: the offload thread ({stage}) stopped before copying this tensor")
-            if swapper is not None:
-                swapper.fail(stopped, it)  # raised in the training step at its next pack or unpack
-                with swapper.lock:
-                    it.failure = it.failure or stopped
-                    it.advance(Phase.ISSUED)
-            else:
+        _strand(swapper_ref, left, stage, done)
+
+
+def _strand(swapper_ref, left: list, stage: str, done: queue.SimpleQueue) -> None:
+    """Jobs no thread of `stage` will run: fail their items (the training step raises at its
+    next pack or unpack), hand them to the releaser, and end what waits on them."""
+    stranded = [it for j in left for it in (j.items if type(j) in (_Group, _Pin) else [j])
+                if not it.issued.is_set()]
+    for j in left:
+        if type(j) is _Pin:
+            j.done.set()  # (nothing to fail: only buffers ahead of need)
+    swapper = swapper_ref()
+    for it in stranded:
+        stopped = RuntimeError(f"cswap: the offload thread ({stage}) stopped before copying this tensor")
+        if swapper is not None:
+            swapper.fail(stopped, it)
+            with swapper.lock:
                 it.failure = it.failure or stopped
-                it.issued.set()
-            done.put(it)
+                it.advance(Phase.ISSUED)
+        else:
+            it.failure = it.failure or stopped
+            it.issued.set()
+        done.put(it)
 
 
 def _release(swapper_ref, done: queue.SimpleQueue) -> None:
@@ -763,7 +769,8 @@ class Offloader:
     def put_job(self, job) -> None:
         if not self._jobs.put(job):  # the worker stopped meanwhile
             self._start()
-            self._jobs.put(job)
+            if not self._jobs.put(job):  # and its successor too: nothing may wait on the job for ever
+                _strand(weakref.ref(self.sw), [job], "encode", self._done)
 
     def _sends_put(self, item: Item) -> None:
         if not self._sends.put(item):  # the sender stopped: it fails what it was given, this too
