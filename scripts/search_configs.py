@@ -8,7 +8,8 @@ unpatched step), and how training runs (the CPU or the emulated device, prompt, 
 jittery or with compute behind the host; the model called twice a step, retain_graph,
 gradient accumulation, bf16 autocast, a gradient penalty (backward through backward),
 the input's gradient, the model's call inside torch.utils.checkpoint (reentrant or not),
-evaluation passes and epoch ends between steps). It trains three steps patched and
+evaluation passes and epoch ends between steps). It trains three or five steps (five
+reach the host pool's count of a step's buffers and its trim) patched and
 unpatched and compares every gradient bit for bit; on the emulated device any race or
 unsynchronised free it reports is a failure too. An out-of-memory error that names what to change (the device is
 small on purpose), a configuration stock autograd cannot train, or trains with
@@ -44,7 +45,7 @@ import modern  # noqa: E402
 import nets  # noqa: E402
 from cswap.plan.inputs import Inputs, default_loss  # noqa: E402
 
-STEPS = 3
+STEPS = (3, 3, 5)  # drawn: the host pool counts the third step's buffers and frees the rest at the fourth
 CYCLE = ("zvc", "rle", "csr", "lz4", None, "keep")
 
 
@@ -113,12 +114,13 @@ def draw(seed: int) -> dict:
         c["wrap"] = None                                   # from: checkpoint keeps the model's saves to itself)
     if c["wrap"] == "checkpoint_reentrant" and c["penalty"]:  # (reentrant checkpoint refuses autograd.grad)
         c["wrap"] = "checkpoint"
+    c["steps"] = r.choice(STEPS)
     return c
 
 
 def describe(c: dict) -> str:
     shown = {k: c[k] for k in ("mode", "device", "budget", "retain", "accumulate", "autocast", "eval", "epoch_every",
-                               "penalty", "calls", "input_grad", "wrap")}
+                               "penalty", "calls", "input_grad", "wrap", "steps")}
     options = {k: ("cycling" if k == "policy" else v) for k, v in c["options"].items()}
     return f"seed {c['seed']}: {c['name']} {shown} {options}"
 
@@ -162,7 +164,7 @@ def train(model, inputs, c: dict, device: str, capacity: int | None = None, patc
     """Each step's gradients; raises on a hazard the emulated device saw."""
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     grads = []
-    for i in range(STEPS):
+    for i in range(c["steps"]):
         torch.manual_seed(i)
         opt.zero_grad(set_to_none=True)
         with _device(device, capacity, c["seed"]) as dev:
