@@ -24,8 +24,8 @@ import triton.language as tl
 from .lookback import LOOK_BACK, exclusive_prefix, ticket
 from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements
 
-__all__ = ["TILE", "layout", "nonzero_offsets", "zvc_compress", "zvc_launch", "zvc_decompress", "zvc_compress_ref",
-           "zvc_launch_ref", "zvc_decompress_ref"]
+__all__ = ["TILE", "layout", "nonzero_offsets", "min_room_nbytes", "zvc_compress", "zvc_launch", "zvc_decompress",
+           "zvc_compress_ref", "zvc_launch_ref", "zvc_decompress_ref"]
 
 # TILE = 4096 elements (128 mask words): untuned default, pending a sweep on
 # H100; any multiple of 32 decodes.
@@ -102,14 +102,16 @@ def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_t
             count += tl.sum(row_count, axis=0)
 
 
-@triton.jit(do_not_specialize=["n", "num_tiles", "offsets_pad", "masks_pad"])
+@triton.jit(do_not_specialize=["n", "num_tiles", "offsets_pad", "masks_pad", "values_room"])
 def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, n, num_tiles, offsets_pad,
-                         masks_pad, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
+                         masks_pad, values_room, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
     """Count, place and write each tile in one read of the input: tiles taken by ticket
     find the non-zeros before them by decoupled look-back (cswap.kernels.lookback; its
     state_ptr: int64[num_tiles + 1], zero before the launch), then write. The last tile
     also writes the total and zeroes the padding (offsets_pad int64 words after the
-    offsets, masks_pad int32 words after the masks, the values' up to VALUES_PAD words)."""
+    offsets, masks_pad int32 words after the masks, the values' up to VALUES_PAD words).
+    No value is written at or past values_room words (a buffer reserved for less than
+    the largest payload): the total still counts them all, for the host to see the overflow."""
     ROWS: tl.constexpr = TILE // 32
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
@@ -129,7 +131,7 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
         tl.store(offsets_ptr + t, prefix)
         row_before = tl.cumsum(row_count, axis=0) - row_count
         pos = prefix + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
-        tl.store(values_ptr + pos, w, mask=inb & (nz != 0))
+        tl.store(values_ptr + pos, w, mask=inb & (nz != 0) & (pos < values_room))
         if t == num_tiles - 1:
             nnz = prefix + total
             tl.store(offsets_ptr + num_tiles, nnz)
@@ -138,7 +140,7 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
             tl.store(masks_ptr + (n + 31) // 32 + pad, pad * 0, mask=pad < masks_pad)
             vpad = tl.arange(0, VALUES_PAD)
             tl.store(values_ptr + nnz + vpad, tl.zeros([VALUES_PAD], dtype=w.dtype),
-                     mask=vpad < (VALUES_PAD - nnz % VALUES_PAD) % VALUES_PAD)
+                     mask=(vpad < (VALUES_PAD - nnz % VALUES_PAD) % VALUES_PAD) & (nnz + vpad < values_room))
         t = ticket(state_ptr)
 
 
@@ -210,12 +212,17 @@ ONE_PASS_MIN_WARPS = 8
 
 
 def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig | None, tile: int) -> torch.Tensor:
-    """Write the whole payload of `words` into `payload` (at least its size) in one
-    kernel (_zvc_one_pass_kernel); returns the offsets' last entry, nnz, as a 1-element
-    int64 view on the device."""
+    """Write the payload of `words` into `payload` in one kernel (_zvc_one_pass_kernel);
+    returns the offsets' last entry, nnz, as a 1-element int64 view on the device.
+    `payload` holds at least the offsets and masks (min_room_nbytes); values that do
+    not fit are not written (the payload is whole when layout(n, tile, nnz)[3] fits)."""
     n, itemsize = words.numel(), words.element_size()
     num_tiles = -(-n // tile)
+    if payload.numel() < min_room_nbytes(n, tile):
+        raise ValueError(f"cswap.kernels.zvc: a buffer of {payload.numel()} bytes cannot hold the offsets and "
+                         f"masks of {n} elements ({min_room_nbytes(n, tile)} bytes)")
     offsets, masks, values = _sections(payload, n, tile, n, words.dtype)
+    values_room = (payload.numel() - layout(n, tile, 0, itemsize)[2]) // itemsize  # (the padding's room too)
     if not num_tiles:
         payload[:16].zero_()  # the offsets' one entry (0) and its padding
         return offsets[:1]
@@ -224,7 +231,7 @@ def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig |
     warps = max(warps, ONE_PASS_MIN_WARPS)
     offsets_pad, masks_pad = (-(num_tiles + 1)) % (_ALIGN // 8), (-masks.numel()) % (_ALIGN // 4)
     _zvc_one_pass_kernel[(grid,)](words, offsets, masks, values, state, n, num_tiles, offsets_pad, masks_pad,
-                                  TILE=tile, LOOK=LOOK_BACK, VALUES_PAD=_ALIGN // itemsize,
+                                  values_room, TILE=tile, LOOK=LOOK_BACK, VALUES_PAD=_ALIGN // itemsize,
                                   num_warps=warps, maxnreg=max_registers(warps))
     return offsets[num_tiles:]
 
@@ -245,13 +252,20 @@ def reserve_nbytes(n: int, tile: int, itemsize: int) -> int:
     return layout(n, tile, n, itemsize)[3]
 
 
+def min_room_nbytes(n: int, tile: int) -> int:
+    """The least buffer zvc_launch takes: the offsets and the masks (the payload with no non-zero)."""
+    return layout(n, tile, 0, 1)[3]
+
+
 def zvc_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
                tile: int = TILE) -> torch.Tensor:
     """zvc_compress without the host sync, in one read of the input: the payload is
-    written into `reserved` (reserve_nbytes bytes, 16-byte aligned), byte for byte what
-    zvc_compress writes for the same input, in the first layout(n, tile, nnz, itemsize)[3]
-    bytes. Returns nnz as a 1-element int64 tensor on the device, for the caller to
-    read back when the work has run."""
+    written into `reserved` (16-byte aligned), byte for byte what zvc_compress writes for
+    the same input, in the first layout(n, tile, nnz, itemsize)[3] bytes. Returns nnz as
+    a 1-element int64 tensor on the device, for the caller to read back when the work
+    has run. `reserved` may be shorter than reserve_nbytes (not than min_room_nbytes):
+    then nothing is written past its end, and a payload larger than it is incomplete
+    (the caller compares its size, from nnz, with the room)."""
     return _one_pass(words, reserved, config, tile)
 
 
@@ -305,6 +319,8 @@ def zvc_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> int:
     values = words[nz]
     nnz = values.numel()
     payload = alloc(layout(n, tile, nnz, words.element_size())[3])
+    if payload is None:  # (zvc_launch_ref's room is too small for it)
+        return nnz
     payload.zero_()
     offsets, masks, out_values = _sections(payload, n, tile, nnz, words.dtype)
     offsets[1:].copy_(torch.cumsum(_tile_counts(nz, tile), 0))
@@ -316,7 +332,10 @@ def zvc_compress_ref(words: torch.Tensor, alloc, tile: int = TILE) -> int:
 def zvc_launch_ref(words: torch.Tensor, reserved: torch.Tensor, tile: int = TILE) -> torch.Tensor:
     """zvc_launch's reference: the same bytes in `reserved`, nnz as a 1-element int64 tensor
     (the reference reads sizes on the host: on a GPU the Triton launch does not)."""
-    nnz = zvc_compress_ref(words, lambda nbytes: reserved[:nbytes], tile)
+    def room(nbytes: int) -> torch.Tensor | None:
+        return reserved[:nbytes] if nbytes <= reserved.numel() else None  # (too small: nothing written)
+
+    nnz = zvc_compress_ref(words, room, tile)
     return torch.full((1,), nnz, dtype=torch.int64, device=words.device)
 
 

@@ -10,6 +10,7 @@ as a hazard by the emulator's race detector.
 from __future__ import annotations
 
 import gc
+import math
 import sys
 import threading
 import time
@@ -610,6 +611,71 @@ def test_a_failing_encoder_surfaces_in_the_training_step(monkeypatch):
     inject, undo = _break(monkeypatch, "launch_into", ValueError("encoder bug"))
     error = _fail_then_train(inject, mode="sc", undo=undo)
     assert isinstance(error, RuntimeError) and isinstance(error.__cause__, ValueError), error
+
+
+def _zvc_items(model):
+    """The last pass's ZVC-compressed tensors: (item, the largest payload, the payload sent)."""
+    sw, zvc = swapper_of(model), cswap.codecs.get("zvc")
+    return [(item, zvc.reserve_nbytes(math.prod(item.info.shape), item.info.dtype.itemsize),
+             sw.payload_sizes[item.key][2]) for item in sw._pass.items if item.codec == "zvc"]
+
+
+def test_zvc_reserves_room_from_the_payload_of_the_pass_before():
+    """sc reserved room for ZVC's largest payload (the tensor and its bitmap) for each
+    tensor in flight. Now the first pass reads each size back before the encode (no
+    room reserved), and from the second pass on the room is an eighth over the
+    tensor's payload in the pass before (Codec.room_nbytes): gradients stay exact."""
+    make, shape = NETS["small_cnn"]
+    stock, model = make(), cswap.patch(make(), mode="sc", min_bytes=0)
+    zvc = cswap.codecs.get("zvc")
+    try:
+        x, y = nets.batches(shape, 1)[0]
+        expected = gradients(stock, x, y)
+        for step in range(3):
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                got = gradients(model, x, y)
+            assert dev.hazards == [] and exact(got, expected), step
+            items = _zvc_items(model)
+            assert items, "nothing was compressed"
+            for item, largest, payload in items:
+                if step == 0:
+                    assert item.room is None and item.footprint == 2 * item.info.nbytes
+                else:  # (payloads are the same each pass: the same batch)
+                    assert payload <= item.room == zvc.room_nbytes(math.prod(item.info.shape), 4, payload)
+                    assert item.footprint == item.info.nbytes + item.room
+            assert step == 0 or any(item.room < 0.7 * largest for item, largest, _ in items)
+        assert cswap.stats(model)["payload_overflow"] == 0
+    finally:
+        cswap.unpatch(model)
+
+
+def test_a_payload_that_outgrows_its_room_is_sent_raw_and_sizes_the_next_room():
+    """A tensor whose payload grew past the room the pass before gave it (its activations
+    became denser) is sent uncompressed that pass, counted; the next pass's room fits it."""
+    make, shape = NETS["small_cnn"]
+    stock, model = make(), cswap.patch(make(), mode="sc", min_bytes=0)
+    try:
+        x, y = nets.batches(shape, 1)[0]
+        expected = gradients(stock, x, y)
+        with cswap.testing.emulated_device(**SLOW):
+            gradients(model, x, y)
+        sizes = swapper_of(model).payload_sizes
+        for key, (codec, nbytes, _) in sizes.items():  # as if each payload had had no non-zero
+            sizes[key] = (codec, nbytes, 0)
+        for step in range(2):
+            cswap.stats(model).reset()
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                got = gradients(model, x, y)
+            assert dev.hazards == [] and exact(got, expected), step
+            s = cswap.stats(model)
+            if step == 0:  # every payload outgrew its room: sent as it is
+                assert s["payload_overflow"] == s["offloaded_tensors"] > 0
+                assert s["compressed_tensors"] == 0 and s["transferred_bytes"] == s["offloaded_bytes"]
+            else:
+                assert s["payload_overflow"] == 0 and s["compressed_tensors"] == s["offloaded_tensors"]
+        assert all(payload <= item.room for item, _, payload in _zvc_items(model))
+    finally:
+        cswap.unpatch(model)
 
 
 def test_kept_on_gpu_is_counted_and_reported_not_hidden():

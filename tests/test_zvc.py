@@ -229,6 +229,44 @@ def test_a_launch_without_its_size_writes_what_compress_writes(shape, dtype, spa
     assert payload.data_ptr() == reserved[0].data_ptr()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float64], ids=str)
+def test_a_launch_into_less_room_writes_nothing_past_it_and_counts_the_whole_payload(dtype, backend):
+    """The runtime reserves room from the payload of the step before (room_nbytes). Where
+    the payload fits, the bytes are compress's; where it does not, nothing is written past
+    the room (a fence of poisoned bytes after it stays) and the sizes still give the whole
+    payload's header, for the caller to see the overflow."""
+    x = random_bits((2 * kz.TILE + 77,), dtype, sparsity=0.5)
+    blob = ZVC.compress(x, backend=backend)
+    exact = blob.payload.numel()
+    for room in (exact, exact - 16, kz.min_room_nbytes(x.numel(), kz.TILE)):
+        fenced = torch.full((room + 4096,), 0xA5, dtype=torch.uint8)
+        sizes = torch.empty(1, dtype=torch.int64)
+        ZVC.launch_into(x, fenced[:room], sizes, backend=backend)
+        assert ZVC.launched(sizes.tolist(), tuple(x.shape), x.dtype) == blob._header
+        assert bool((fenced[room:] == 0xA5).all()), f"written past a room of {room} bytes"
+        if room == exact:
+            assert torch.equal(fenced[:room], blob.payload)
+
+
+def test_room_for_a_known_payload_is_an_eighth_more_at_most_the_largest():
+    n, itemsize = 10**5, 4
+    largest = ZVC.reserve_nbytes(n, itemsize)
+    assert ZVC.room_nbytes(n, itemsize, None) == largest
+    assert ZVC.room_nbytes(n, itemsize, 40000) == 45008  # 45000, 16-byte aligned
+    assert ZVC.room_nbytes(n, itemsize, largest - 10) == largest
+    assert ZVC.room_nbytes(n, itemsize, 0) == kz.min_room_nbytes(n, kz.TILE)  # (the offsets and masks)
+    lz4 = cswap.codecs.get("lz4")  # (not bounded: always room for its largest payload)
+    assert lz4.room_nbytes(n, itemsize, 8000) == lz4.reserve_nbytes(n, itemsize)
+
+
+def test_a_room_too_small_for_the_offsets_and_masks_raises():
+    x = random_bits((kz.TILE + 5,), torch.float32, sparsity=0.5)
+    room = kz.min_room_nbytes(x.numel(), kz.TILE)
+    with pytest.raises(ValueError, match="cannot hold the offsets and masks"):
+        kz.zvc_launch(x.view(torch.int32), torch.empty(room - 16, dtype=torch.uint8))
+
+
 def test_codecs_that_size_their_buffer_on_the_host_defer_their_encode():
     rle = cswap.codecs.get("rle")
     x = random_bits((500,), torch.float32, sparsity=0.6)

@@ -122,6 +122,10 @@ class Pending:
 
 
 SMALL_TEMPORARIES = 16 * 512  # see Codec.encode_scratch_bytes
+# A bounded codec's room (Codec.room_nbytes) over the payload it is sized from: the runtime sizes
+# it from the tensor's payload in the step before, and activations' sparsity drifts by a few
+# per cent between steps; a payload that outgrows it is sent uncompressed that step.
+ROOM_MARGIN = 0.125
 
 
 class Codec:
@@ -229,10 +233,27 @@ class Codec:
         bytes; None: this codec cannot launch without reading sizes back (encode)."""
         return self._reserve_nbytes(numel, itemsize)
 
+    # A bounded codec's launch_into also takes a `reserved` shorter than reserve_nbytes (of
+    # room_nbytes): it writes nothing past its end, and its sizes still count the whole
+    # payload, so launched() tells the caller when the payload did not fit.
+    bounded: ClassVar[bool] = False
+
+    def room_nbytes(self, numel: int, itemsize: int, payload_nbytes: int | None) -> int | None:
+        """The device bytes to reserve for launch_into when this tensor's payload last took
+        `payload_nbytes` (None: not known): a bounded codec's room for a payload up to
+        ROOM_MARGIN larger (at least its fixed sections), 16-byte aligned, at most
+        reserve_nbytes; else reserve_nbytes."""
+        largest = self.reserve_nbytes(numel, itemsize)
+        if largest is None or payload_nbytes is None or not self.bounded:
+            return largest
+        room = max(math.ceil(payload_nbytes * (1 + ROOM_MARGIN)), self._min_room_nbytes(numel, itemsize))
+        return min(largest, -(-room // 16) * 16)
+
     def launch_into(self, x: torch.Tensor, reserved: torch.Tensor, sizes: torch.Tensor,
                     config: LaunchConfig | None = None, backend: str = "auto") -> None:
-        """Queue the encode of `x` into `reserved` (reserve_nbytes bytes, 16-byte aligned, on
-        x's device), leaving `size_words` int64 words in `sizes` for launched(); no host sync."""
+        """Queue the encode of `x` into `reserved` (reserve_nbytes bytes, or a bounded codec's
+        room_nbytes; 16-byte aligned, on x's device), leaving `size_words` int64 words in
+        `sizes` for launched(); no host sync."""
         where = f"cswap.codecs.{self.name}.compress"
         backend = resolve_backend(backend, x.device, where)
         sizes.copy_(self._launch(as_words(x), tuple(x.shape), config, backend, reserved))
@@ -330,6 +351,10 @@ class Codec:
         """The buffer _launch writes into for a tensor of `numel` words; None: the codec
         cannot launch without reading sizes back (Codec.launch defers its encode)."""
         return None
+
+    def _min_room_nbytes(self, numel: int, itemsize: int) -> int:
+        """A bounded codec's least room: what it writes whatever the input."""
+        return 0
 
     def _launch(self, words: torch.Tensor, shape: tuple[int, ...], config, backend: str,
                 reserved: torch.Tensor) -> torch.Tensor:

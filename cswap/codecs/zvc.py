@@ -15,6 +15,7 @@ __all__ = ["ZVC", "CODEC"]
 class ZVC(Codec):
     name = "zvc"
     n_meta = 2
+    bounded = True  # (its one-pass encoder stops writing values at the end of the room)
 
     def _encode_scratch_bytes(self, numel, itemsize):
         tiles = -(-numel // kernels.TILE)
@@ -34,6 +35,9 @@ class ZVC(Codec):
 
     def _reserve_nbytes(self, numel, itemsize):
         return kernels.reserve_nbytes(numel, kernels.TILE, itemsize)
+
+    def _min_room_nbytes(self, numel, itemsize):
+        return kernels.min_room_nbytes(numel, kernels.TILE)
 
     def _launch(self, words, shape, config, backend, reserved):
         if backend == "triton":

@@ -63,9 +63,11 @@ restore), in the spirit of SwapAdvisor's simulator. It is a model built from the
 profiled timings, not a measurement:
 
 - Forward: tensors are packed in save order. Pack admits a tensor while the device
-  bytes in flight out (the tensor, and for a compressed one a payload reserved for the
-  largest its codec writes: twice its size) fit the stash window (an eighth of the
-  pass, at least the largest) or fewer than two tensors are in flight; else forward
+  bytes in flight out (the tensor, and for a compressed one the room the runtime
+  reserves for its payload in a steady step: ZVC's an eighth over its size, another
+  codec's the largest it writes, or the tensor's size where the size is read first)
+  fit the stash window (an eighth of the pass, at least the largest) or fewer than
+  two tensors are in flight; else forward
   waits for the oldest copy out to end, and every later save moves on by that wait.
   Encodes run in order on the codec stream from the save (Time_c), copies in
   order on the D2H link after their encode, or their save when raw (S_c / BW_d2h).
@@ -111,6 +113,7 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Callable, Iterable, Mapping
 
+from .. import codecs as _codecs
 from ..codecs.container import header_size
 from ..kernels import csr as _csr
 from ..kernels import lz4 as _lz4
@@ -485,18 +488,25 @@ WINDOW_LEAST = 2     # and at least this many tensors in flight, the largest inc
 SM_SHARE = 1.0
 
 
+def _room(t: TensorProfile, codec: str, size: int) -> int:
+    """The device bytes the runtime reserves for the tensor's payload in a steady step."""
+    room = _codecs.get(codec).room_nbytes(t.numel, t.itemsize, size)
+    return t.nbytes if room is None else room
+
+
 def _timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
               bw_h2d: float, served_from_device: bool = True, budgeted: bool = False) -> SimResult:
     tensors = iteration.tensors
     n = len(tensors)
     per = {t.key: 0.0 for t in tensors}
     # The device bytes each holds while in flight out: the tensor, and for a compressed one the
-    # payload reserved for the largest its codec can write (cswap.runtime.offload.footprint);
-    # under a memory budget, the payload at its size, and one tensor in flight at least, not two
+    # room reserved for its payload (cswap.runtime.offload.footprint: the largest its codec can
+    # write, ZVC's an eighth over its size; the tensor's size again where the size is read
+    # first); under a memory budget, the payload at its size, and one tensor in flight at least
     if budgeted:
         footprint = [t.nbytes + (c.size[k] if k else 0) for t, k, c in zip(tensors, options, costs)]
     else:
-        footprint = [t.nbytes * (2 if k else 1) for t, k in zip(tensors, options)]
+        footprint = [t.nbytes + (_room(t, k, c.size[k]) if k else 0) for t, k, c in zip(tensors, options, costs)]
     least = 1 if budgeted else WINDOW_LEAST
     stash = max(max(footprint, default=0), sum(footprint) // WINDOW_FRACTION)
     # forward: pack admits a tensor while the footprints in flight fit the stash (two at least),
@@ -610,7 +620,7 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     ended when backward asks for it is served from the device, as the runtime does
     (False: it is waited for, as the advisor scores its options). budgeted: the runtime
     under a memory budget (windows admit one tensor at least, payloads held at their
-    size, not reserved for the largest). A model, not a measurement."""
+    size, with no room reserved). A model, not a measurement."""
     if not isinstance(iteration, IterationProfile):
         _fail(f"simulate needs an IterationProfile, got {type(iteration).__name__}")
     bw_d2h, bw_h2d, available = _check_profile(profile)

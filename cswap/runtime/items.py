@@ -195,7 +195,7 @@ class Item:
     __slots__ = ("info", "codec", "device", "src", "counter", "weak", "version", "perm", "stride", "index",
                  "phase", "issued", "ready", "encoded", "sizes", "pending", "sent", "header", "lease", "offset",
                  "host_view", "moved", "tail", "host_blob", "busy", "d2h_done", "fallback", "failure",
-                 "footprint", "restored", "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted", "error",
+                 "footprint", "room", "restored", "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted", "error",
                  "expected_sum", "handles", "unpacked", "round", "prefetched_round", "freed", "pass_number",
                  "__weakref__")
 
@@ -213,6 +213,7 @@ class Item:
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.index = index                         # in its pass's items (the pass is its handles')
         self.footprint = info.nbytes               # device bytes it holds while in flight (the stash counts them)
+        self.room: int | None = None               # the bytes reserved for its payload (None: sized on the host)
         self.pass_number = 0                       # the swapper's count of forward passes when it was packed
         # Its copy out:
         self.phase = Phase.PACKED

@@ -7,11 +7,14 @@ every wait between them):
             and either sends a dense raw tensor itself (below) or queues it for:
   encode    (worker) queues on the codec stream, after `ready`, the codec's
             encode (Codec.launch_into: into a device buffer reserved for the largest
-            payload, its sizes left on the device and copied to a small pinned slot)
+            payload, or, for a bounded codec (ZVC), for an eighth more than the tensor's
+            payload in the pass before; its sizes left on the device and copied to a
+            small pinned slot)
             or the gather of a tensor that is not dense. Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
-            host (RLE and CSR today) is left to the next stage whole.
+            host (RLE and CSR today), and a bounded codec's first pass (no payload to
+            size its room from), are left to the next stage whole.
   send      (sender) takes the items in order. For a launched encode it waits for its
             sizes to land (the one blocking read, on this thread only), makes the
             header, takes a host buffer from the pool (allocating outside any lock pack
@@ -275,20 +278,31 @@ class Offloader:
 
     def footprint(self, item: Item) -> int:
         """Device bytes the item holds while in flight out: the tensor, and what is made to
-        send it (a payload reserved for the largest the codec can write, or a gathered copy)."""
+        send it (the room reserved for its payload, or a gathered copy). Sets item.room."""
         nbytes = item.info.nbytes
         if item.codec is not None:
-            reserve = self._reserve(item)
-            return nbytes + (reserve if reserve is not None else nbytes)
+            item.room = self._room(item)
+            return nbytes + (item.room if item.room is not None else nbytes)
         return nbytes if item.perm is not None else 2 * nbytes
 
-    def _reserve(self, item: Item) -> int | None:
+    def _room(self, item: Item) -> int | None:
         """The bytes an encode launched without its size reserves, or None: the sender
-        encodes it, reading its size back first (a codec that must, or a memory budget,
-        whose plan counts each payload at its size, not the largest it could have)."""
+        encodes it, reading its size back first (a codec that must; a memory budget, whose
+        plan counts each payload at its size; a bounded codec's first pass). The room is
+        for the largest payload the codec can write, or, for a bounded codec, for an
+        eighth more than the same tensor's payload in the pass before (Codec.room_nbytes;
+        scaled by its size if that changed), so that no pass holds room for the largest."""
         if self.sw.memory_limit is not None:
             return None
-        return codecs.get(item.codec).reserve_nbytes(math.prod(item.info.shape), item.info.dtype.itemsize)
+        info, codec = item.info, codecs.get(item.codec)
+        numel, itemsize = math.prod(info.shape), info.dtype.itemsize
+        if not codec.bounded:
+            return codec.reserve_nbytes(numel, itemsize)
+        last = self.sw.payload_sizes.get(info.key)
+        if last is None or last[0] != item.codec or not last[1]:
+            return None
+        payload = last[2] if last[1] == info.nbytes else last[2] * info.nbytes // last[1]
+        return codec.room_nbytes(numel, itemsize, payload)
 
     # -- groups: raw copies out queued together, into one host buffer -------------------------
 
@@ -448,7 +462,7 @@ class Offloader:
         dense = src.permute(item.perm) if item.perm is not None else src
         if item.codec is not None:
             codec = codecs.get(item.codec)
-            nbytes = self._reserve(item)
+            nbytes = item.room
             if nbytes is None:
                 return  # (the sender encodes it, reading its size back itself)
             try:
@@ -519,8 +533,12 @@ class Offloader:
             header = codecs.get(item.codec).launched(words.view(torch.int64).tolist(), item.info.shape,
                                                      item.info.dtype)
             self._drop_launch(item)  # (read: its slot goes back before the item is issued, and maybe released)
+            sw.payload_sizes[item.key] = (item.codec, item.info.nbytes, header.payload_nbytes)  # (the next pass's room)
             data, after, prepared = item.pending[: header.payload_nbytes], item.encoded, True
-            if header.header_nbytes + header.payload_nbytes >= item.info.nbytes:  # it does not shrink: sent raw
+            if header.payload_nbytes > item.pending.numel():  # it outgrew the room the last pass's payload gave
+                sw.stats.add("payload_overflow")
+                header, data, after, prepared = None, *self._raw(item, src, item.encoded)
+            elif header.header_nbytes + header.payload_nbytes >= item.info.nbytes:  # it does not shrink: sent raw
                 header, data, after, prepared = None, *self._raw(item, src, item.encoded)
         elif item.codec is not None:  # a codec that reads its size back itself: encoded now, this thread waiting
             codec = codecs.get(item.codec)
@@ -529,8 +547,10 @@ class Offloader:
             (data, header), after = lanes.encode_now(item.ready, lambda: self._encode(item, src, lanes.codec),
                                                      reads=[src], scratch_bytes=scratch, work=work)
             item.encoded, prepared = after, True
+            if header is not None:  # (the next pass's room, for a bounded codec)
+                sw.payload_sizes[item.key] = (item.codec, item.info.nbytes, header.payload_nbytes)
             if data is None:  # (it does not shrink, or no room: as a raw tensor)
-                data, after, prepared = self._raw(item, src, after)
+                header, (data, after, prepared) = None, self._raw(item, src, after)
         elif item.sent is not None:  # gathered
             data, after, prepared = item.sent, item.encoded, True
         else:
@@ -572,8 +592,8 @@ class Offloader:
         return gathered, event, True
 
     def _encode(self, item: Item, src: torch.Tensor, stream):
-        """On the codec stream, with a codec that sizes its buffer on the host:
-        (payload, header), or (None, None) when it does not shrink or has no room."""
+        """On the codec stream, with its size read on the host first: (payload, header),
+        (None, header) when it does not shrink, (None, None) when there is no room."""
         dev = item.device
         dense = src.permute(item.perm) if item.perm is not None else src
         try:
@@ -584,7 +604,7 @@ class Offloader:
             return None, None
         if header.header_nbytes + payload.numel() < item.info.nbytes:
             return payload, header
-        return None, None  # compression that does not shrink is not sent
+        return None, header  # compression that does not shrink is not sent
 
     def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, after, prepared: bool) -> None:
         """Queue the copy of [header] data into `host` on D2H after `after` (the item's

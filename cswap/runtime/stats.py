@@ -13,6 +13,8 @@ _FIELDS = {
     "transferred_bytes": "bytes moved to the host, after compression",
     "compressed_tensors": "offloaded tensors that were compressed first",
     "compress_oom": "compressions that ran out of device memory (the tensor was sent uncompressed)",
+    "payload_overflow": "compressed payloads larger than the room their size in the pass before reserved (the "
+                        "tensor was sent uncompressed)",
     "host_compressed_tensors": "vdnnpp: host copies compressed on the CPU after the transfer",
     "deduplicated": "saves of an already offloaded tensor (served by its first copy)",
     "kept_on_gpu": "candidates left on the device because host memory ran out (max_host_bytes)",

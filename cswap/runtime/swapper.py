@@ -18,8 +18,10 @@ Every device operation goes through the device seam (cswap.runtime.device):
 CUDA, or the emulated asynchronous device on CPU. The code path is the same.
 
 In flight. An offloaded tensor stays on the device until its copy completes,
-and so does what was made to send it (a payload reserved for the largest its
-codec can write, or a gathered copy): its footprint. pack() admits a tensor
+and so does what was made to send it (the room reserved for its payload: for
+the largest its codec can write, or, for ZVC once the tensor was sent in the
+pass before, for an eighth more than its payload then; or a gathered copy):
+its footprint. pack() admits a tensor
 only while the footprints in flight stay within the stash limit (else it
 waits for the oldest copy), and prefetch restores ahead of backward only what
 fits in the prefetch limit (a tensor and, compressed, its payload; one that
@@ -227,6 +229,7 @@ class Swapper:
         self.prefetched_items = 0              # and how many restores
         self._peak_offload = self._peak_prefetch = 0  # the most of each since the stats' reset
         self._largest = 0                      # the largest footprint of a tensor offloaded so far
+        self.payload_sizes = {}                # key -> (codec, nbytes, payload bytes) of its last launched encode
         self._previous_pass_bytes = 0          # the footprints of the previous pass's offloaded tensors
         self._failure: tuple[BaseException, Item | None] | None = None
         self._passes = 0                       # forward passes begun (an item's pass_number)
