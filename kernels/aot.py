@@ -92,7 +92,7 @@ class Launch:
                 tuple(sorted(map(str, self.attrs.items()))), self.num_warps, self.maxnreg)
 
 
-_SIZE_ARGUMENTS = {"n", "nnz", "values_room", "num_runs", "cols", "nbytes", "blocks_nbytes", "symbols", "mask_bytes",
+_SIZE_ARGUMENTS = {"n", "nnz", "values_room", "room", "num_runs", "cols", "nbytes", "blocks_nbytes", "symbols", "mask_bytes",
                    "streams_nbytes"}
 
 

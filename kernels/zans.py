@@ -158,7 +158,7 @@ __all__ = [
     "MASK_COUNT",
     "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "decoder_tables_ref", "geometry", "mask_nbytes", "stream_bounds",
     "layout", "size_bound", "byte_histograms", "predicted_size",
-    "sections", "reserve_nbytes", "launch_scratch_bytes", "zans_launch", "zans_launch_ref", "zans_compress",
+    "sections", "reserve_nbytes", "min_room_nbytes", "launch_scratch_bytes", "zans_launch", "zans_launch_ref", "zans_compress",
     "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
 ]
 
@@ -778,13 +778,15 @@ def _zans_encode_kernel(words_ptr, values_ptr, mask_ptr, enc_ptr, magic_ptr, pla
         tl.store(lens_ptr + t, lens.to(tl.int64), mask=live)
 
 
-@triton.jit(do_not_specialize=["tile"])
+@triton.jit(do_not_specialize=["tile", "room"])
 def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, lens_ptr, ends_ptr, offsets_ptr,
-                      payload_ptr, tile, W: tl.constexpr, BLOCK: tl.constexpr):
+                      payload_ptr, tile, room, W: tl.constexpr, BLOCK: tl.constexpr):
     """Copy each tile's stream into the payload (the encoder's stream from scratch, or the
     tile's raw bytes and a zero pad byte from the plane) at its offset (`ends`: the
     lengths' inclusive prefix sums), and write the offset table; the last tile also
-    zeroes the streams' alignment padding and leaves streams_nbytes in the plan's meta."""
+    zeroes the streams' alignment padding and leaves streams_nbytes in the plan's meta.
+    Nothing is written at or past byte `room` of the payload (a buffer reserved for less
+    than the largest): streams_nbytes still counts every stream, for the host to see it."""
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     i0 = tl.arange(0, BLOCK)
@@ -795,7 +797,9 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
     total_tiles = tl.load(plan_ptr + _PLAN_TT)
     mask_bytes = tl.load(plan_ptr + _PLAN_MASK_BYTES)
     sbase_ptr = plan_ptr + _PLAN_BASES
-    streams_ptr = payload_ptr + tl.load(plan_ptr + _PLAN_OFF_STREAMS)
+    off_streams = tl.load(plan_ptr + _PLAN_OFF_STREAMS)
+    streams_ptr = payload_ptr + off_streams
+    streams_room = room - off_streams
     for t0 in range(pid, total_tiles, nprog):
         # Everything per tile as a block of BLOCK equal values: the CPU interpreter (Triton
         # 3.9) turns a 0-d bool & a block of bools into integers, which a mask rejects.
@@ -817,10 +821,12 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
             pv += tl.load(words_ptr + (first + i) * W + q, mask=in_tile & (is_mask == 0) & (masked == 0), other=0)
             pm = tl.load(mask_ptr + first + i, mask=in_tile & is_mask, other=0)
             sc = tl.load(scratch_ptr + src + i, mask=inb & (raw == 0), other=0)
-            tl.store(streams_ptr + start + i, tl.where(raw, tl.where(is_mask, pm, pv), sc), mask=inb)
+            tl.store(streams_ptr + start + i, tl.where(raw, tl.where(is_mask, pm, pv), sc),
+                     mask=inb & (start + i < streams_room))
         last = t == total_tiles - 1
         pad = (16 - end % 16) % 16
-        tl.store(streams_ptr + end + i0, tl.zeros([BLOCK], dtype=tl.uint8), mask=last & (i0 < pad))
+        tl.store(streams_ptr + end + i0, tl.zeros([BLOCK], dtype=tl.uint8),
+                 mask=last & (i0 < pad) & (end + i0 < streams_room))
         tl.store(plan_ptr + _PLAN_STREAMS + t * 0, end, mask=first_lane & last)
 
 
@@ -998,6 +1004,13 @@ def reserve_nbytes(n: int, itemsize: int, tile: int = TILE) -> int:
     return _align(8 * (tiles + 1)) + 512 * (itemsize + 1) + _align(streams)
 
 
+def min_room_nbytes(n: int, itemsize: int, tile: int = TILE) -> int:
+    """The least buffer zans_launch takes: room for its largest head (the offsets of
+    either mode's tiles and a table for every plane), which it writes before any stream."""
+    tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)
+    return _align(8 * (tiles + 1)) + 512 * (itemsize + 1)
+
+
 def launch_scratch_bytes(n: int, itemsize: int, tile: int = TILE) -> int:
     """At most the device bytes zans_launch allocates beside `reserved` (the cost table
     it keeps per device included)."""
@@ -1048,8 +1061,13 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
     kernel is launched for the largest geometry, its programs past the plan's returning
     at once. Returns the meta (tile, mode, symbols, coded_planes, streams_nbytes) as int64
     [5] on the device; the payload is the first layout(...)[3] bytes of `reserved`, byte
-    for byte what zans_compress_ref writes."""
+    for byte what zans_compress_ref writes. `reserved` may be shorter than reserve_nbytes
+    (not than min_room_nbytes): then nothing is written past its end, and a payload larger
+    than it is incomplete (the caller compares its size, from the meta, with the room)."""
     n, itemsize, device = words.numel(), words.element_size(), words.device
+    if reserved.numel() < min_room_nbytes(n, itemsize, tile):
+        raise ValueError(f"cswap.kernels.zans: a buffer of {reserved.numel()} bytes cannot hold the head of "
+                         f"{n} words of {itemsize} bytes ({min_room_nbytes(n, itemsize, tile)} bytes)")
     num_tiles = _cdiv(n, _zvc.TILE)
     planes = itemsize + 1
     # One zeroed buffer: the plan's ticket (and a word of padding, so that every piece is
@@ -1084,7 +1102,8 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
     ends = torch.cumsum(lens, 0)  # (past the plan's tiles: unused)
     grid, warps = launch_grid(config, most_tiles, device)
     _zans_pack_kernel[(grid,)](words8, values8, masks8, scratch.view(torch.uint8), plan_words, lens, ends,
-                               reserved.view(torch.int64), reserved, tile, W=itemsize, BLOCK=32 * warps * 4,
+                               reserved.view(torch.int64), reserved, tile, reserved.numel(), W=itemsize,
+                               BLOCK=32 * warps * 4,
                                num_warps=warps, maxnreg=max_registers(warps))
     return plan_words[:5]
 
@@ -1103,8 +1122,12 @@ def zans_compress(words: torch.Tensor, alloc, config: LaunchConfig | None = None
 
 
 def zans_launch_ref(words: torch.Tensor, reserved: torch.Tensor, tile: int = TILE) -> torch.Tensor:
-    """zans_launch in plain PyTorch (the reference encoder into `reserved`)."""
-    meta = zans_compress_ref(words, lambda nbytes: reserved[:nbytes], tile)
+    """zans_launch in plain PyTorch (the reference encoder into `reserved`; nothing
+    written when the payload is larger)."""
+    def room(nbytes: int) -> torch.Tensor | None:
+        return reserved[:nbytes] if nbytes <= reserved.numel() else None
+
+    meta = zans_compress_ref(words, room, tile)
     return torch.tensor(meta, dtype=torch.int64, device=words.device)
 
 
@@ -1317,6 +1340,8 @@ def zans_compress_ref(words: torch.Tensor, alloc, tile: int = TILE, code_below: 
     torch.cumsum(lens, 0, out=offsets[1:])
     streams_nbytes = int(offsets[-1])
     payload = alloc(layout(n, tile, p.mode, p.symbols, p.coded_planes, streams_nbytes, itemsize)[3])
+    if payload is None:  # (zans_launch_ref's room is too small for it)
+        return tile, p.mode, p.symbols, p.coded_planes, streams_nbytes
     payload.zero_()
     out_offsets, out_freqs, streams = sections(payload, n, tile, p.mode, p.symbols, p.coded_planes,
                                                streams_nbytes, itemsize)

@@ -753,3 +753,30 @@ def test_the_fixed_point_estimate_chooses_what_the_float_one_did():
         hist = kz.byte_histograms(words).numpy()
         p = kz.plan(hist, words.numel(), words.element_size())
         assert (p.mode, p.coded_planes) == float_choice(hist, words.numel(), words.element_size()), (i, dtype)
+
+
+# -- a launch into less room than the largest payload (the runtime's, from the pass before) ----------
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("make", [lambda: gelu(3000), lambda: random_bits((2500,), torch.float32, 0.6)],
+                         ids=["bf16 gelu (dense mode)", "fp32 sparse (masked mode)"])
+def test_a_launch_into_less_room_writes_nothing_past_it_and_counts_the_whole_payload(make, backend):
+    """Where the payload fits its room, the bytes are compress's; where it does not, nothing
+    is written past the room (a fence of poisoned bytes after it stays) and the size words
+    still give the whole payload's header, for the caller to see the overflow."""
+    x = make()
+    blob = ZANS.compress(x, backend=backend)
+    exact = blob.payload.numel()
+    for room in (exact, exact - 16, kz.min_room_nbytes(x.numel(), x.element_size())):
+        fenced = torch.full((room + 4096,), 0xA5, dtype=torch.uint8)
+        sizes = torch.empty(ZANS.size_words, dtype=torch.int64)
+        ZANS.launch_into(x, fenced[:room], sizes, backend=backend)
+        assert ZANS.launched(sizes.tolist(), tuple(x.shape), x.dtype) == blob._header
+        assert bool((fenced[room:] == 0xA5).all()), f"written past a room of {room} bytes"
+        if room == exact:
+            assert torch.equal(fenced[:room], blob.payload)
+    assert ZANS.room_nbytes(x.numel(), x.element_size(), exact) == -(-math.ceil(exact * 1.125) // 16) * 16
+    with pytest.raises(ValueError, match="cannot hold the head"):
+        kz.zans_launch(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
+                       torch.empty(kz.min_room_nbytes(x.numel(), x.element_size()) - 16, dtype=torch.uint8))

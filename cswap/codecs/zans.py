@@ -40,6 +40,7 @@ class ZANS(Codec):
     name = "zans"
     n_meta = 5
     size_words = 5  # what launch_into leaves on the device: the meta, streams_nbytes included
+    bounded = True  # (its pack kernel stops writing streams at the end of the room)
 
     def _encode_scratch_bytes(self, numel, itemsize):
         # into a buffer of the exact size: the launch into one reserved for the largest, then a copy
@@ -55,6 +56,9 @@ class ZANS(Codec):
 
     def _reserve_nbytes(self, numel, itemsize):
         return kernels.reserve_nbytes(numel, itemsize)
+
+    def _min_room_nbytes(self, numel, itemsize):
+        return kernels.min_room_nbytes(numel, itemsize)
 
     def _launch(self, words, shape, config, backend, reserved):
         if backend == "triton":

@@ -93,12 +93,13 @@ class Kept:
 class Pass:
     """The items offloaded during one forward pass, in pack order."""
 
-    __slots__ = ("items", "nbytes", "footprint", "candidates", "cursor", "ticks")
+    __slots__ = ("items", "nbytes", "footprint", "largest", "candidates", "cursor", "ticks")
 
     def __init__(self):
         self.items: list[Item] = []
         self.nbytes = 0      # offloaded in this pass
         self.footprint = 0   # the device bytes they held in flight (Item.footprint)
+        self.largest = 0     # the largest of those footprints
         self.candidates = 0  # tensors that could have left (offloaded or kept by the policy): keys' index
         self.cursor = None   # (round, step, index): where the last prefetch of a backward stopped
         self.ticks = 0       # saves and uses met so far under a memory check (a budget's plan is per tick)

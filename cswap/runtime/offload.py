@@ -288,19 +288,22 @@ class Offloader:
     def _room(self, item: Item) -> int | None:
         """The bytes an encode launched without its size reserves, or None: the sender
         encodes it, reading its size back first (a codec that must; a memory budget, whose
-        plan counts each payload at its size; a bounded codec's first pass). The room is
-        for the largest payload the codec can write, or, for a bounded codec, for an
-        eighth more than the same tensor's payload in the pass before (Codec.room_nbytes;
-        scaled by its size if that changed), so that no pass holds room for the largest."""
+        plan counts each payload at its size). The room is for the largest payload the
+        codec can write, or, for a bounded codec, for an eighth more than the same tensor's
+        payload in the pass before (Codec.room_nbytes; scaled by its size if that changed).
+        A bounded codec's first pass reads sizes back first where that needs less than
+        the largest payload's room (ZVC: no pass holds it; ZANS's exact encode goes
+        through that room, so it launches into it)."""
         if self.sw.memory_limit is not None:
             return None
         info, codec = item.info, codecs.get(item.codec)
         numel, itemsize = math.prod(info.shape), info.dtype.itemsize
-        if not codec.bounded:
-            return codec.reserve_nbytes(numel, itemsize)
+        largest = codec.reserve_nbytes(numel, itemsize)
         last = self.sw.payload_sizes.get(info.key)
+        if largest is None or not codec.bounded:
+            return largest
         if last is None or last[0] != item.codec or not last[1]:
-            return None
+            return None if codec.encode_scratch_bytes(numel, itemsize) < largest else largest
         payload = last[2] if last[1] == info.nbytes else last[2] * info.nbytes // last[1]
         return codec.room_nbytes(numel, itemsize, payload)
 

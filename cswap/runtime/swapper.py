@@ -228,7 +228,7 @@ class Swapper:
         self.prefetched_bytes = 0              # device bytes restored ahead of use, not yet served
         self.prefetched_items = 0              # and how many restores
         self._peak_offload = self._peak_prefetch = 0  # the most of each since the stats' reset
-        self._largest = 0                      # the largest footprint of a tensor offloaded so far
+        self._largest = 0                      # the largest footprint in the previous pass and this one so far
         self.payload_sizes = {}                # key -> (codec, nbytes, payload bytes) of its last launched encode
         self._previous_pass_bytes = 0          # the footprints of the previous pass's offloaded tensors
         self._failure: tuple[BaseException, Item | None] | None = None
@@ -274,7 +274,9 @@ class Swapper:
         self.in_forward = True
         self._phase += 1
         if self._pass is not None and self._pass.footprint:
-            self._previous_pass_bytes = self._pass.footprint
+            # (the last pass's, not the largest ever: a first pass that read sizes back before
+            # encoding counted each compressed tensor twice, and a steady pass holds less)
+            self._previous_pass_bytes, self._largest = self._pass.footprint, self._pass.largest
         if self._trim is not None:
             self._trim_after_timed_pass(self._pass)
         self._pass = Pass()
@@ -514,6 +516,7 @@ class Swapper:
             self._wait_released(oldest, at="pack.stash_full")
         pass_.nbytes += item.info.nbytes
         pass_.footprint += nbytes
+        pass_.largest = max(pass_.largest, nbytes)
         if waited_since is not None:
             self.stats.add("offload_stall_s", item.device.host_time() - waited_since)
 
