@@ -249,15 +249,18 @@ class Item:
         self.prefetched_round = -1                 # the round whose first use of it prefetched the next items
         self.freed = False                         # its last save is gone
 
-    def advance(self, phase: Phase) -> bool:
+    def advance(self, phase: Phase, signal: bool = True) -> bool:
         """Move to `phase` (the swapper's lock held): False when it is there or past it
-        already; a step its journey does not have is a bug, and raises."""
+        already; a step its journey does not have is a bug, and raises. At ISSUED its
+        `issued` is set, but with signal=False: a group's tensors share one, which whoever
+        issues the group sets once every one of them is issued (a waiter woken by it reads
+        what was recorded on its own tensor without the lock)."""
         if phase <= self.phase:
             return False
         if phase not in _NEXT[self.phase]:
             raise RuntimeError(f"cswap.runtime: an offloaded tensor cannot go from {self.phase.name} to {phase.name}")
         self.phase = phase
-        if phase == Phase.ISSUED:
+        if phase == Phase.ISSUED and signal:
             self.issued.set()
         return True
 

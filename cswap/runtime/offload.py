@@ -151,10 +151,11 @@ def _strand(swapper_ref, left: list, stage: str, done: queue.SimpleQueue) -> Non
             swapper.fail(stopped, it)
             with swapper.lock:
                 it.failure = it.failure or stopped
-                it.advance(Phase.ISSUED)
+                it.advance(Phase.ISSUED, signal=False)  # (a group's signal once all of it has failed)
         else:
             it.failure = it.failure or stopped
-            it.issued.set()
+    for it in stranded:
+        it.issued.set()
         done.put(it)
 
 
@@ -385,8 +386,8 @@ class Offloader:
                     with sw.lock:
                         for item in items:
                             item.fallback = item.src.detach()  # (src itself lets its memory go at release)
-                            item.advance(Phase.ISSUED)
-                    group.issued.set()
+                            item.advance(Phase.ISSUED, signal=False)
+                        group.issued.set()  # (once every item is kept: see Item.advance)
                     sw.stats.add("kept_on_gpu", len(items))
                     self.settle_all(items)
                     return
@@ -411,24 +412,25 @@ class Offloader:
                 item.d2h_done, item.sent, item.moved, item.offset = done, src, item.info.nbytes, offset
                 item.ready = group.ready
                 item.lease, item.host_view = leases[id(buf)], dst  # (the restore copies back from that view)
-                item.advance(Phase.ISSUED)
+                item.advance(Phase.ISSUED, signal=False)
                 sw.return_host(item)  # (its every save died meanwhile: its share goes back)
-            group.issued.set()  # (under the lock: a handle dropped from now on gives its share back itself)
+            group.issued.set()  # (under the lock, once all are issued: a handle dropped from now on gives its
+            # share back itself, and a waiter finds every item's copy recorded; see Item.advance)
         sw.stats.add_all(("offloaded_tensors", len(items)), ("offloaded_bytes", group.nbytes),
                          ("transferred_bytes", group.nbytes))
         self.settle_all(items)
 
     def _group_failed(self, group: _Group, exc: BaseException) -> None:
         for item in group.items:
-            self._failed(item, exc)
-        group.issued.set()
+            self._failed(item, exc, signal=False)
+        group.issued.set()  # (once every item has failed: see Item.advance)
         self.settle_all(group.items)
 
-    def _failed(self, item: Item, exc: BaseException) -> None:
+    def _failed(self, item: Item, exc: BaseException, signal: bool = True) -> None:
         """The item's offload failed: raised in the training step; it is handled (ISSUED)."""
         self.sw.fail(exc, item)
         with self.sw.lock:
-            item.advance(Phase.ISSUED)
+            item.advance(Phase.ISSUED, signal)
 
     # -- the worker: encode ---------------------------------------------------------------------
 
