@@ -653,6 +653,33 @@ def test_a_bounded_codec_reserves_room_from_the_payload_of_the_pass_before(codec
         cswap.unpatch(model)
 
 
+def test_a_tensor_whose_size_changed_gets_room_scaled_from_its_last_payload():
+    """A batch of another size (the last batch of an epoch, a varying sequence length): the
+    room is the tensor's last payload scaled by its new size; gradients stay exact, and a
+    payload that outgrows the scaled room goes raw (counted) rather than wrong."""
+    make, shape = NETS["small_cnn"]
+    stock, model = make(), cswap.patch(make(), mode="sc", min_bytes=0)
+    zvc = cswap.codecs.get("zvc")
+    try:
+        for step, batch in enumerate((2, 4, 3)):
+            x, y = nets.batches((batch, *shape[1:]), 1, seed=step)[0]
+            before = dict(swapper_of(model).payload_sizes)
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                got = gradients(model, x, y)
+            assert dev.hazards == [] and exact(got, gradients(stock, x, y)), step
+            for item, largest, payload in _compressed_items(model):
+                if step == 0 or item.key not in before:
+                    continue
+                _, nbytes, last = before[item.key]
+                assert nbytes != item.info.nbytes  # (every batch differs from the one before)
+                scaled = last * item.info.nbytes // nbytes
+                assert item.room == zvc.room_nbytes(math.prod(item.info.shape), 4, scaled) <= largest
+        s = cswap.stats(model)
+        assert s["compressed_tensors"] + s["payload_overflow"] == s["offloaded_tensors"]
+    finally:
+        cswap.unpatch(model)
+
+
 def test_a_payload_that_outgrows_its_room_is_sent_raw_and_sizes_the_next_room():
     """A tensor whose payload grew past the room the pass before gave it (its activations
     became denser) is sent uncompressed that pass, counted; the next pass's room fits it."""
