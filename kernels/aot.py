@@ -92,8 +92,8 @@ class Launch:
                 tuple(sorted(map(str, self.attrs.items()))), self.num_warps, self.maxnreg)
 
 
-_SIZE_ARGUMENTS = {"n", "nnz", "values_room", "room", "num_runs", "cols", "nbytes", "blocks_nbytes", "symbols", "mask_bytes",
-                   "streams_nbytes"}
+_SIZE_ARGUMENTS = {"n", "nnz", "values_room", "room", "num_runs", "cols", "nbytes", "blocks_nbytes", "symbols",
+                   "mask_bytes", "streams_nbytes"}
 
 
 @dataclass

@@ -158,8 +158,8 @@ __all__ = [
     "MASK_COUNT",
     "Plan", "plan", "normalize", "encoder_tables", "decoder_tables", "decoder_tables_ref", "geometry", "mask_nbytes", "stream_bounds",
     "layout", "size_bound", "byte_histograms", "predicted_size",
-    "sections", "reserve_nbytes", "min_room_nbytes", "launch_scratch_bytes", "zans_launch", "zans_launch_ref", "zans_compress",
-    "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
+    "sections", "reserve_nbytes", "min_room_nbytes", "launch_scratch_bytes", "zans_launch", "zans_launch_ref",
+    "zans_compress", "zans_decompress", "zans_compress_ref", "zans_decompress_ref",
 ]
 
 # TILE = 16384 symbols per tile: the K x 4-byte state flush is 128 bytes a tile per

@@ -129,9 +129,9 @@ def _one_pass_from(words, tile, state, payload):
     n, itemsize = words.numel(), words.element_size()
     num_tiles = -(-n // tile)
     offsets, masks, values = kz._sections(payload, n, tile, n, words.dtype)
+    room = (payload.numel() - kz.layout(n, tile, 0, itemsize)[2]) // itemsize  # values the payload holds
     kz._zvc_one_pass_kernel[(2,)](words, offsets, masks, values, state, n, num_tiles, (-(num_tiles + 1)) % 2,
-                                  (-masks.numel()) % 4, (payload.numel() - kz.layout(n, tile, 0, itemsize)[2]) // itemsize,
-                                  TILE=tile, LOOK=kb.LOOK_BACK, VALUES_PAD=16 // itemsize,
+                                  (-masks.numel()) % 4, room, TILE=tile, LOOK=kb.LOOK_BACK, VALUES_PAD=16 // itemsize,
                                   num_warps=1)
 
 

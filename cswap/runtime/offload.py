@@ -7,14 +7,14 @@ every wait between them):
             and either sends a dense raw tensor itself (below) or queues it for:
   encode    (worker) queues on the codec stream, after `ready`, the codec's
             encode (Codec.launch_into: into a device buffer reserved for the largest
-            payload, or, for a bounded codec (ZVC), for an eighth more than the tensor's
+            payload, or, for a bounded codec (ZVC, ZANS), for an eighth more than the tensor's
             payload in the pass before; its sizes left on the device and copied to a
             small pinned slot)
             or the gather of a tensor that is not dense. Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
-            host (RLE and CSR today), and a bounded codec's first pass (no payload to
-            size its room from), are left to the next stage whole.
+            host (RLE and CSR today), and ZVC's first pass (no payload to size its
+            room from), are left to the next stage whole.
   send      (sender) takes the items in order. For a launched encode it waits for its
             sizes to land (the one blocking read, on this thread only), makes the
             header, takes a host buffer from the pool (allocating outside any lock pack
@@ -300,9 +300,9 @@ class Offloader:
         info, codec = item.info, codecs.get(item.codec)
         numel, itemsize = math.prod(info.shape), info.dtype.itemsize
         largest = codec.reserve_nbytes(numel, itemsize)
-        last = self.sw.payload_sizes.get(info.key)
         if largest is None or not codec.bounded:
             return largest
+        last = self.sw.payload_sizes.get(info.key)
         if last is None or last[0] != item.codec or not last[1]:
             return None if codec.encode_scratch_bytes(numel, itemsize) < largest else largest
         payload = last[2] if last[1] == info.nbytes else last[2] * info.nbytes // last[1]
