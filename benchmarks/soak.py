@@ -19,7 +19,7 @@ that the advisor's decisions and the profiler's samples are refreshed too) and e
     live_tensors           of those, torch.Tensor objects
     threads                threading.active_count()
     offloaded_tensors, compressed_tensors, restored_tensors, served_from_device, offloaded_bytes,
-                           transferred_bytes, kept_on_gpu
+                           transferred_bytes, kept_on_gpu, payload_overflow
                            cswap.stats(model) counters, cumulative
 
 The verdict compares, for each series, the last sample with the first one at or after
@@ -79,7 +79,7 @@ from common import environment, format_row, synchronize, write_results
 MiB = 1 << 20
 QUIET = ("cswap: offloading CPU tensors", "cswap: no profile for this device")
 COUNTERS = ("offloaded_tensors", "compressed_tensors", "restored_tensors", "served_from_device", "offloaded_bytes",
-            "transferred_bytes", "kept_on_gpu")
+            "transferred_bytes", "kept_on_gpu", "payload_overflow")
 GPU_SERIES = ("gpu_allocated_bytes", "gpu_window_peak_bytes", "gpu_reserved_bytes")
 
 

@@ -613,6 +613,15 @@ def test_a_failing_encoder_surfaces_in_the_training_step(monkeypatch):
     assert isinstance(error, RuntimeError) and isinstance(error.__cause__, ValueError), error
 
 
+@pytest.fixture
+def rooms_from_payloads(monkeypatch):
+    """These nets' tensors are a few KiB, under the least margin (64 KiB) a room gets above a
+    payload: without it their rooms are sized from their payloads, as large tensors' are."""
+    from cswap.codecs import base
+
+    monkeypatch.setattr(base, "ROOM_LEAST_MARGIN", 0)
+
+
 def _compressed_items(model, codec="zvc"):
     """The last pass's tensors compressed with `codec`: (item, its largest payload, the payload sent)."""
     sw, c = swapper_of(model), cswap.codecs.get(codec)
@@ -621,7 +630,7 @@ def _compressed_items(model, codec="zvc"):
 
 
 @pytest.mark.parametrize("codec", ["zvc", "zans"])
-def test_a_bounded_codec_reserves_room_from_the_payload_of_the_pass_before(codec):
+def test_a_bounded_codec_reserves_room_from_the_payload_of_the_pass_before(codec, rooms_from_payloads):
     """sc reserved room for ZVC's largest payload (the tensor and its bitmap) for each
     tensor in flight. From the second pass on, the room is an eighth over the tensor's
     payload in the pass before (Codec.room_nbytes), and gradients stay exact. In the
@@ -653,7 +662,7 @@ def test_a_bounded_codec_reserves_room_from_the_payload_of_the_pass_before(codec
         cswap.unpatch(model)
 
 
-def test_a_tensor_whose_size_changed_gets_room_scaled_from_its_last_payload():
+def test_a_tensor_whose_size_changed_gets_room_scaled_from_its_last_payload(rooms_from_payloads):
     """A batch of another size (the last batch of an epoch, a varying sequence length): the
     room is the tensor's last payload scaled by its new size; gradients stay exact, and a
     payload that outgrows the scaled room goes raw (counted) rather than wrong."""
@@ -680,7 +689,7 @@ def test_a_tensor_whose_size_changed_gets_room_scaled_from_its_last_payload():
         cswap.unpatch(model)
 
 
-def test_a_payload_that_outgrows_its_room_is_sent_raw_and_sizes_the_next_room():
+def test_a_payload_that_outgrows_its_room_is_sent_raw_and_sizes_the_next_room(rooms_from_payloads):
     """A tensor whose payload grew past the room the pass before gave it (its activations
     became denser) is sent uncompressed that pass, counted; the next pass's room fits it."""
     make, shape = NETS["small_cnn"]

@@ -249,13 +249,15 @@ def test_a_launch_into_less_room_writes_nothing_past_it_and_counts_the_whole_pay
             assert torch.equal(fenced[:room], blob.payload)
 
 
-def test_room_for_a_known_payload_is_an_eighth_more_at_most_the_largest():
-    n, itemsize = 10**5, 4
+def test_room_for_a_known_payload_is_an_eighth_more_at_least_64_kib_at_most_the_largest():
+    n, itemsize = 10**6, 4
     largest = ZVC.reserve_nbytes(n, itemsize)
     assert ZVC.room_nbytes(n, itemsize, None) == largest
-    assert ZVC.room_nbytes(n, itemsize, 40000) == 45008  # 45000, 16-byte aligned
+    assert ZVC.room_nbytes(n, itemsize, 10**6) == 1125008  # 1125000, 16-byte aligned
+    assert ZVC.room_nbytes(n, itemsize, 200_000) == 200_000 + 65536
     assert ZVC.room_nbytes(n, itemsize, largest - 10) == largest
     assert ZVC.room_nbytes(n, itemsize, 0) == kz.min_room_nbytes(n, kz.TILE)  # (the offsets and masks)
+    assert cswap.codecs.get("zans").room_nbytes(n, 2, 10**6) == 1125008
     lz4 = cswap.codecs.get("lz4")  # (not bounded: always room for its largest payload)
     assert lz4.room_nbytes(n, itemsize, 8000) == lz4.reserve_nbytes(n, itemsize)
 

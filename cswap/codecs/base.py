@@ -123,9 +123,11 @@ class Pending:
 
 SMALL_TEMPORARIES = 16 * 512  # see Codec.encode_scratch_bytes
 # A bounded codec's room (Codec.room_nbytes) over the payload it is sized from: the runtime sizes
-# it from the tensor's payload in the step before, and activations' sparsity drifts by a few
-# per cent between steps; a payload that outgrows it is sent uncompressed that step.
+# it from the tensor's payload in the pass before, and activations' sparsity drifts by a few per
+# cent between steps (a small tensor's by more: hence the least margin); a payload that outgrows
+# it is sent uncompressed that pass.
 ROOM_MARGIN = 0.125
+ROOM_LEAST_MARGIN = 64 * 1024
 
 
 class Codec:
@@ -241,12 +243,13 @@ class Codec:
     def room_nbytes(self, numel: int, itemsize: int, payload_nbytes: int | None) -> int | None:
         """The device bytes to reserve for launch_into when this tensor's payload last took
         `payload_nbytes` (None: not known): a bounded codec's room for a payload up to
-        ROOM_MARGIN larger (at least its fixed sections), 16-byte aligned, at most
-        reserve_nbytes; else reserve_nbytes."""
+        ROOM_MARGIN larger, and at least ROOM_LEAST_MARGIN (and its fixed sections), 16-byte
+        aligned, at most reserve_nbytes; else reserve_nbytes."""
         largest = self.reserve_nbytes(numel, itemsize)
         if largest is None or payload_nbytes is None or not self.bounded:
             return largest
-        room = max(math.ceil(payload_nbytes * (1 + ROOM_MARGIN)), self._min_room_nbytes(numel, itemsize))
+        margin = max(math.ceil(payload_nbytes * ROOM_MARGIN), ROOM_LEAST_MARGIN)
+        room = max(payload_nbytes + margin, self._min_room_nbytes(numel, itemsize))
         return min(largest, -(-room // 16) * 16)
 
     def launch_into(self, x: torch.Tensor, reserved: torch.Tensor, sizes: torch.Tensor,

@@ -7,7 +7,7 @@ every wait between them):
             and either sends a dense raw tensor itself (below) or queues it for:
   encode    (worker) queues on the codec stream, after `ready`, the codec's
             encode (Codec.launch_into: into a device buffer reserved for the largest
-            payload, or, for a bounded codec (ZVC, ZANS), for an eighth more than the tensor's
+            payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least 64 KiB) more than the tensor's
             payload in the pass before; its sizes left on the device and copied to a
             small pinned slot)
             or the gather of a tensor that is not dense. Nothing is read back, so the
@@ -290,7 +290,7 @@ class Offloader:
         """The bytes an encode launched without its size reserves, or None: the sender
         encodes it, reading its size back first (a codec that must; a memory budget, whose
         plan counts each payload at its size). The room is for the largest payload the
-        codec can write, or, for a bounded codec, for an eighth more than the same tensor's
+        codec can write, or, for a bounded codec, for an eighth (at least 64 KiB) more than the same tensor's
         payload in the pass before (Codec.room_nbytes; scaled by its size if that changed).
         A bounded codec's first pass reads sizes back first where that needs less than
         the largest payload's room (ZVC: no pass holds it; ZANS's exact encode goes

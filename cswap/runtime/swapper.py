@@ -20,7 +20,8 @@ CUDA, or the emulated asynchronous device on CPU. The code path is the same.
 In flight. An offloaded tensor stays on the device until its copy completes,
 and so does what was made to send it (the room reserved for its payload: for
 the largest its codec can write, or, for ZVC and ZANS once the tensor was sent
-in the pass before, for an eighth more than its payload then; or a gathered copy):
+in the pass before, for an eighth (at least 64 KiB) more than its payload then;
+or a gathered copy):
 its footprint. pack() admits a tensor
 only while the footprints in flight stay within the stash limit (else it
 waits for the oldest copy), and prefetch restores ahead of backward only what
