@@ -999,9 +999,8 @@ def reserve_nbytes(n: int, itemsize: int, tile: int = TILE) -> int:
     """The bytes zans_launch writes into for n words of `itemsize` bytes, whatever its
     plan: the offsets of either mode's tiles, a table for every plane and every tile raw
     (a coded tile is kept only when shorter), aligned as `layout` aligns them."""
-    tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)
     streams = itemsize * (n + 1) + mask_nbytes(n)  # raw planes: a pad byte each after an odd last tile
-    return _align(8 * (tiles + 1)) + 512 * (itemsize + 1) + _align(streams)
+    return min_room_nbytes(n, itemsize, tile) + _align(streams)
 
 
 def min_room_nbytes(n: int, itemsize: int, tile: int = TILE) -> int:

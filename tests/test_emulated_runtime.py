@@ -657,6 +657,9 @@ def test_a_bounded_codec_reserves_room_from_the_payload_of_the_pass_before(codec
                     assert payload <= item.room == c.room_nbytes(math.prod(item.info.shape), 4, payload)
                     assert item.footprint == item.info.nbytes + item.room
             assert step == 0 or any(item.room < 0.8 * largest for item, largest, _ in items)
+        # the stash window's floor follows the pass before, not the first pass's larger footprints
+        sw = swapper_of(model)
+        assert sw._largest == max(item.footprint for item in sw._pass.items)
         assert cswap.stats(model)["payload_overflow"] == 0
     finally:
         cswap.unpatch(model)

@@ -64,12 +64,11 @@ profiled timings, not a measurement:
 
 - Forward: tensors are packed in save order. Pack admits a tensor while the device
   bytes in flight out (the tensor, and for a compressed one the room the runtime
-  reserves for its payload in a steady step: ZVC's and ZANS's an eighth (at least 64 KiB)
-  over its size, another
-  codec's the largest it writes, or the tensor's size where the size is read first)
-  fit the stash window (an eighth of the pass, at least the largest) or fewer than
-  two tensors are in flight; else forward
-  waits for the oldest copy out to end, and every later save moves on by that wait.
+  reserves for its payload in a steady step: ZVC's and ZANS's an eighth, at least
+  64 KiB, over its size, another codec's the largest it writes, or the tensor's size
+  where the size is read first) fit the stash window (an eighth of the pass, at least
+  the largest) or fewer than two tensors are in flight; else forward waits for the
+  oldest copy out to end, and every later save moves on by that wait.
   Encodes run in order on the codec stream from the save (Time_c), copies in
   order on the D2H link after their encode, or their save when raw (S_c / BW_d2h).
   Forward stall = the sum of those waits, each charged to the tensor waited for.
@@ -502,9 +501,9 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     per = {t.key: 0.0 for t in tensors}
     # The device bytes each holds while in flight out: the tensor, and for a compressed one the
     # room reserved for its payload (cswap.runtime.offload.footprint: the largest its codec can
-    # write, ZVC's and ZANS's an eighth (at least 64 KiB) over its size; the tensor's size again where
-    # the size is read
-    # first); under a memory budget, the payload at its size, and one tensor in flight at least
+    # write, ZVC's and ZANS's an eighth, at least 64 KiB, over its size; the tensor's size again
+    # where the size is read first); under a memory budget, the payload at its size, and one
+    # tensor in flight at least
     if budgeted:
         footprint = [t.nbytes + (c.size[k] if k else 0) for t, k, c in zip(tensors, options, costs)]
     else:

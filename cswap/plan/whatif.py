@@ -440,8 +440,8 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
             first = g.records[0]
             numel, itemsize = prod(first.shape), first.dtype.itemsize
             # while made and copied out: the payload, in the room reserved for it in a steady step
-            # (the largest the codec can write; ZVC's and ZANS's, an eighth (at least 64 KiB) over its size) unless a memory
-            # budget sizes it first (cswap.runtime.offload.footprint)
+            # (the largest the codec can write; ZVC's and ZANS's, an eighth, at least 64 KiB, over
+            # its size) unless a memory budget sizes it first (cswap.runtime.offload.footprint)
             reserved = None if name in BUDGETED else codecs.get(codec).room_nbytes(numel, itemsize, size)
             curve[g.saved_at:out_until] += size if reserved is None else reserved
             curve[g.saved_at] += codecs.get(codec).encode_scratch_bytes(numel, itemsize)  # the encoder's temporaries

@@ -7,9 +7,9 @@ every wait between them):
             and either sends a dense raw tensor itself (below) or queues it for:
   encode    (worker) queues on the codec stream, after `ready`, the codec's
             encode (Codec.launch_into: into a device buffer reserved for the largest
-            payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least 64 KiB) more than the tensor's
-            payload in the pass before; its sizes left on the device and copied to a
-            small pinned slot)
+            payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least
+            64 KiB) more than the tensor's payload in the pass before; its sizes left
+            on the device and copied to a small pinned slot)
             or the gather of a tensor that is not dense. Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
@@ -290,8 +290,9 @@ class Offloader:
         """The bytes an encode launched without its size reserves, or None: the sender
         encodes it, reading its size back first (a codec that must; a memory budget, whose
         plan counts each payload at its size). The room is for the largest payload the
-        codec can write, or, for a bounded codec, for an eighth (at least 64 KiB) more than the same tensor's
-        payload in the pass before (Codec.room_nbytes; scaled by its size if that changed).
+        codec can write, or, for a bounded codec, for an eighth (at least 64 KiB) more than
+        the same tensor's payload in the pass before (Codec.room_nbytes; scaled by its size
+        if that changed).
         A bounded codec's first pass reads sizes back first where that needs less than
         the largest payload's room (ZVC: no pass holds it; ZANS's exact encode goes
         through that room, so it launches into it)."""
@@ -307,6 +308,11 @@ class Offloader:
             return None if codec.encode_scratch_bytes(numel, itemsize) < largest else largest
         payload = last[2] if last[1] == info.nbytes else last[2] * info.nbytes // last[1]
         return codec.room_nbytes(numel, itemsize, payload)
+
+    def _remember(self, item: Item, header) -> None:
+        """Keep the size of a bounded codec's payload: the next pass's room (_room)."""
+        if codecs.get(item.codec).bounded:
+            self.sw.payload_sizes[item.key] = (item.codec, item.info.nbytes, header.payload_nbytes)
 
     # -- groups: raw copies out queued together, into one host buffer -------------------------
 
@@ -538,7 +544,7 @@ class Offloader:
             header = codecs.get(item.codec).launched(words.view(torch.int64).tolist(), item.info.shape,
                                                      item.info.dtype)
             self._drop_launch(item)  # (read: its slot goes back before the item is issued, and maybe released)
-            sw.payload_sizes[item.key] = (item.codec, item.info.nbytes, header.payload_nbytes)  # (the next pass's room)
+            self._remember(item, header)
             data, after, prepared = item.pending[: header.payload_nbytes], item.encoded, True
             if header.payload_nbytes > item.pending.numel():  # it outgrew the room the last pass's payload gave
                 sw.stats.add("payload_overflow")
@@ -552,8 +558,8 @@ class Offloader:
             (data, header), after = lanes.encode_now(item.ready, lambda: self._encode(item, src, lanes.codec),
                                                      reads=[src], scratch_bytes=scratch, work=work)
             item.encoded, prepared = after, True
-            if header is not None:  # (the next pass's room, for a bounded codec)
-                sw.payload_sizes[item.key] = (item.codec, item.info.nbytes, header.payload_nbytes)
+            if header is not None:
+                self._remember(item, header)
             if data is None:  # (it does not shrink, or no room: as a raw tensor)
                 header, (data, after, prepared) = None, self._raw(item, src, after)
         elif item.sent is not None:  # gathered

@@ -21,8 +21,7 @@ In flight. An offloaded tensor stays on the device until its copy completes,
 and so does what was made to send it (the room reserved for its payload: for
 the largest its codec can write, or, for ZVC and ZANS once the tensor was sent
 in the pass before, for an eighth (at least 64 KiB) more than its payload then;
-or a gathered copy):
-its footprint. pack() admits a tensor
+or a gathered copy): its footprint. pack() admits a tensor
 only while the footprints in flight stay within the stash limit (else it
 waits for the oldest copy), and prefetch restores ahead of backward only what
 fits in the prefetch limit (a tensor and, compressed, its payload; one that
