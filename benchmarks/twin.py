@@ -120,10 +120,14 @@ def scaled_profile(cswap, scale: float):
 def legacy_device():
     """A TimedDevice for a runtime that does not say what its device work is (before
     cswap.runtime.device.Work): the work is read off the function the runtime queues (its
-    closure holds the item being compressed, or the decoder and header)."""
+    closure holds the item being compressed, or the decoder and header); and that may ask for
+    the streams it had then."""
+    from cswap.runtime import emulator
+    from cswap.runtime.device import Work
     from cswap.runtime.twin import TimedDevice
 
-    from cswap.runtime.device import Work
+    # runtimes before 29afc0c encoded and decoded on streams of their own, "compress" and "decode"
+    emulator.SIDE_STREAMS = tuple(dict.fromkeys((*emulator.SIDE_STREAMS, "compress", "decode")))
 
     def cells(fn) -> dict:
         return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
@@ -161,7 +165,8 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
     from cswap.runtime.twin import ComputeClock, TwinSpec
 
     scale = run["scale"]
-    spec = TwinSpec.measured(TABLE_IN_TREE, scale=scale, compute_factor=compute_factor, sm_share=args.sm_share)
+    spec = TwinSpec.measured(TABLE_IN_TREE, scale=scale, compute_factor=compute_factor, sm_share=args.sm_share,
+                             host_scale=args.host_scale)
     dev = legacy_device()(spec)
     model, x, y = _model_and_batch(run)
     batch = x.shape[0]
@@ -171,7 +176,7 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
             options["profile"] = scaled_profile(cswap, scale)
         cswap.patch(model, **options)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    times, phases, busy, blocked = [], [], [], []
+    times, phases, busy, blocked, host_scales = [], [], [], [], []
     with activate(dev), ComputeClock(dev, model):
         for i in range(args.warmup + args.steps):
             if i == args.warmup:
@@ -179,6 +184,7 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
                 if mode != "unpatched":
                     cswap.stats(model).reset()
             dev.synchronize()
+            host_scales.append(dev.calibrate_host())  # (this CPU's speed swings: a host of one speed)
             t0, busy0, blocked0 = dev.now(), dict(dev.busy_s), dict(dev.blocked_s)
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
@@ -205,6 +211,7 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
            "host_blocked_ms": 1e3 * blocked[middle].get("MainThread", 0.0),
            "worker_blocked_ms": 1e3 * blocked[middle].get("cswap-offload", 0.0),
            "hazards": len(dev.hazards),
+           "host_scale": statistics.median(host_scales),  # (this CPU's time x this: the host's)
            # the device bytes the twin tracks (saved activations, cswap's buffers), at full scale
            "peak_saved_mib": dev.peak_bytes * scale / 2**20}
     if stats:
@@ -414,13 +421,22 @@ def replay(args) -> list[dict]:
 
 def extract(commit: str, into: Path) -> Path:
     """The commit's cswap laid out as installed (kernels and models inside it), with this
-    tree's emulator, seam, twin and the twin's table put in."""
+    tree's emulator, seam, twin, the twin's table and the roofline it times ops by put in."""
     from common import installed_tree
 
     installed_tree(commit, into)
-    for path in ("cswap/runtime/device.py", "cswap/runtime/emulator.py", "cswap/runtime/twin.py",
-                 "cswap/data/twin-nvidia-h200.json"):
+    for path in ("cswap/runtime/device.py", "cswap/runtime/emulator.py", "cswap/runtime/allocator_model.py",
+                 "cswap/runtime/twin.py", "cswap/data/twin-nvidia-h200.json", "cswap/data/time_model.json"):
         shutil.copy(ROOT / path, into / path)
+    # The twin times the model's ops by this tree's roofline: put in beside the commit's own plan,
+    # which its cswap.predict uses, as cswap/twin_plan/
+    today = into / "cswap" / "twin_plan"
+    today.mkdir()
+    (today / "__init__.py").write_text("")
+    for name in ("roofline.py", "gpus.py", "grouped_mm.py"):
+        shutil.copy(ROOT / "cswap" / "plan" / name, today / name)
+    twin = into / "cswap" / "runtime" / "twin.py"
+    twin.write_text(twin.read_text().replace("from ..plan.", "from ..twin_plan."))
     return into
 
 
@@ -432,6 +448,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--sm-share", type=float, default=1.0,
                    help="of a codec kernel's time, what compute running beside it loses (1: all, the default; 0: none)")
+    p.add_argument("--host-scale", type=float, default=1.0,
+                   help="the host's speed: it runs cswap.runtime.twin's reference Python in this times "
+                        "HOST_REFERENCE_S (default 1; 0.5: a host twice as fast), however fast this CPU is meanwhile")
     p.add_argument("--commit", help="replay this commit's runtime instead of this tree's")
     p.add_argument("--no-plan", dest="plan", action="store_false",
                    help="skip cswap-plan's prediction of each mode (cswap.predict) beside the twin's")
@@ -457,7 +476,10 @@ def main(argv=None) -> list[dict]:
             writer = csv.DictWriter(f, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
-        (out / "headline.json").write_text(json.dumps({"environment": environment(device), "rows": rows}, indent=1))
+        from cswap.runtime.twin import host_reference_s
+
+        env = {**environment(device), "host_reference_ms": 1e3 * host_reference_s(repeats=20)}  # (for the twin's host)
+        (out / "headline.json").write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
         print(f"# wrote {out / 'headline'}.csv and .json")
         return rows
     if args.commit and not os.environ.get("CSWAP_TWIN_TREE"):
@@ -470,6 +492,7 @@ def main(argv=None) -> list[dict]:
                            env=env, check=True, cwd=tmp)
         return []
     import cswap
+    from cswap.runtime.twin import HOST_REFERENCE_S
 
     global TABLE_IN_TREE
     TABLE_IN_TREE = Path(cswap.__file__).parent / "data" / "twin-nvidia-h200.json"
@@ -490,7 +513,9 @@ def main(argv=None) -> list[dict]:
                                          capture_output=True, text=True).stdout.strip()
     (args.out / f"twin-{label}.json").write_text(json.dumps(
         {"environment": {"what": "predicted by the timed twin of the H200 on a CPU, not measured",
-                         "torch": torch.__version__, "runtime": code, "date": _today()},
+                         "torch": torch.__version__, "runtime": code, "date": _today(),
+                         "host": "this CPU's host time, scaled each step to a host that runs the reference "
+                                 f"Python in {1e3 * args.host_scale * HOST_REFERENCE_S:.2f} ms"},
          "args": config, "rows": rows}, indent=1))
     print(f"# wrote {args.out / f'twin-{label}'}.csv and .json")
     return rows

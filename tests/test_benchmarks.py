@@ -330,6 +330,22 @@ def test_twin_benchmark_replays_the_h200_runs(tmp_path):
     assert saved["rows"] == rows
 
 
+def test_twin_benchmark_replays_the_runtime_the_h200_measured(tmp_path):
+    """--commit runs an old runtime on this tree's twin: one from before the codec stream (its
+    compress and decode streams), the twin's roofline and the allocator model."""
+    import subprocess
+
+    if subprocess.run(["git", "cat-file", "-e", "c01d24c^{commit}"], cwd=BENCHMARKS.parent).returncode:
+        pytest.skip("this checkout lacks commit c01d24c (a shallow clone)")
+    bench = _load(BENCHMARKS / "twin.py")
+    bench.main(["--commit", "c01d24c", "--runs", "cifar", "--modes", "sc", "--warmup", "1", "--steps", "1",
+                "--no-plan", "--out", str(tmp_path)])
+    rows = {r["mode"]: r for r in json.loads((tmp_path / "twin-c01d24c.json").read_text())["rows"]}
+    assert rows["sc"]["compressed_per_step"] == rows["sc"]["offloaded_per_step"] > 0
+    assert rows["sc"]["codec_ms"] > 0 and rows["sc"]["hazards"] == 0
+    assert rows["unpatched"]["step_ms"] < rows["sc"]["step_ms"]
+
+
 def test_trace_benchmark_quick_run_writes_a_trace_per_mode(tmp_path):
     bench = _load(BENCHMARKS / "trace.py")
     rows = bench.main(["--quick", "--runs", "cifar", "--modes", "unpatched", "sc", "--out", str(tmp_path)])

@@ -141,6 +141,30 @@ def test_host_time_counts_the_threads_own_work_not_the_emulators():
         timed.close()
 
 
+def test_calibrated_host_time_stands_for_a_host_of_one_speed(monkeypatch):
+    """This CPU's speed swings: calibrate_host scales host time by the reference Python's
+    time on the host the twin stands for over its time now, so the same work costs the same
+    virtual time on a slow or a fast moment of this CPU."""
+    import cswap.runtime.twin as twin
+
+    timed = TimedDevice(_spec(host_scale=2.0))  # (a host twice as slow as the reference one)
+    try:
+        for now_s, scale in ((2 * twin.HOST_REFERENCE_S, 1.0), (twin.HOST_REFERENCE_S / 4, 8.0)):
+            monkeypatch.setattr(twin, "host_reference_s", lambda: now_s)
+            assert timed.calibrate_host() == pytest.approx(scale)
+            assert timed.host_scale == pytest.approx(scale)
+            before, cpu = timed.now(), time.thread_time()
+            total = 0
+            for i in range(200_000):  # the host's own Python
+                total += i
+            virtual, cpu = timed.now() - before, time.thread_time() - cpu
+            assert virtual == pytest.approx(scale * cpu, rel=0.05, abs=50e-6)
+    finally:
+        timed.close()
+    monkeypatch.undo()
+    assert 0 < twin.host_reference_s() < 1.0  # (the reference itself: a few ms of this CPU)
+
+
 def test_a_background_thread_acts_no_earlier_than_the_training_thread_reaches_its_time(dev):
     d2h = dev.side_stream("d2h")
     x = torch.zeros(5_000_000, dtype=torch.uint8)

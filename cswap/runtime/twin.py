@@ -26,9 +26,12 @@ device's times:
 - Host work, counted as it runs: a thread's own CPU time between device calls
   (time.thread_time: waiting, and other threads holding the GIL, do not count),
   times `host_scale`, plus each CUDA call's cost as timed on an H200's host
-  (CALL_S). The emulator's own bookkeeping and the model's CPU kernels are left out,
-  and so is this CPU's time between two of the model's ops (freeing and faulting in
-  memory, mostly): those cost MODEL_OP_S each, as measured on the H200's host.
+  (CALL_S). This CPU's speed swings; `calibrate_host` times a reference piece of
+  Python between steps and scales host time so that it stands for a host of one
+  speed (HOST_REFERENCE_S). The emulator's own bookkeeping and the model's CPU
+  kernels are left out, and so is this CPU's time between two of the model's ops
+  (freeing and faulting in memory, mostly): those cost MODEL_OP_S each, as measured
+  on the H200's host.
 
 The data moves as in the emulator (stream threads, but no sleeping: in real time
 the link is infinitely fast), so its ordering checks and race detector still
@@ -68,7 +71,8 @@ from . import sync
 from .device import Work
 from .emulator import EmulatedDevice, EmulatedEvent, _DEADLOCK_S
 
-__all__ = ["CALL_S", "MODEL_OP_S", "ComputeClock", "MeasuredCodecs", "Span", "TimedDevice", "TwinSpec"]
+__all__ = ["CALL_S", "HOST_REFERENCE_S", "MODEL_OP_S", "ComputeClock", "MeasuredCodecs", "Span", "TimedDevice",
+           "TwinSpec", "host_reference_s"]
 
 # Host seconds per CUDA call, timed one by one on the H200's host by benchmarks/cuda_seam.py
 # (benchmarks/results/nvidia-h200/README.md): an async copy 6.2 us, an allocation 4.0, an event
@@ -87,9 +91,51 @@ HOLD_S = 0.5  # real seconds a background thread waits for the training thread's
 # Pinning new host memory (cudaHostAlloc): a fixed cost and a rate. Assumed (typical figures:
 # a few hundred microseconds and about 10 GB/s page-locking); a pooled buffer costs nothing.
 PIN_FIXED_S, PIN_BYTES_PER_S = 300e-6, 10e9
+# The host the twin stands for runs host_reference_s's Python in this long. The twin counts its
+# threads' CPU time as that host's, and this CPU's speed swings: the same Python took 2.3 to 5 ms
+# of thread time within a minute on 2026-12-01, and the compressed modes' steps moved by a fifth
+# with it (their encodes are queued by the worker's Python). TimedDevice.calibrate_host scales
+# host time to this speed. Assumed: this CPU's median on 2026-12-01 (Python 3.11), until
+# `scripts/gpu_session.sh headline` times it on the H200's host.
+HOST_REFERENCE_S = 4.1e-3
 
 
 MEASURED_H200 = Path(__file__).resolve().parents[1] / "data" / "twin-nvidia-h200.json"
+
+
+class _Record:
+    __slots__ = ("key", "size", "state")
+
+    def __init__(self, key: int, size: int):
+        self.key, self.size, self.state = key, size, 0
+
+
+def _book(table: dict, record: _Record, i: int) -> int:
+    table[record.key] = record
+    record.state = (record.state + i) & 7
+    return record.size if record.state else len(table)
+
+
+def _reference_work(n: int = 5000) -> int:
+    """A fixed piece of Python like a runtime's bookkeeping: small objects, their attributes,
+    a dict, a bounded list."""
+    table, out = {}, []
+    for i in range(n):
+        out.append(_book(table, _Record(i & 1023, i * 4), i))
+        if len(out) > 64:
+            del out[:32]
+    return len(table)
+
+
+def host_reference_s(repeats: int = 3) -> float:
+    """This thread's CPU seconds for the reference Python, the fastest of `repeats` runs (other
+    work on the machine only ever adds time)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time()
+        _reference_work()
+        best = min(best, time.thread_time() - start)
+    return max(best, 1e-9)
 
 
 class MeasuredCodecs:
@@ -210,6 +256,7 @@ class TimedDevice(EmulatedDevice):
     def __init__(self, spec: TwinSpec, seed: int = 0, capacity_bytes: int | None = None, log: bool = True):
         super().__init__(bandwidth_gbps=float("inf"), seed=seed, capacity_bytes=capacity_bytes, log=log)
         self.spec = spec
+        self.host_scale = spec.host_scale  # (calibrate_host keeps it for a host of one speed)
         self._local = threading.local()
         self._main = self._clock           # the training thread's (the one that makes the device)
         self.held_too_long = 0             # background threads let go before the training thread caught up
@@ -245,6 +292,16 @@ class TimedDevice(EmulatedDevice):
                 return
             time.sleep(50e-6)
 
+    def calibrate_host(self, reference_s: float = HOST_REFERENCE_S) -> float:
+        """Time the reference Python on this thread now, and scale every thread's host time by
+        spec.host_scale x reference_s over it from here on: host time then stands for a host
+        that runs it in reference_s, however fast this CPU is at the moment. Call it between
+        steps (its own time is not counted). Returns the scale."""
+        clock = self._enter()
+        self.host_scale = self.spec.host_scale * reference_s / host_reference_s()
+        self._leave(clock)
+        return self.host_scale
+
     def now(self) -> float:
         """The calling thread's virtual time, its host work so far counted."""
         clock = self._enter()
@@ -263,7 +320,7 @@ class TimedDevice(EmulatedDevice):
         if clock.depth == 1:
             cpu = time.thread_time()
             if not (model_op and clock.after_op):
-                clock.t += (cpu - clock.mark) * self.spec.host_scale
+                clock.t += (cpu - clock.mark) * self.host_scale
             clock.t += cost
             clock.mark = cpu
         return clock
