@@ -120,14 +120,9 @@ def scaled_profile(cswap, scale: float):
 def legacy_device():
     """A TimedDevice for a runtime that does not say what its device work is (before
     cswap.runtime.device.Work): the work is read off the function the runtime queues (its
-    closure holds the item being compressed, or the decoder and header); and that may ask for
-    the streams it had then."""
-    from cswap.runtime import emulator
+    closure holds the item being compressed, or the decoder and header)."""
     from cswap.runtime.device import Work
     from cswap.runtime.twin import TimedDevice
-
-    # runtimes before 29afc0c encoded and decoded on streams of their own, "compress" and "decode"
-    emulator.SIDE_STREAMS = tuple(dict.fromkeys((*emulator.SIDE_STREAMS, "compress", "decode")))
 
     def cells(fn) -> dict:
         return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
@@ -494,6 +489,10 @@ def main(argv=None) -> list[dict]:
     import cswap
     from cswap.runtime.twin import HOST_REFERENCE_S
 
+    if os.environ.get("CSWAP_TWIN_TREE"):  # a commit's runtime, in a process of its own: runtimes
+        from cswap.runtime import emulator  # before 29afc0c encoded and decoded on streams of their own
+
+        emulator.SIDE_STREAMS = (*emulator.SIDE_STREAMS, "compress", "decode")
     global TABLE_IN_TREE
     TABLE_IN_TREE = Path(cswap.__file__).parent / "data" / "twin-nvidia-h200.json"
     print(f"# the timed twin of the H200 (predicted, not measured) on {cswap.__file__}; torch {torch.__version__}")

@@ -328,6 +328,9 @@ def test_twin_benchmark_replays_the_h200_runs(tmp_path):
     assert all(r["hazards"] == 0 for r in rows)
     saved = json.loads((tmp_path / "twin-today.json").read_text())
     assert saved["rows"] == rows
+    from cswap.runtime import emulator
+
+    assert "compress" not in emulator.SIDE_STREAMS  # (old runtimes' streams: only where one is replayed)
 
 
 def test_twin_benchmark_replays_the_runtime_the_h200_measured(tmp_path):
