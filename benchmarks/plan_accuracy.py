@@ -51,6 +51,7 @@ class Run:
     in_backward: bool = False
     compile: bool = False       # under torch.compile (cswap.plan.compiled)
     quantize: str | None = None  # "nf4": QLoRA's 4-bit base weights (cswap.plan.quantized)
+    adapter_dtype: str = "float32"  # LoRA weights: peft's float32 under the Trainer's autocast, or "model" (torchtune)
     differs: str = ""           # what the run did that cswap-plan's trace does not (then in neither set)
     tokens_per_s: float | None = None   # published throughput, tokens/s
     peak_gib: float | None = None       # published peak memory, GiB
@@ -68,9 +69,11 @@ _QWEN = dict(config="qwen-7b-as-llama.json", gpu="a100-sxm4-80gb", batch=1, prec
 # NVIDIA's BERT is its own program (fused bias-GELU, LayerNorm and softmax kernels, LAMB), not the
 # eager Hugging Face model traced here (Adam's two states in place of LAMB's).
 _NVIDIA_BERT = "NVIDIA's fused BERT"
+# torchtune casts the whole model, its LoRA adapters included, to the recipe's dtype (peft keeps them in float32).
+_TORCHTUNE_LORA = "model"
 # torchtune's QLoRA recipes: LoRA on the attention projections and the MLP, every base linear in NF4.
 _QLORA = dict(lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-              quantize="nf4", checkpointing=True, compile=True)
+              quantize="nf4", checkpointing=True, compile=True, adapter_dtype=_TORCHTUNE_LORA)
 RUNS = [
     Run("llama3.2-3b-full-packed", 6, **_LLAMA3B, tokens_per_s=7075, peak_gib=60.0, set=CALIBRATION,
         note="torchtune's flags table, '+ Packed': the eager baseline with packing"),
@@ -90,7 +93,8 @@ RUNS = [
         chunked_loss=8, checkpointing=True, in_backward=True, optimizer="paged_adamw8bit", tokens_per_s=1650,
         peak_gib=18.9, set=EVALUATION, note="Llama 3's config: 3.1 differs only in its RoPE scaling"),
     Run("llama3.1-8b-lora-4090", 2, "llama-3-8b.json", "rtx-4090-24gb", 2048, 2, "bf16", compile=True,
-        chunked_loss=8, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"), tokens_per_s=3083,
+        chunked_loss=8, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"),
+        adapter_dtype=_TORCHTUNE_LORA, tokens_per_s=3083,
         peak_gib=16.2, set=EVALUATION, note="Llama 3's config: 3.1 differs only in its RoPE scaling"),
     Run("llama3.1-8b-qlora-4090", 4, "llama-3-8b.json", "rtx-4090-24gb", 2048, 2, "bf16", chunked_loss=8,
         lora_rank=8, **_QLORA, tokens_per_s=2413, peak_gib=7.4, set=EVALUATION,
@@ -98,7 +102,8 @@ RUNS = [
     Run("llama2-7b-qlora-4090", 15, "llama-2-7b.json", "rtx-4090-24gb", 2048, 4, "bf16", lora_rank=8, **_QLORA,
         tokens_per_s=3155, peak_gib=12.3, set=EVALUATION, note="batch 4 as the table says (its config's default is 2)"),
     Run("llama2-7b-lora-4090", 16, "llama-2-7b.json", "rtx-4090-24gb", 2048, 4, "bf16", lora_rank=8,
-        lora_targets=("q_proj", "v_proj"), checkpointing=True, tokens_per_s=2582, peak_gib=21.3, set=CALIBRATION,
+        lora_targets=("q_proj", "v_proj"), adapter_dtype=_TORCHTUNE_LORA, checkpointing=True, tokens_per_s=2582,
+        peak_gib=21.3, set=CALIBRATION,
         note="batch 4 as the table says (its config's default is 2)"),
     Run("llama2-7b-full-4090", 17, "llama-2-7b.json", "rtx-4090-24gb", 2048, 4, "bf16", optimizer="paged_adamw",
         checkpointing=True, in_backward=True, tokens_per_s=702, peak_gib=24.1, set=EVALUATION,
@@ -155,7 +160,7 @@ def _sample_of_run(run: Run):
     g = gpu(run.gpu)
     x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))  # (as cswap.predict traces)
     trace = trace_for(model, x, run.precision, run.optimizer, arch=g.arch, optimizer_in_backward=run.in_backward,
-                      compile=run.compile)
+                      compile=run.compile, adapter_dtype=run.adapter_dtype)
     return Sample.of(run.name, trace.ops, g, run.precision, run.batch * run.seq_len / run.tokens_per_s)
 
 
@@ -284,7 +289,8 @@ def predict_run(run: Run) -> dict:
     model, inputs = _run_inputs(run)
     start = time.perf_counter()
     p = cswap.predict(model, inputs, run.gpu, precision=run.precision, optimizer=run.optimizer,
-                      optimizer_in_backward=run.in_backward, recompute=False, compile=run.compile)
+                      optimizer_in_backward=run.in_backward, recompute=False, compile=run.compile,
+                      adapter_dtype=run.adapter_dtype)
     row = {"run": run.name, "row": run.row, "set": run.set, "gpu": run.gpu, "differs": run.differs,
            "predicted_peak_gib": p.peak_bytes("none") / 2**30, "published_peak_gib": run.peak_gib,
            "predicted_tokens_per_s": run.batch * run.seq_len / p.step_seconds("none"),

@@ -440,6 +440,64 @@ def test_lora_adapts_only_the_targeted_modules_and_a_wrong_name_lists_the_real_o
         main(["--hf-config", str(path), "--lora-targets", "q_proj"])  # (no --lora-rank)
 
 
+def _adapter_traces(tmp_path, compile=False):
+    from cswap.plan.hf import from_config
+
+    model, inputs = from_config(_tiny_config(tmp_path), batch=2, seq_len=16, lora_rank=4,
+                                gradient_checkpointing=True)
+    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return adapters, {dtype: roofline.trace_for(model, inputs, "bf16", "adamw", drop=False, compile=compile,
+                                                adapter_dtype=dtype) for dtype in roofline.ADAPTER_DTYPES}
+
+
+def _matmul_dtypes(trace) -> set:
+    """The dtypes the adapters' multiplies run in (forward, recompute and backward)."""
+    return {op.dtype for op in trace.ops if op.name in ("mm", "addmm", "bmm") and ".lora_" in op.module}
+
+
+def test_peft_adapters_stay_float32_on_a_bf16_model_and_multiply_in_bf16_as_the_trainer_runs_them(tmp_path):
+    """peft keeps LoRA weights in float32 on a bf16 base (autocast_adapter_dtype), so their
+    gradients and AdamW states are float32 too; Hugging Face's Trainer (bf16=True) runs the
+    step under autocast, the adapters' multiplies in bf16, a checkpointed layer's recompute
+    included. torchtune casts its adapters with the model ("model")."""
+    adapters, traces = _adapter_traces(tmp_path)
+    peft, cast = traces["float32"].peak_by_kind, traces["model"].peak_by_kind
+    assert peft["param"] - cast["param"] == adapters * 2  # (float32 against bf16, nothing else moved)
+    assert peft["opt"] == pytest.approx(2 * cast["opt"], rel=0.01)  # (two moments each, twice the bytes)
+    for trace in traces.values():
+        assert _matmul_dtypes(trace) == {torch.bfloat16}
+
+
+@pytest.mark.slow
+def test_compiled_peft_adapters_stay_float32_and_multiply_in_bf16(tmp_path):
+    adapters, traces = _adapter_traces(tmp_path, compile=True)
+    peft, cast = traces["float32"].peak_by_kind, traces["model"].peak_by_kind
+    assert peft["param"] - cast["param"] == adapters * 2
+    for trace in traces.values():  # (each layer's graph: adapters and base alike)
+        assert {op.dtype for op in trace.ops if op.compiled and op.name in ("mm", "addmm", "bmm")} == {torch.bfloat16}
+
+
+def test_cswap_plan_says_which_adapter_dtype_it_assumed(tmp_path, capsys):
+    from cswap.cli.plan import main
+    from cswap.plan.hf import from_config
+
+    path = _tiny_config(tmp_path)
+    model, inputs = from_config(path, seq_len=16, lora_rank=4)
+    p = cswap.predict(model, inputs, "a100-sxm4-80gb", precision="bf16", optimizer="adamw")
+    assert "in float32 (peft's default)" in p.sources["adapters"]
+    cast = cswap.predict(model, inputs, "a100-sxm4-80gb", precision="bf16", optimizer="adamw", adapter_dtype="model")
+    assert "cast to bf16 with the model" in cast.sources["adapters"]
+    assert p.peak_bytes("none") > cast.peak_bytes("none")
+    assert "adapters" not in cswap.predict(model, inputs, "a100-sxm4-80gb", optimizer="adamw").sources  # (fp32)
+    with pytest.raises(ValueError, match="adapter_dtype must be one of float32, model, got 'bf16'"):
+        cswap.predict(model, inputs, "a100-sxm4-80gb", precision="bf16", adapter_dtype="bf16")
+    assert main(["--hf-config", str(path), "--seq-len", "16", "--lora-rank", "4", "--dtype", "bf16",
+                 "--adapter-dtype", "model", "--gpu", "a100-sxm4-80gb"]) == 0
+    assert "cast to bf16 with the model" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--hf-config", str(path), "--adapter-dtype", "model"])  # (no --lora-rank)
+
+
 def test_a_chunked_loss_is_the_models_own_and_holds_less_at_its_peak(tmp_path, capsys):
     from cswap.cli.plan import main
     from cswap.plan.fake_gpu import trace_step

@@ -26,7 +26,7 @@ from .. import models
 from ..plan import sparsity as sparsity_sources
 from ..plan.gpus import gpus
 from ..plan.optimizers import OPTIMIZERS
-from ..plan.roofline import PRECISIONS
+from ..plan.roofline import ADAPTER_DTYPES, PRECISIONS
 from ..plan.whatif import RESERVE_BYTES, Prediction, gib, parse_bytes, predict
 
 __all__ = ["main", "parse_args"]
@@ -45,6 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lora-targets", default="all-linear",
                    help="with --lora-rank: the modules LoRA adapts, names separated by commas (e.g. "
                         "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear (the default)")
+    p.add_argument("--adapter-dtype", default="float32", choices=ADAPTER_DTYPES,
+                   help="with --lora-rank and --dtype bf16/fp16: float32 (peft's default: the adapters, their "
+                        "gradients and optimizer states in float32, the step under autocast as Hugging Face's "
+                        "Trainer runs it) or model (cast with the model, as torchtune holds them)")
     p.add_argument("--quantize", choices=["nf4"],
                    help="with --lora-rank: QLoRA, every frozen linear layer but the output head held in 4-bit "
                         "NF4 and dequantized for each multiply (bitsandbytes' load_in_4bit, torchtune's QLoRA)")
@@ -98,6 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"{hf_only[0]} needs --hf-config")
     if args.lora_targets != "all-linear" and not args.lora_rank:
         p.error("--lora-targets needs --lora-rank")
+    if args.adapter_dtype != "float32" and not args.lora_rank:
+        p.error("--adapter-dtype needs --lora-rank")
     if args.quantize and not args.lora_rank:
         p.error("--quantize needs --lora-rank: QLoRA trains LoRA adapters beside the quantized base")
     if args.batch is None:
@@ -192,7 +198,7 @@ def _fit(args, spars, reserve, model, inputs) -> str:
 
     choices = fit(build, args.gpu, candidates, progress=progress, precision=args.dtype, budget=args.budget,
                   profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
-                  recompute=_recompute(args.recompute))
+                  recompute=_recompute(args.recompute), adapter_dtype=args.adapter_dtype)
     from ..plan.gpus import gpu
 
     return fit_report(choices, len(candidates), gpu(args.gpu).label, args.dtype)
@@ -258,7 +264,7 @@ def main(argv=None) -> int:
         p = predict(model, inputs, args.gpu, precision=args.dtype, optimizer=args.optimizer, budget=args.budget,
                     profile=args.profile, sparsity=spars, times=args.times, reserve_bytes=reserve,
                     recompute=_recompute(args.recompute), optimizer_in_backward=args.optimizer_in_backward,
-                    compile=args.compile)
+                    compile=args.compile, adapter_dtype=args.adapter_dtype)
         print(p.summary(largest=not (args.no_largest_batch or args.hf_config), tensors=args.tensors))
     except ValueError as exc:
         print(f"cswap-plan: {exc}", file=sys.stderr)

@@ -39,6 +39,7 @@ import functools
 import gc
 import itertools
 import re
+import sys
 import warnings
 import weakref
 from collections import Counter
@@ -56,7 +57,8 @@ from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
 from .optimizers import OPTIMIZERS
 
-__all__ = ["DEVICE", "FakeGPUUnavailable", "OpRecord", "SavedRecord", "StepTrace", "kind_of", "trace_step"]
+__all__ = ["DEVICE", "FakeGPUUnavailable", "OpRecord", "SavedRecord", "StepTrace", "adapter_parameters", "kind_of",
+           "trace_step"]
 
 DEVICE = "meta"
 _VERSION = re.compile(r"\d+$")
@@ -349,7 +351,8 @@ def _to_fake(model: nn.Module, device: torch.device) -> None:
 def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sgd",
                dtype: torch.dtype | None = None, autocast: torch.dtype | None = None,
                drops: bool = True, sdpa_arch: int | str | None = None,
-               optimizer_in_backward: bool = False, compile: bool = False) -> StepTrace:
+               optimizer_in_backward: bool = False, compile: bool = False,
+               adapter_dtype: torch.dtype | None = None) -> StepTrace:
     """Trace one training step of `model` on `example_inputs` (a tensor, a tuple of
     forward's positional arguments or a dict of its keyword arguments: tensors of the
     batch's shape and dtype, on any device, meta included; their values are not
@@ -359,14 +362,16 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
     bitsandbytes' "adamw8bit", "paged_adamw", "paged_adamw8bit"), stepped after backward
     or, with `optimizer_in_backward`, per parameter as its gradient is made; `dtype`
     casts the model's floating parameters and buffers and the floating inputs (e.g.
-    torch.bfloat16); `autocast` (torch.float16 or torch.bfloat16) runs forward and loss as CUDA's
-    torch.autocast would (mixed precision: float32 parameters, lower-precision
-    convolutions and matmuls). sdpa_arch: the compute capability (90 for an H100)
-    whose fused attention kernels F.scaled_dot_product_attention runs as
-    (cswap.plan.attention; StepTrace.attention counts them); None: the fake device's
-    math fallback. The model itself is not touched: a copy is. `compile`: the step as
-    torch.compile runs it (cswap.plan.compiled: what inductor's partitioner saves), each
-    repeated block compiled on its own where the model has them.
+    torch.bfloat16); `autocast` (torch.float16 or torch.bfloat16) runs forward, loss and
+    a checkpointed region's recompute as CUDA's torch.autocast would (mixed precision:
+    float32 parameters, lower-precision convolutions and matmuls); `adapter_dtype` casts
+    peft's adapter weights (adapter_parameters) instead of `dtype`, as peft keeps them in
+    float32 on a bf16 model. sdpa_arch: the compute capability (90 for an H100) whose
+    fused attention kernels F.scaled_dot_product_attention runs as (cswap.plan.attention;
+    StepTrace.attention counts them); None: the fake device's math fallback. The model
+    itself is not touched: a copy is. `compile`: the step as torch.compile runs it
+    (cswap.plan.compiled: what inductor's partitioner saves), each repeated block
+    compiled on its own where the model has them.
 
     With `drops` the step runs twice: as is, and with every saved activation
     dropped by the pack hook and made again by the unpack hook, which tells when
@@ -375,18 +380,19 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
         raise TypeError(f"cswap.plan.fake_gpu: expected a torch.nn.Module, got {type(model).__name__}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"cswap.plan.fake_gpu: optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
-    for name, value in (("dtype", dtype), ("autocast", autocast)):
+    for name, value in (("dtype", dtype), ("autocast", autocast), ("adapter_dtype", adapter_dtype)):
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise ValueError(f"cswap.plan.fake_gpu: {name} must be a floating torch.dtype, got {value!r}")
     stepping = (optimizer, optimizer_in_backward)
+    dtypes = (dtype, adapter_dtype)  # (the model's, its adapters': what _fake_copy casts to)
     with _explain_data_dependent_shapes():
-        captured = _capture(model, example_inputs, dtype, autocast, sdpa_arch) if compile else None
-        kept = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=False,
+        captured = _capture(model, example_inputs, dtypes, autocast, sdpa_arch) if compile else None
+        kept = _trace(model, example_inputs, loss, stepping, dtypes, autocast, sdpa_arch, drop=False,
                       compiled=captured)
         if not drops:
             gc.collect()
             return kept
-        dropped = _trace(model, example_inputs, loss, stepping, dtype, autocast, sdpa_arch, drop=True,
+        dropped = _trace(model, example_inputs, loss, stepping, dtypes, autocast, sdpa_arch, drop=True,
                          compiled=captured)
     if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
         raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
@@ -432,10 +438,31 @@ def _steady_state(opt: torch.optim.Optimizer) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
-    """A copy of `model` whose parameters and buffers are on "meta" (no data), cast to `dtype`."""
+def adapter_parameters(model: nn.Module) -> set[int]:
+    """ids of the peft adapter weights in `model` (each tuner layer's adapter_layer_names:
+    lora_A, lora_B, their embedding forms, DoRA's magnitudes). peft is not imported here:
+    a model it wrapped has imported it already."""
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    if tuners is None:
+        return set()
+    found = set()
+    for module in model.modules():
+        if isinstance(module, tuners.BaseTunerLayer):
+            for name in module.adapter_layer_names:
+                part = getattr(module, name, None)
+                if isinstance(part, nn.Module):
+                    found.update(id(p) for p in part.parameters())
+    return found
+
+
+def _fake_copy(model: nn.Module, dtype: torch.dtype | None, adapter_dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are on "meta" (no data), cast to `dtype`
+    (peft's adapter weights to `adapter_dtype`, where given)."""
+    adapters = adapter_parameters(model) if adapter_dtype is not None else set()
+
     def meta(t):
-        return torch.empty_like(t, device="meta", dtype=dtype if dtype is not None and t.is_floating_point()
+        cast = adapter_dtype if id(t) in adapters else dtype
+        return torch.empty_like(t, device="meta", dtype=cast if cast is not None and t.is_floating_point()
                                 else t.dtype)
 
     memo = {id(t): meta(t) for t in model.buffers()}
@@ -443,7 +470,7 @@ def _fake_copy(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
+def _capture(model: nn.Module, example_inputs, dtypes, autocast, sdpa_arch):
     """The compiled step's graphs (cswap.plan.compiled), by the module each replaces (""
     for the whole model), captured on a copy whose parameters and inputs are fake CPU
     tensors (on "meta", dynamo loses the loss's gradient: its backward graph comes out
@@ -454,11 +481,11 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
     from .hf import ChunkCrossEntropy
     from .recompute import repeated_blocks
 
-    if autocast is not None:
+    if autocast is not None and autocast != dtypes[0]:
         raise ValueError("cswap.plan: a compiled step under autocast (amp) is not modelled yet; cast the model to "
                          "bf16 or fp16 instead, or predict it without compile")
     arch = sdpa_arch if isinstance(sdpa_arch, int) else None
-    copy = _fake_copy(model, dtype)
+    copy = _fake_copy(model, *dtypes)
     for module in copy.modules():  # (a training step keeps no key/value cache; capturing one breaks)
         config = getattr(module, "config", None)
         if getattr(config, "use_cache", None):
@@ -466,16 +493,20 @@ def _capture(model: nn.Module, example_inputs, dtype, autocast, sdpa_arch):
     cpu = torch.device("cpu")
     with FakeTensorMode(allow_non_fake_inputs=True):  # (the graph's constants are real)
         _to_fake(copy, cpu)
-        inputs = _fake_inputs(example_inputs, cpu, dtype)
+        inputs = _fake_inputs(example_inputs, cpu, dtypes[0])
     blocks = repeated_blocks(copy)  # (regional compilation: each repeated block compiled, the rest eager)
     # and a chunked loss's upcast and cross-entropy, chunk by chunk, as torchtune's compile_loss
     blocks += [name for name, m in copy.named_modules() if isinstance(m, ChunkCrossEntropy)]
-    regions = capture_blocks(copy, inputs, blocks, arch) if blocks else {"": capture(copy, inputs, arch)}
+    # (autocast on a model cast to its own dtype: only float32 adapters' multiplies differ, which the fake
+    # CPU's autocast runs in `autocast` as CUDA's does; its float32 op list, unlike CUDA's, leaves softmax
+    # and norms alone, which a model cast to bf16 runs in bf16 anyway)
+    with torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext():
+        regions = capture_blocks(copy, inputs, blocks, arch) if blocks else {"": capture(copy, inputs, arch)}
     device, moved = torch.device(DEVICE), {}
     return {name: moved.setdefault(id(c), c.moved(device)) for name, c in regions.items()}
 
 
-def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], dtype, autocast, sdpa_arch,
+def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], dtypes, autocast, sdpa_arch,
            drop: bool, compiled=None) -> StepTrace:
     device = torch.device(DEVICE)
     loss = loss or default_loss
@@ -495,7 +526,7 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
     numbers = itertools.count()
     dropped_at: dict[int, int] = {}       # storage number -> op index when it was freed
     restored: dict[int, object] = {}      # storage number -> weak reference to its remade copy
-    fake = _fake_copy(model, dtype)
+    fake = _fake_copy(model, *dtypes)
     attention = Counter()
     # around backward too: a checkpointed region's recompute must save what its forward did
     fused = fused_attention_mode(sdpa_arch, attention) if sdpa_arch is not None else contextlib.nullcontext()
@@ -553,17 +584,18 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
                 # (MemTracker asks for the storages of the replay's None gradients: nothing to count)
                 warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass")
                 recorder.paused = True  # the batch is made in the tracker's sight, not as an op of the step
-                inputs = _fake_inputs(example_inputs, device, dtype)
+                inputs = _fake_inputs(example_inputs, device, dtypes[0])
                 recorder.paused = False
                 input_ids.update(id(x) for x in inputs.tensors())
+                # (around backward too, as torch.utils.checkpoint restores autocast for its recompute)
                 with _autocast_mode(autocast) if autocast is not None else contextlib.nullcontext():
                     if compiled:
                         replay_blocks(fake, compiled)
                     value = loss(inputs(fake))
-                in_forward = dict(attention)
-                recorder.phase = "backward"
-                _backward(value)
-                del value
+                    in_forward = dict(attention)
+                    recorder.phase = "backward"
+                    _backward(value)
+                    del value
                 recorder.phase = "optimizer"
                 if not in_backward:  # (else each parameter's step ran in backward)
                     opts[0].step()

@@ -50,13 +50,14 @@ import torch
 from .gpus import GPU
 from .grouped_mm import GROUPED_MATMULS
 
-__all__ = ["CLASSES", "LAUNCH_FLOOR_S", "PRECISIONS", "TIME_MODEL_FILE", "OpTimeModel", "fit", "op_class",
-           "op_seconds", "op_times", "step_seconds", "time_model", "trace_for"]
+__all__ = ["ADAPTER_DTYPES", "CLASSES", "LAUNCH_FLOOR_S", "PRECISIONS", "TIME_MODEL_FILE", "OpTimeModel", "fit",
+           "op_class", "op_seconds", "op_times", "step_seconds", "time_model", "trace_for"]
 
 # An eager PyTorch op costs the host about this much to launch (dispatch + cudaLaunchKernel);
 # a step of many tiny ops is bound by it, not by the GPU. Assumed, not measured here.
 LAUNCH_FLOOR_S = 5e-6
 PRECISIONS = ("fp32", "tf32", "amp", "bf16", "fp16")
+ADAPTER_DTYPES = ("float32", "model")  # peft's adapters on a bf16/fp16 model: peft's float32, or cast with it
 TIME_MODEL_FILE = Path(__file__).resolve().parents[1] / "data" / "time_model.json"
 CLASSES = ("matmul", "conv", "attention", "memory")
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", *GROUPED_MATMULS}
@@ -211,10 +212,16 @@ def step_seconds(ops, gpu: GPU, precision: str, model: OpTimeModel) -> dict[str,
 
 
 def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", loss=None, drop: bool = True,
-              arch: int | None = None, optimizer_in_backward: bool = False, compile: bool = False):
+              arch: int | None = None, optimizer_in_backward: bool = False, compile: bool = False,
+              adapter_dtype: str = "float32"):
     """Trace one step of `model` at `precision` (PRECISIONS): fp32/tf32 as float32,
     amp as float16 autocast, bf16 and fp16 as the model cast to that type; attention
     as a GPU of compute capability `arch` runs it (cswap.plan.attention).
+    adapter_dtype (ADAPTER_DTYPES), for a peft model cast to bf16 or fp16: "float32", its
+    adapter weights kept in float32 as peft does (autocast_adapter_dtype), their gradients
+    and optimizer states too, and the step run under autocast at the model's precision, as
+    Hugging Face's Trainer (bf16=True) runs it: the adapters' multiplies in bf16; "model",
+    the adapters cast with the model, as torchtune holds them.
     example_inputs: a tensor, a tuple, a dict of keyword arguments, or a batch shape (a
     float32 image batch)."""
     from . import fake_gpu
@@ -222,10 +229,15 @@ def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", los
     if precision not in PRECISIONS:
         raise ValueError(f"cswap.plan.roofline: precision must be one of {', '.join(PRECISIONS)}, "
                          f"got {precision!r}")
+    if adapter_dtype not in ADAPTER_DTYPES:
+        raise ValueError(f"cswap.plan.roofline: adapter_dtype must be one of {', '.join(ADAPTER_DTYPES)}, "
+                         f"got {adapter_dtype!r}")
     if isinstance(example_inputs, (tuple, list)) and all(isinstance(d, int) for d in example_inputs):
         example_inputs = torch.empty(tuple(example_inputs), device="meta")
     kwargs = {"amp": {"autocast": torch.float16}, "bf16": {"dtype": torch.bfloat16},
               "fp16": {"dtype": torch.float16}}.get(precision, {})
+    if "dtype" in kwargs and adapter_dtype == "float32" and fake_gpu.adapter_parameters(model):
+        kwargs.update(adapter_dtype=torch.float32, autocast=kwargs["dtype"])
     return fake_gpu.trace_step(model, example_inputs, loss=loss, optimizer=optimizer, drops=drop, sdpa_arch=arch,
                                optimizer_in_backward=optimizer_in_backward, compile=compile, **kwargs)
 

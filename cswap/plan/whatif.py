@@ -65,7 +65,7 @@ from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
 from .gpus import GPU, gpu as lookup
 from .inputs import Inputs
 from .optimizers import paged_bytes
-from .roofline import PRECISIONS, op_times, time_model, trace_for
+from .roofline import ADAPTER_DTYPES, PRECISIONS, op_times, time_model, trace_for
 from .sparsity import SPARSE_OPS, Sparsity, dtype_name, record_keys
 
 __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_BYTES", "ModePrediction",
@@ -586,7 +586,7 @@ def measured_times(source) -> tuple[dict, str]:
 def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", optimizer: str = "sgd",
             loss=None, budget=None, profile=None, sparsity=None, times=None,
             reserve_bytes: int = RESERVE_BYTES, recompute="auto", optimizer_in_backward: bool = False,
-            compile: bool = False) -> Prediction:
+            compile: bool = False, adapter_dtype: str = "float32") -> Prediction:
     """Predict one training step of `model` on `example_inputs` (a tensor, a tuple of
     forward's positional arguments or a dict of its keyword arguments such as
     {"input_ids": ids, "labels": ids}; any device, "meta" included: only shapes and
@@ -613,7 +613,11 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     transformer layers and residual blocks; module names; a predicate (name, module) ->
     bool; False for none). compile: the model under torch.compile (inductor): what its
     partitioner saves and recomputes, and its pointwise ops fused; each repeated block
-    compiled on its own where the model has them, as torchtune does (cswap.plan.compiled)."""
+    compiled on its own where the model has them, as torchtune does (cswap.plan.compiled).
+    adapter_dtype, for a peft model at bf16 or fp16: "float32" (peft's default: the adapters'
+    weights, gradients and optimizer states in float32, the step under autocast as Hugging
+    Face's Trainer runs it) or "model" (cast with the model, as torchtune does)."""
+    from .fake_gpu import adapter_parameters
     from .sparsity import auto, from_number
 
     if not isinstance(model, nn.Module):
@@ -621,6 +625,9 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     g = lookup(gpu)
     if precision not in PRECISIONS:
         raise ValueError(f"cswap.predict: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if adapter_dtype not in ADAPTER_DTYPES:
+        raise ValueError(f"cswap.predict: adapter_dtype must be one of {', '.join(ADAPTER_DTYPES)}, got "
+                         f"{adapter_dtype!r}")
     if precision == "bf16":
         g.peak_flops("bf16")  # a GPU without bf16 raises, saying why
     try:
@@ -643,7 +650,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
 
     x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
     trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch, optimizer_in_backward=optimizer_in_backward,
-                      compile=compile)
+                      compile=compile, adapter_dtype=adapter_dtype)
     paged = paged_bytes(optimizer, model)
     model_of_time, model_source = time_model(g)
     op_s = op_times(trace.ops, g, precision, model_of_time)
@@ -718,6 +725,16 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         sources["quantized"] = (f"assumed: {quantized} frozen linear layers held in NF4 with double quantization "
                                 f"({per_value:.3f} bytes a value), each weight dequantized to the compute dtype "
                                 f"for every multiply, in one memory-bound kernel (cswap.plan.quantized)")
+    adapters = adapter_parameters(model) if precision in ("bf16", "fp16") else set()
+    if adapters:
+        count = sum(p.numel() for p in model.parameters() if id(p) in adapters)
+        sources["adapters"] = (
+            f"assumed: peft's {count / 1e6:.1f} M adapter weights in float32 (peft's default), their gradients and "
+            f"optimizer states too, the step under {precision} autocast as Hugging Face's Trainer runs it "
+            f"(adapter_dtype='model' for adapters cast with the model, as torchtune holds them)"
+            if adapter_dtype == "float32" else
+            f"assumed: peft's {count / 1e6:.1f} M adapter weights cast to {precision} with the model (as torchtune "
+            f"holds them; peft's default keeps them in float32: adapter_dtype='float32')")
     if trace.attention:
         calls = ", ".join(f"{n} {b}" for b, n in sorted(trace.attention.items()))
         sources["attention"] = (f"assumed: scaled_dot_product_attention as PyTorch's dispatcher picks it on compute "
@@ -729,7 +746,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         scaled = None if times is None else {f"{k}_s": v * b / batch for k, v in measured.items()}
         return predict(model, resized, g, precision=precision, optimizer=optimizer, loss=loss, budget=budget,
                        profile=profile, sparsity=sparsity, times=scaled, reserve_bytes=reserve_bytes,
-                       recompute=recompute, optimizer_in_backward=optimizer_in_backward)
+                       recompute=recompute, optimizer_in_backward=optimizer_in_backward, compile=compile,
+                       adapter_dtype=adapter_dtype)
 
     return Prediction(g, precision, optimizer, batch, capacity, budget_bytes, modes, tensors, sources, instance,
                       again, blocks=blocks, optimizer_in_backward=optimizer_in_backward, paged_bytes=paged,
