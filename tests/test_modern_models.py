@@ -477,7 +477,7 @@ def test_compiled_peft_adapters_stay_float32_and_multiply_in_bf16(tmp_path):
         assert {op.dtype for op in trace.ops if op.compiled and op.name in ("mm", "addmm", "bmm")} == {torch.bfloat16}
 
 
-def test_cswap_plan_says_which_adapter_dtype_it_assumed(tmp_path, capsys):
+def test_cswap_plan_says_which_adapter_dtype_it_assumed(tmp_path, capsys, monkeypatch):
     from cswap.cli.plan import main
     from cswap.plan.hf import from_config
 
@@ -488,6 +488,10 @@ def test_cswap_plan_says_which_adapter_dtype_it_assumed(tmp_path, capsys):
     cast = cswap.predict(model, inputs, "a100-sxm4-80gb", precision="bf16", optimizer="adamw", adapter_dtype="model")
     assert "cast to bf16 with the model" in cast.sources["adapters"]
     assert p.peak_bytes("none") > cast.peak_bytes("none")
+    asked = []  # the largest-batch search predicts other batches as this one was predicted
+    monkeypatch.setattr("cswap.plan.whatif.predict", lambda *a, **kw: asked.append(kw) or cast)
+    cast.largest_batch("none", limit=8)
+    assert asked and all(kw["adapter_dtype"] == "model" and kw["compile"] is False for kw in asked)
     assert "adapters" not in cswap.predict(model, inputs, "a100-sxm4-80gb", optimizer="adamw").sources  # (fp32)
     with pytest.raises(ValueError, match="adapter_dtype must be one of float32, model, got 'bf16'"):
         cswap.predict(model, inputs, "a100-sxm4-80gb", precision="bf16", adapter_dtype="bf16")
