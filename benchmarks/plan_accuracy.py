@@ -161,7 +161,8 @@ def _sample_of_run(run: Run):
     x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))  # (as cswap.predict traces)
     trace = trace_for(model, x, run.precision, run.optimizer, arch=g.arch, optimizer_in_backward=run.in_backward,
                       compile=run.compile, adapter_dtype=run.adapter_dtype)
-    return Sample.of(run.name, trace.ops, g, run.precision, run.batch * run.seq_len / run.tokens_per_s)
+    return Sample.of(run.name, trace.ops, g, run.precision, run.batch * run.seq_len / run.tokens_per_s,
+                     group="transformer")
 
 
 def _resnet_precision(point) -> str:
@@ -175,7 +176,7 @@ def _sample_of_resnet(name: str, point, model):
 
     precision = _resnet_precision(point)
     ops = trace_for(model, (point.batch, 3, 224, 224), precision, drop=False).ops
-    return Sample.of(name, ops, gpu(point.gpu), precision, point.batch / point.images_per_s)
+    return Sample.of(name, ops, gpu(point.gpu), precision, point.batch / point.images_per_s, group="cnn")
 
 
 def _sample_of_h200(name: str, run: dict):
@@ -185,7 +186,7 @@ def _sample_of_h200(name: str, run: dict):
 
     shape = (3, 32, 32) if run["dataset"] == "cifar10" else (3, 224, 224)
     ops = trace_for(build("vgg16", dataset=run["dataset"]), (run["batch"], *shape), "fp32").ops
-    return Sample.of(f"{name}-none", ops, gpu("h200-sxm-141gb"), "fp32", run["step_ms"]["none"] / 1e3)
+    return Sample.of(f"{name}-none", ops, gpu("h200-sxm-141gb"), "fp32", run["step_ms"]["none"] / 1e3, group="cnn")
 
 
 def fit_time_model(progress=print):
@@ -215,7 +216,7 @@ def fit_time_model(progress=print):
             progress(f"  traced {run.name}")
     model = roofline.fit(samples)
     for c, s in zip(cited, samples):
-        c.update(published_step_s=s.published_s, predicted_step_s=s.predicted_s(model),
+        c.update(group=s.group, published_step_s=s.published_s, predicted_step_s=s.predicted_s(model),
                  error=s.predicted_s(model) / s.published_s - 1)
     cnn = sum(c["run"].startswith(("resnet50", "vgg16")) for c in cited)
     doc = {"what": "cswap.plan.roofline's time model by op class, fitted on the calibration set of "

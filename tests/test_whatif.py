@@ -6,6 +6,7 @@ consistent with the trace it is built on and with what a real CPU step measures.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -304,6 +305,24 @@ def test_the_fit_finds_the_factors_that_made_the_step_times():
     assert fitted.matmul_half_flops == pytest.approx(truth.matmul_half_flops, rel=0.1)
     assert fitted.scale("ada") == pytest.approx(0.8, rel=0.02) and fitted.scale("ampere") == 1.0
     assert all(s.predicted_s(fitted) == pytest.approx(s.published_s, rel=1e-3) for s in samples)
+
+
+def test_fit_weighs_each_group_of_runs_alike_however_many_runs_it_holds():
+    """Ten CNN runs that put memory-bound ops at 0.4 of HBM bandwidth and two transformer runs
+    that put them at 0.8: the fit lands between the groups (the geometric mean, 0.57), not at
+    the ten runs' 0.45 that an unweighted fit gives."""
+    a100 = gpu("a100-sxm4-80gb")
+
+    def sample(i, group, share):
+        s = roofline.Sample.of(f"{group}{i}", [_op("mul", 0, int(1e10))], a100, "bf16", 1.0, group=group)
+        s.published_s = 1e10 / (a100.hbm_bytes_per_s * share)
+        return s
+
+    cnn = [sample(i, "cnn", 0.4) for i in range(10)]
+    transformers = [sample(i, "transformer", 0.8) for i in range(2)]
+    assert roofline.fit(cnn + transformers).bandwidth_efficiency == pytest.approx((0.4 * 0.8) ** 0.5, rel=1e-3)
+    ungrouped = [dataclasses.replace(s, group="") for s in cnn + transformers]
+    assert roofline.fit(ungrouped).bandwidth_efficiency == pytest.approx(0.4 ** (10 / 12) * 0.8 ** (2 / 12), rel=1e-3)
 
 
 def test_committed_time_model_is_what_the_fit_wrote():

@@ -249,7 +249,8 @@ def trace_for(model, example_inputs, precision: str, optimizer: str = "sgd", los
 class Sample:
     """One published run's traced step, as arrays for fitting: per op its class index,
     FLOPs, bytes and peak FLOP/s on the run's GPU, and the run's measured step seconds
-    (less what the model does not time by op, such as paged optimizer state's traffic)."""
+    (less what the model does not time by op, such as paged optimizer state's traffic).
+    group names the kind of model ("cnn", "transformer"): fit weighs each group alike."""
 
     name: str
     kind: np.ndarray
@@ -259,12 +260,13 @@ class Sample:
     bandwidth: float
     family: str
     published_s: float
+    group: str = ""
 
     @classmethod
-    def of(cls, name: str, ops, gpu: GPU, precision: str, published_s: float) -> "Sample":
+    def of(cls, name: str, ops, gpu: GPU, precision: str, published_s: float, group: str = "") -> "Sample":
         if any(op.compiled for op in ops):
             raise ValueError("cswap.plan.roofline: a compiled step's ops fuse (op_times); fit on eager steps")
-        return cls(name, *_arrays(ops, gpu, precision), gpu.hbm_bytes_per_s, gpu.family, published_s)
+        return cls(name, *_arrays(ops, gpu, precision), gpu.hbm_bytes_per_s, gpu.family, published_s, group)
 
     def predicted_s(self, model: OpTimeModel) -> float:
         return float(_seconds(self.kind, self.flops, self.bytes, self.peak, self.bandwidth, model,
@@ -274,10 +276,14 @@ class Sample:
 def fit(samples: list[Sample]) -> OpTimeModel:
     """The OpTimeModel whose predicted step times are nearest the samples' published ones,
     in the least squares of log(predicted / published) (scipy's bounded trust region;
-    each run counts alike whatever its length): the five class factors within _UPPER,
-    and a scale per GPU family the samples hold but ampere (the reference, 1.0)."""
+    each run counts alike whatever its length, and each group of runs (Sample.group) alike
+    whatever how many runs it holds: ten CNN runs do not outvote three transformer ones):
+    the five class factors within _UPPER, and a scale per GPU family the samples hold but
+    ampere (the reference, 1.0)."""
     from scipy.optimize import least_squares
 
+    groups = [s.group for s in samples]
+    weight = np.sqrt([len(samples) / (len(set(groups)) * groups.count(g)) for g in groups])
     families = sorted({s.family for s in samples} - {"ampere"})
     unit = np.array([1.0, 1e9, 1.0, 1.0, 1.0] + [1.0] * len(families))  # (the half-size in GFLOPs: all near 1)
     low = np.array([0.05, 0.0, 0.05, 0.05, 0.05] + [0.2] * len(families)) / unit
@@ -289,7 +295,7 @@ def fit(samples: list[Sample]) -> OpTimeModel:
 
     def residuals(x):
         m = model_of(x)
-        return np.array([np.log(s.predicted_s(m) / s.published_s) for s in samples])
+        return weight * np.array([np.log(s.predicted_s(m) / s.published_s) for s in samples])
 
     x0 = np.clip(np.concatenate([OpTimeModel().factors(), [1.0] * len(families)]) / unit, low, high)
     return model_of(least_squares(residuals, x0, bounds=(low, high)).x)
