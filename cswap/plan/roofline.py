@@ -24,7 +24,8 @@ shares. The compute classes' shares are scaled per GPU family (how well a
 generation's libraries use its units, against Ampere's 1.0), within what each
 class can reach. The factors are fitted together (an OpTimeModel, committed as
 cswap/data/time_model.json by `python benchmarks/plan_accuracy.py --fit`) on a
-calibration set of published training runs, CNNs and LLMs on several GPUs;
+calibration set of published training runs, CNNs and LLMs on several GPUs (each
+family weighing alike);
 another set of published runs, kept apart, measures the model
 (benchmarks/results/plan-accuracy/).
 
@@ -277,7 +278,7 @@ def fit(samples: list[Sample]) -> OpTimeModel:
     """The OpTimeModel whose predicted step times are nearest the samples' published ones,
     in the least squares of log(predicted / published) (scipy's bounded trust region;
     each run counts alike whatever its length, and each group of runs (Sample.group) alike
-    whatever how many runs it holds: ten CNN runs do not outvote three transformer ones):
+    however many runs it holds: ten CNN runs do not outvote three transformer ones):
     the five class factors within _UPPER, and a scale per GPU family the samples hold but
     ampere (the reference, 1.0)."""
     from scipy.optimize import least_squares
