@@ -12,8 +12,8 @@ import torch
 import cswap
 from cswap.models import build
 from cswap.plan.advisor import IterationProfile, TensorProfile
-from cswap.plan.budget import (KEEP, Instance, extra_seconds, largest_first, offload_everything, optimum, peak,
-                               per_tensor_rule, plan_budget)
+from cswap.plan.budget import (KEEP, Instance, extra_seconds, largest_first, link_timeline, offload_everything,
+                               optimum, peak, per_tensor_rule, plan_budget)
 from cswap.plan.gpus import gpu
 from cswap.plan.whatif import AssumedProfile
 
@@ -53,6 +53,23 @@ def brute_force(inst: Instance, budget: float):
             if best is None or t < best:
                 best = t
     return best
+
+
+def test_extra_seconds_is_the_link_timeline_to_the_last_bit():
+    """The planner's fast cost (no records) is link_timeline's exposed time plus each moved
+    tensor's kernels and host time, float for float, on any choice of keep, raw or codec."""
+    rng = random.Random(0)
+    for seed in range(4):
+        inst = instance(12, seed)
+        for _ in range(50):
+            choices = [rng.choice([KEEP, None, *inst.codecs]) for _ in range(inst.n)]
+            moved = [i for i, c in enumerate(choices) if c != KEEP]
+            it = inst.iteration
+            sim = link_timeline(IterationProfile(it.forward_s, it.backward_s, tuple(it.tensors[i] for i in moved)),
+                                [choices[i] for i in moved], [inst.costs[i] for i in moved], inst.bw_d2h, inst.bw_h2d)
+            kernels = sum(inst.costs[i].host + inst.costs[i].t_c[choices[i]] + inst.costs[i].t_dc[choices[i]]
+                          for i in moved)
+            assert extra_seconds(inst, choices) == (sim.exposed_s + kernels if moved else 0.0)
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -181,16 +181,31 @@ def peak(inst: Instance, choices) -> float:
 
 def extra_seconds(inst: Instance, choices) -> float:
     """Exposed transfer time plus kernel time of `choices` on the timeline, plus the
-    training thread's time per offloaded tensor."""
+    training thread's time per offloaded tensor. link_timeline's arithmetic, step for step
+    (the same float result), without its records: the local search calls this for every
+    exchange it tries."""
     moved = [i for i, c in enumerate(choices) if c != KEEP]
     if not moved:
         return 0.0
-    it = inst.iteration
-    sub = IterationProfile(it.forward_s, it.backward_s, tuple(it.tensors[i] for i in moved))
-    options = [choices[i] for i in moved]
-    costs = [inst.costs[i] for i in moved]
-    sim = link_timeline(sub, options, costs, inst.bw_d2h, inst.bw_h2d)
-    return sim.exposed_s + sum(c.host + c.t_c[k] + c.t_dc[k] for c, k in zip(costs, options))
+    tensors, costs = inst.iteration.tensors, inst.costs
+    link, kernels, offload_end = 0.0, 0.0, []
+    for i in moved:
+        c, k = costs[i], choices[i]
+        link = max(tensors[i].save_s + c.t_c[k], link) + c.size[k] / inst.bw_d2h
+        offload_end.append(link)
+        kernels += c.host + c.t_c[k] + c.t_dc[k]
+    forward_stall = max(0.0, link - inst.iteration.forward_s)
+    b0 = inst.iteration.forward_s + forward_stall
+    shift, h2d, issue = 0.0, b0, b0
+    for j in range(len(moved) - 1, -1, -1):
+        c, k = costs[moved[j]], choices[moved[j]]
+        h2d = max(issue, h2d, offload_end[j]) + c.size[k] / inst.bw_h2d + c.t_dc[k]
+        use = b0 + tensors[moved[j]].use_s + shift
+        if h2d > use:
+            shift += h2d - use
+            use = h2d
+        issue = use
+    return forward_stall + shift + kernels
 
 
 def link_timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
