@@ -218,7 +218,7 @@ def fit_time_model(progress=print):
     for c, s in zip(cited, samples):
         c.update(group=s.group, published_step_s=s.published_s, predicted_step_s=s.predicted_s(model),
                  error=s.predicted_s(model) / s.published_s - 1)
-    cnn = sum(c["run"].startswith(("resnet50", "vgg16")) for c in cited)
+    cnn = sum(c["group"] == "cnn" for c in cited)
     doc = {"what": "cswap.plan.roofline's time model by op class, fitted on the calibration set of "
                    "benchmarks/plan_accuracy.py", "command": "python benchmarks/plan_accuracy.py --fit",
            "torch": torch.__version__,

@@ -7,7 +7,7 @@ codec, for the least step time whose peak stays within a memory budget (issue 14
 
 The model, which the planner, its baselines and the exact optimum share:
 
-- time: a timeline simpler than the runtime's (link_timeline, below; the runtime's
+- time: a timeline simpler than the runtime's (extra_seconds, below; the runtime's
   is cswap.plan.advisor.simulate): the offloaded tensors, in save order, share one
   D2H link in forward and one H2D link in backward, each restore issued when the
   tensor offloaded after it is used; a step costs the exposed transfer time plus
@@ -40,7 +40,7 @@ from math import prod
 import numpy as np
 
 from ..runtime.candidates import KEEP  # a choice beside None (offload raw) and a codec name
-from .advisor import IterationProfile, SimResult, _check_profile, _costs, _Costs, _exposed
+from .advisor import IterationProfile, _check_profile, _costs, _Costs, _exposed
 
 __all__ = ["KEEP", "Instance", "Plan", "encoder_scratch", "evaluate", "largest_first", "offload_everything",
            "optimum", "parse_bytes", "plan_budget", "per_tensor_rule", "with_encoder_scratch"]
@@ -181,9 +181,12 @@ def peak(inst: Instance, choices) -> float:
 
 def extra_seconds(inst: Instance, choices) -> float:
     """Exposed transfer time plus kernel time of `choices` on the timeline, plus the
-    training thread's time per offloaded tensor. link_timeline's arithmetic, step for step
-    (the same float result), without its records: the local search calls this for every
-    exchange it tries."""
+    training thread's time per offloaded tensor. The timeline is simpler than the runtime's,
+    so that its exact optimum can be written as a mixed-integer program: one serial D2H link
+    in forward, offload i starting at max(save_i + Time_c_i, link free), and backward
+    starting once every offload is done; restore i issued when tensor i + 1 is used (the
+    first at backward's start), on one serial H2D link with its decode after its copy. It
+    keeps no per-tensor records: the local search calls this for every exchange it tries."""
     moved = [i for i, c in enumerate(choices) if c != KEEP]
     if not moved:
         return 0.0
@@ -206,50 +209,6 @@ def extra_seconds(inst: Instance, choices) -> float:
             use = h2d
         issue = use
     return forward_stall + shift + kernels
-
-
-def link_timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
-                  bw_h2d: float) -> SimResult:
-    """The budget planner's timeline (cswap.plan.budget), simpler than the runtime's, so that
-    its exact optimum can be written as a mixed-integer program: one serial D2H link in
-    forward, offload i starting at max(save_i + Time_c_i, link free), and backward starting
-    once every offload is done; restore i issued when tensor i + 1 is used (the first at
-    backward's start), on one serial H2D link with its decode after its copy."""
-    tensors = iteration.tensors
-    n = len(tensors)
-    per = {t.key: 0.0 for t in tensors}
-    # forward: one serial D2H link, offloads in save order
-    link = 0.0
-    offload_end = [0.0] * n
-    for i, t in enumerate(tensors):
-        c, k = costs[i], options[i]
-        start = max(t.save_s + c.t_c[k], link)
-        link = offload_end[i] = start + c.size[k] / bw_d2h
-    forward_stall = max(0.0, link - iteration.forward_s)
-    if n and forward_stall > 0:
-        per[tensors[-1].key] += forward_stall
-    # backward, in absolute time: starts once forward and every offload are done
-    b0 = iteration.forward_s + forward_stall
-    restore_start: dict[str, float] = {}
-    used: dict[str, float] = {}
-    shift = 0.0
-    h2d = b0
-    issue = b0
-    for i in range(n - 1, -1, -1):
-        t, c, k = tensors[i], costs[i], options[i]
-        start = restore_start[t.key] = max(issue, h2d, offload_end[i])
-        h2d = end = start + c.size[k] / bw_h2d + c.t_dc[k]
-        use = b0 + t.use_s + shift
-        stall = max(0.0, end - use)
-        if stall > 0:
-            per[t.key] += stall
-            shift += stall
-            use += stall
-        used[t.key] = use
-        issue = use  # the next restore (tensor i - 1) is issued when tensor i is used
-    return SimResult(exposed_s=forward_stall + shift, forward_stall_s=forward_stall, backward_stall_s=shift,
-                     per_tensor_stall_s=per, offload_end_s={t.key: e for t, e in zip(tensors, offload_end)},
-                     restore_start_s=restore_start, use_at_s=used)
 
 
 def evaluate(inst: Instance, choices, budget: float, started: float | None = None) -> Plan:
