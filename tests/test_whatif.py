@@ -401,6 +401,22 @@ def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):
     assert "assumed (torch.matmul)" in listed["rtx-6000-ada-48gb"]
 
 
+def test_cli_with_measured_sparsity_says_the_same_each_run_and_leaves_the_callers_rng(capsys):
+    """--sparsity auto measures on CPU steps of the model it builds: built from one seed each
+    run (cswap-plan --model printed sparsities a point apart run to run), the caller's
+    random state left as it was."""
+    argv = ["--model", "small_cnn", "--dataset", "cifar10", "--batch", "16", "--gpu", "l4", "--no-largest-batch"]
+    torch.manual_seed(123)
+    outs = []
+    for _ in range(2):
+        assert cli.main(argv) == 0
+        outs.append(capsys.readouterr().out)
+    assert "measured: 3 SGD steps" in outs[0] and outs[0] == outs[1]
+    after = torch.rand(1)
+    torch.manual_seed(123)
+    assert torch.equal(after, torch.rand(1))
+
+
 @pytest.mark.parametrize("name", ["alexnet", "squeezenet1_0", "resnet18",
                                   *(pytest.param(n, marks=pytest.mark.slow)
                                     for n in ("mobilenet", "squeezenet1_1", "plain20"))])

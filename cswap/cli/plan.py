@@ -254,9 +254,11 @@ def main(argv=None) -> int:
             spars = sparsity_for(args.sparsity, model, None, args.data)
         else:
             shape = _SHAPES[args.dataset]
-            model = models.build(args.model, dataset=args.dataset)
+            with torch.random.fork_rng(devices=[]):  # the same weights, so the same measured sparsity, each run
+                torch.manual_seed(0)
+                model = models.build(args.model, dataset=args.dataset)
+                spars = sparsity_for(args.sparsity, model, shape, args.data)
             inputs = torch.empty(args.batch, *shape, device="meta")
-            spars = sparsity_for(args.sparsity, model, shape, args.data)
         reserve = parse_bytes(args.reserve)
         if args.fit:
             print(_fit(args, spars, reserve, model, inputs))
