@@ -377,6 +377,29 @@ def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path)
     assert all(r["predicted_step_ms"] > 0 and r["predicted_peak_mib"] > 0 for r in h200.values())
 
 
+def test_plan_accuracy_reads_each_peak_in_the_unit_its_source_prints():
+    """A published peak is compared in the unit its source prints (its citation says which):
+    torchtune's 2024 table and Qwen's print GB, 1e9 bytes; torchtune's later ones GiB."""
+    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    draft = json.loads(bench.DRAFT.read_text())["rows"]
+    runs = [r for r in bench.RUNS if r.peak]
+    assert {r.peak_unit for r in runs} == {"GB", "GiB"}
+    for run in runs:
+        assert draft[run.row]["memory_unit_note"].split()[0].strip(",") == run.peak_unit, run.name
+        assert draft[run.row]["peak_memory_gb"] == run.peak, run.name
+
+
+def test_plan_accuracy_counts_issue_40s_targets_per_set():
+    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    llm = lambda which, tokens, peak: {"set": which, "tokens_per_s_error": tokens, "peak_gib_error": peak}
+    rows = [llm("evaluation", -0.149, 0.099), llm("evaluation", 0.151, -0.101), llm("evaluation", 0.0, None),
+            {"set": "evaluation", "images_per_s_error": 0.3}, llm("calibration", 0.5, 0.5)]
+    s = bench.summary(rows)["evaluation"]
+    assert (s["runs"], s["within_15pct"], s["max_abs_error"]) == (4, 2, 0.3)
+    assert (s["llm_runs"], s["llm_tokens_per_s_within_15pct"], s["llm_peaks"], s["llm_peak_within_10pct"]) == \
+        (3, 2, 2, 1)
+
+
 def test_plan_accuracy_sets_are_apart_and_span_gpus_and_families():
     """The evaluation set shares no run with the calibration set, and holds CNNs and LLMs on at
     least two GPUs each (issue 40); every run in a set is one cswap-plan can express."""
