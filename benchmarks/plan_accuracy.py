@@ -75,11 +75,11 @@ _QWEN = dict(config="qwen-7b-as-llama.json", gpu="a100-sxm4-80gb", batch=1, prec
 _NVIDIA_BERT = "NVIDIA's fused BERT"
 # torchtune casts the whole model, its LoRA adapters included, to the recipe's dtype (peft keeps them in float32).
 _TORCHTUNE_LORA = "model"
-# torchtune's QLoRA recipes: LoRA on the attention projections and the MLP, every base linear in NF4.
 # torchtune's table of May 2024 (@0217d44c) prints "GB", and its recipes' memory logging at that
 # commit (torchtune/utils/memory.py, get_memory_stats) divides torch.cuda's byte counts by 1e9.
 _TORCHTUNE_2024 = dict(peak_unit="GB", note="batch 4 as the table says (its config's default is 2); GB = 1e9 bytes, "
                                             "as torchtune's memory logging then counted")
+# torchtune's QLoRA recipes: LoRA on the attention projections and the MLP, every base linear in NF4.
 _QLORA = dict(lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
               quantize="nf4", checkpointing=True, compile=True, adapter_dtype=_TORCHTUNE_LORA)
 RUNS = [
