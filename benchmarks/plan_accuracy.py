@@ -292,6 +292,7 @@ def predict_h200(name: str, run: dict) -> list[dict]:
 
 def predict_run(run: Run) -> dict:
     import cswap
+    from cswap.plan.budget import parse_bytes
 
     model, inputs = _run_inputs(run)
     start = time.perf_counter()
@@ -300,15 +301,12 @@ def predict_run(run: Run) -> dict:
                       adapter_dtype=run.adapter_dtype)
     row = {"run": run.name, "row": run.row, "set": run.set, "gpu": run.gpu, "differs": run.differs,
            "predicted_peak_gib": p.peak_bytes("none") / 2**30,
-           "published_peak_gib": run.peak * _UNIT_BYTES[run.peak_unit] / 2**30 if run.peak else None,
+           "published_peak_gib": parse_bytes(f"{run.peak}{run.peak_unit}") / 2**30 if run.peak else None,
            "published_peak_as_printed": f"{run.peak} {run.peak_unit}" if run.peak else None,
            "predicted_tokens_per_s": run.batch * run.seq_len / p.step_seconds("none"),
            "published_tokens_per_s": run.tokens_per_s, "paged_gib": p.paged_bytes / 2**30,
            "predict_s": time.perf_counter() - start, "note": run.note}
     return _with_errors(row, ("peak_gib", "tokens_per_s"))
-
-
-_UNIT_BYTES = {"GiB": 2**30, "GB": 10**9}
 
 
 def predict_resnet(name: str, point, which: str, model) -> dict:
