@@ -28,6 +28,27 @@ def test_steps_are_timed_without_the_collectors_pauses_which_are_counted_apart()
     assert clock.collections[2] >= 3 and sum(clock.seconds_by) == pytest.approx(clock.seconds)
 
 
+def test_a_collection_counts_the_threads_cpu_time_not_time_the_scheduler_gave_others():
+    """On a busy machine a collection can be preempted; the milliseconds other processes run
+    then are not the collector's cost. Stood in for by a callback that sleeps inside the pause."""
+    clock = GcClock()
+
+    def preempted(phase, info):
+        if phase == "start":
+            time.sleep(0.3)
+
+    with clock.on():
+        gc.callbacks.append(preempted)  # after the clock's: it runs inside the timed pause
+        try:
+            start = time.perf_counter()
+            gc.collect()
+            wall = time.perf_counter() - start
+        finally:
+            gc.callbacks.remove(preempted)
+    assert wall >= 0.3 and clock.collections[2] == 1
+    assert 0 < clock.seconds < wall - 0.25  # the collection's own CPU time, without the 0.3 s asleep
+
+
 def test_full_collections_are_off_while_timing_and_back_after():
     """When a full collection comes depends on every object in the process, so while
     cswap-tune and the overhead benchmark time steps only the young generations collect."""

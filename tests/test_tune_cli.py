@@ -56,7 +56,24 @@ def test_host_cost_noise_pushed_to_zero_is_measured_again_with_more_steps(monkey
     assert seen == [4, 8, 16]
     seen.clear()
     monkeypatch.setattr(host_cost, "_added_seconds", lambda *a: seen.append(a) or -1.0)
-    assert host_cost.host_seconds_per_tensor(torch.device("cpu"), attempts=2) == 0.0 and len(seen) == 2
+    assert host_cost.host_seconds_per_tensor(torch.device("cpu"), attempts=2) is None and len(seen) == 2
+
+
+def test_a_host_cost_noise_always_hides_is_not_recorded_as_free(monkeypatch, tmp_path):
+    """A zero would tell the planners that offloading costs the training thread nothing: when
+    every attempt is swamped, the profile leaves the figure out (the planners' default stands)
+    and the summary says why."""
+    from cswap.cli import tune as tune_cli
+    from cswap.plan.advisor import HOST_S_PER_TENSOR, host_seconds
+
+    monkeypatch.setattr(tune_cli, "host_seconds_per_tensor", lambda device, **kwargs: None)
+    out = tmp_path / "busy.json"
+    doc, path, lines = tune_cli.run(tune_cli.parse_args(["--quick", "--codecs", "zvc", "--out", str(out),
+                                                         "--no-progress"]))
+    profile = read_profile(path)
+    assert "runtime" not in doc and profile.host_s_per_tensor is None
+    assert host_seconds(profile) == HOST_S_PER_TENSOR
+    assert any("not measured" in line and "quiet machine" in line for line in lines)
 
 
 def test_compare_prints_search_and_regressor_tables(tmp_path, capsys):

@@ -43,7 +43,9 @@ class GcClock:
     """Seconds spent in Python's garbage collector while on (gc.callbacks). `outside` is a
     clock that stops while it collects: steps are timed without the collector's pauses,
     which a median would hide (a collection every few steps, a full one every few
-    hundred), and the pauses are counted apart, as a mean over all steps."""
+    hundred), and the pauses are counted apart, as a mean over all steps. A pause is the
+    collecting thread's CPU time, not the wall's: on a busy machine a collection the
+    scheduler preempts would otherwise count milliseconds that other processes ran."""
 
     def __init__(self):
         self.seconds, self._start = 0.0, None
@@ -52,9 +54,9 @@ class GcClock:
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
-            self._start = time.perf_counter()
+            self._start = time.thread_time()
         elif self._start is not None:
-            took = time.perf_counter() - self._start
+            took = time.thread_time() - self._start
             self.seconds += took
             self.collections[info["generation"]] += 1
             self.seconds_by[info["generation"]] += took
@@ -109,18 +111,19 @@ def time_steps(model: nn.Module, context, x: torch.Tensor, steps: int,
 
 
 def host_seconds_per_tensor(device: torch.device, layers: int = 50, width: int = 64, batch: int = 32,
-                            steps: int = 10, rounds: int = 3, warmup: int = 3, attempts: int = 3) -> float:
+                            steps: int = 10, rounds: int = 3, warmup: int = 3, attempts: int = 3) -> float | None:
     """Seconds the training thread adds per offloaded tensor, pack and unpack together:
     cswap's vdnn mode against unpatched, on `device`. Each side's fastest step is the
     estimate, since other work on the machine only ever adds time (a median there swung
     by milliseconds under a parallel test run). A difference that noise still pushes to
-    zero or below is measured again, with twice the steps, up to `attempts` times."""
-    added = 0.0
+    zero or below is measured again, with twice the steps, up to `attempts` times; None
+    if every attempt did (the machine too busy to tell: a zero would tell the planners
+    that offloading costs the host nothing)."""
     for attempt in range(attempts):
         added = _added_seconds(torch.device(device), layers, width, batch, steps << attempt, rounds, warmup)
         if added > 0:
-            break
-    return max(added, 0.0) / layers
+            return added / layers
+    return None
 
 
 def _added_seconds(device: torch.device, layers: int, width: int, batch: int, steps: int, rounds: int,
@@ -138,10 +141,10 @@ def _added_seconds(device: torch.device, layers: int, width: int, batch: int, st
             collecting = {"unpatched": GcClock(), "vdnn": GcClock()}
             for model in (plain, patched):
                 time_steps(model, contextlib.nullcontext, x, warmup)
-            for _ in range(rounds):  # alternate, so drift in the machine's speed falls on both alike
+            for _ in range(rounds * steps):  # alternate step by step: the machine's load falls on both alike
                 for name, model in (("unpatched", plain), ("vdnn", patched)):
                     with collecting[name].on(), young_collections_only():
-                        forward, backward = time_steps(model, contextlib.nullcontext, x, steps,
+                        forward, backward = time_steps(model, contextlib.nullcontext, x, 1,
                                                        clock=collecting[name].outside)
                     steps_s[name] += [f + b for f, b in zip(forward, backward)]
         finally:
