@@ -128,7 +128,7 @@ def test_the_benchmark_quick_run(tmp_path):
 # -- at run time: patch(model, budget=..., recompute=...) ------------------------------------------------------
 
 
-def _train(model, x, steps, device=True, gbps=0.05):
+def _train(model, x, steps, gbps=0.05):
     import cswap
     from cswap.plan.inputs import default_loss
 
