@@ -1,6 +1,6 @@
 """Is the budget planner's plan good? Against the exact optimum, on instances from real traces (issue 14, §2).
 
-    python benchmarks/plan_budget.py            # 100 instances, about 5 min on 2 CPU cores
+    python benchmarks/plan_budget.py            # 100 instances, under a minute on 2 CPU cores
     python benchmarks/plan_budget.py --quick    # 12 instances from two small traces (what the test runs)
 
 Instances: one training step of cswap's models at ImageNet shapes traced on a

@@ -27,12 +27,15 @@ the one that frees most bytes per second of step time it adds. That time is
 the best option's kernel time plus the larger of its own exposed transfer
 (paper eq. 1-4) and what it adds to a link already busier than the compute
 beside it. Then it drops tensors the budget no longer needs, tries each
-moved tensor's other options on the full timeline, and never returns a plan
+moved tensor's other options on the full timeline, searches exchanges of kept
+and moved tensors, and, with time left, kicks the result out of its local
+optimum and searches again (iterated local search). It never returns a plan
 slower than offloading everything that meets the budget.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field, replace
 from math import prod
@@ -383,6 +386,35 @@ def _swap_search(inst: Instance, budget: float, choices: list, best: float, dead
     return choices, best
 
 
+def _kicked_searches(inst: Instance, budget: float, choices: list, best: float, deadline: float,
+                     patience: int = 10, seed: int = 0) -> tuple[list, float]:
+    """With time left before the deadline, escape the local search's optimum (iterated local
+    search): move one to three kept tensors at random, keep again what the budget then does
+    not need (in random order), search from there, and take the result if it is faster;
+    until `patience` kicks in a row find nothing faster. Seeded: the same instance gets the
+    same kicks."""
+    rng = random.Random(seed)
+    movable = [j for j in range(inst.n) if inst.windows[j][0] < inst.windows[j][1]]
+    fruitless = 0
+    while fruitless < patience and time.perf_counter() < deadline:
+        kept = [j for j in movable if choices[j] == KEEP]
+        if not kept:
+            break
+        kicked = list(choices)
+        into = rng.sample(kept, min(len(kept), rng.randint(1, 3)))
+        for j in into:
+            kicked[j] = inst.paper_choice(j)
+        others = [i for i, c in enumerate(kicked) if c != KEEP and i not in into]
+        rng.shuffle(others)
+        kicked = _prune(inst, budget, kicked, others + into)
+        kicked, t = _refine_options(inst, kicked, extra_seconds(inst, kicked))
+        kicked, t = _swap_search(inst, budget, kicked, t, deadline)
+        fruitless += 1
+        if t < best * (1 - 1e-9):
+            choices, best, fruitless = kicked, t, 0
+    return choices, best
+
+
 def plan_budget(inst: Instance, budget: float, search_seconds: float = 0.03) -> Plan:
     """The planner (module docstring). search_seconds bounds the local search."""
     started = time.perf_counter()
@@ -404,9 +436,11 @@ def plan_budget(inst: Instance, budget: float, search_seconds: float = 0.03) -> 
     starts.append((extra_seconds(inst, choices), choices))
     best, choices = min(starts, key=lambda pair: pair[0])
     choices, best = _refine_options(inst, choices, best)
-    searched, after = _swap_search(inst, budget, choices, best, started + search_seconds)
+    deadline = started + search_seconds
+    searched, after = _swap_search(inst, budget, choices, best, deadline)
     if searched is not choices:  # the search moved other tensors: their options again
         choices, best = _refine_options(inst, searched, after)
+    choices, best = _kicked_searches(inst, budget, choices, best, deadline)
     if extra_seconds(inst, everything) < best and peak(inst, everything) <= budget:
         choices = everything
     return evaluate(inst, choices, budget, started)
