@@ -6,7 +6,7 @@ enough, that cost rather than the link bounds a step, so the planners count it
 (cswap.plan.advisor.host_seconds). cswap-tune measures it here and writes it into
 the profile as runtime.host_us_per_tensor: a chain of Linear + ReLU layers on tiny
 tensors (copies cost nothing, so what is left is the host), trained unpatched and
-with cswap in vdnn mode in alternate rounds; the difference of the fastest steps per
+with cswap in vdnn mode, step by step in turn; the difference of the fastest steps per
 offloaded tensor (each layer's ReLU output; the next Linear's save shares it), plus
 that of the garbage collector's mean time per step (its pauses fall in few steps,
 which the fastest step leaves out, but the objects a step makes cause them; full collections
