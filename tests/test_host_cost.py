@@ -49,6 +49,27 @@ def test_a_collection_counts_the_threads_cpu_time_not_time_the_scheduler_gave_ot
     assert 0 < clock.seconds < wall - 0.25  # the collection's own CPU time, without the 0.3 s asleep
 
 
+def test_the_two_models_take_turns_step_by_step(monkeypatch):
+    """Load on the machine comes and goes: timed in turns, each step of one model has one of
+    the other beside it, rather than a round of steps that load may fall on alone."""
+    import torch
+
+    from cswap.tune import host_cost
+
+    calls = []
+    timed = host_cost.time_steps
+
+    def spy(model, context, x, steps, clock=time.perf_counter):
+        calls.append((id(model), steps))
+        return timed(model, context, x, steps, clock)
+
+    monkeypatch.setattr(host_cost, "time_steps", spy)
+    host_cost._added_seconds(torch.device("cpu"), layers=4, width=8, batch=2, steps=3, rounds=2, warmup=1)
+    (plain, _), (patched, _) = calls[:2]  # each model's warm-up
+    assert plain != patched
+    assert calls[2:] == [(plain, 1), (patched, 1)] * 6  # rounds x steps turns of one step each
+
+
 def test_full_collections_are_off_while_timing_and_back_after():
     """When a full collection comes depends on every object in the process, so while
     cswap-tune and the overhead benchmark time steps only the young generations collect."""

@@ -40,8 +40,8 @@ def _synchronize(device: torch.device) -> None:
 
 
 class GcClock:
-    """Seconds spent in Python's garbage collector while on (gc.callbacks). `outside` is a
-    clock that stops while it collects: steps are timed without the collector's pauses,
+    """Seconds spent in Python's garbage collector while on (gc.callbacks). `outside` is the
+    wall clock less those seconds: steps are timed without the collector's pauses,
     which a median would hide (a collection every few steps, a full one every few
     hundred), and the pauses are counted apart, as a mean over all steps. A pause is the
     collecting thread's CPU time, not the wall's: on a busy machine a collection the
