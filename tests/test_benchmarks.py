@@ -349,6 +349,32 @@ def test_twin_benchmark_replays_the_runtime_the_h200_measured(tmp_path):
     assert rows["unpatched"]["step_ms"] < rows["sc"]["step_ms"]
 
 
+def test_twin_benchmark_headline_stage_runs_its_host_side_on_a_cpu(monkeypatch):
+    """The GPU session's headline stage (twin.py --gpu) has never run on a GPU: everything but
+    the measurement itself (the plan for the GPU torch names, the H200's and the twin's ratios
+    beside each row) runs here, so a lent GPU's minutes are not lost to a mistake in it."""
+    bench = _load(BENCHMARKS / "twin.py")
+    step_ms = {"unpatched": 40.0, "vdnn": 120.0, "sc": 90.0, "cswap": 85.0}
+    measured = []
+
+    def measure_gpu(run, mode, args):
+        measured.append(mode)
+        row = {"run": args.run_name, "mode": mode, "batch": run["batch"], "step_ms": step_ms[mode],
+               "forward_ms": 14.0, "backward_ms": 26.0, "peak_allocated_mib": 3000.0}
+        return row if mode == "unpatched" else {**row, "moved_mib_per_step": 1000.0}
+
+    monkeypatch.setattr(bench, "measure_gpu", measure_gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    args = bench.argparse.Namespace(runs=["cifar"], modes=["vdnn", "sc", "cswap"], plan=True, warmup=1, steps=1)
+    rows = {r["mode"]: r for r in bench.headline(args)}
+    assert measured == ["unpatched", "vdnn", "sc", "cswap"]
+    assert rows["sc"]["x_unpatched"] == 90.0 / 40.0
+    assert rows["vdnn"]["h200_x_unpatched"] == pytest.approx(122.6 / 41.3)
+    assert rows["cswap"]["twin_x_unpatched"] > 1  # (twin-today.json, committed)
+    for mode in ("vdnn", "sc", "cswap"):  # planned on the H200 ("NVIDIA H200" resolved), from the step measured
+        assert rows[mode]["plan_ms"] > 40.0 and rows[mode]["vs_plan"] == step_ms[mode] / rows[mode]["plan_ms"] - 1
+
+
 def test_trace_benchmark_quick_run_writes_a_trace_per_mode(tmp_path):
     bench = _load(BENCHMARKS / "trace.py")
     rows = bench.main(["--quick", "--runs", "cifar", "--modes", "unpatched", "sc", "--out", str(tmp_path)])
