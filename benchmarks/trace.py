@@ -8,7 +8,8 @@ step profiled with every thread recorded: the device's kernels and copies on eac
 host's CUDA synchronisations. Written as gzipped Chrome traces (open them in
 chrome://tracing or https://ui.perfetto.dev), with a CUDA memory snapshot of the step
 (torch.cuda.memory._dump_snapshot: every allocation with its stack, the peak among them;
-open it in https://pytorch.org/memory_viz) and a summary of each step.
+open it in https://pytorch.org/memory_viz) and a summary of each step, with what the step
+holds at its peak by where it was allocated (benchmarks/memory_peak.py).
 
     python benchmarks/trace.py                          # GPU: both runs, every mode
     python benchmarks/trace.py --runs cifar --modes sc  # one
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import gzip
 import json
+import pickle
 import shutil
 import time
 import warnings
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 import cswap
 from cswap.runtime.trace import on_every_thread
 
+import memory_peak
 from common import RESULTS, device_slug, environment, synchronize
 from twin import MODES, RUNS, _model_and_batch
 
@@ -76,10 +79,16 @@ def profiled_step(run: dict, mode: str, device: torch.device, out: Path, quick: 
         wall = time.perf_counter() - start
     summary = {"run": run["name"], "mode": mode, "batch": x.shape[0], "wall_ms": 1e3 * wall}
     if cuda:
-        _gzip_to(out / f"memory-{name}.pickle.gz", torch.cuda.memory._dump_snapshot)
+        snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
+        with gzip.open(out / f"memory-{name}.pickle.gz", "wb") as f:  # (as _dump_snapshot writes it)
+            pickle.dump(snapshot, f)
         summary.update(peak_allocated_mib=torch.cuda.max_memory_allocated(device) / _MIB,
                        peak_reserved_mib=torch.cuda.max_memory_reserved(device) / _MIB)
+        try:  # (first read of a real snapshot: a surprise in it must not cost the stage's other runs)
+            summary["at_peak"] = memory_peak.replay(snapshot, torch.cuda.current_device())
+        except Exception as exc:  # (the snapshot is saved: memory_peak.py reads it again)
+            summary["at_peak_error"] = repr(exc)
     _gzip_to(out / f"trace-{name}.json.gz", prof.export_chrome_trace)
     summary["ranges"] = sorted({e.name for e in prof.events() if e.name.startswith("cswap.")})
     if mode != "unpatched":
@@ -119,6 +128,8 @@ def main(argv=None) -> list[dict]:
                 print(f"{name:<9} {mode:<10} {row['wall_ms']:9.1f} ms  "
                       f"{row.get('peak_allocated_mib', float('nan')):8.0f} MiB  {', '.join(row['ranges'])}",
                       flush=True)
+                if "at_peak" in row:
+                    print(memory_peak.report(row["at_peak"]), flush=True)
     (out / "trace.json").write_text(json.dumps({"environment": environment(device), "rows": rows}, indent=1,
                                                default=str))
     print(f"# wrote {out}: traces, memory snapshots and trace.json")

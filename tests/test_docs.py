@@ -55,6 +55,8 @@ COVERAGE = {
     "python benchmarks/twin.py": ("test", "tests/test_benchmarks.py::test_twin_benchmark_replays_the_h200_runs"),
     "python benchmarks/twin.py --gpu": ("gpu", "measures a GPU"),
     "python benchmarks/trace.py": ("gpu", "profiles a GPU"),
+    "python benchmarks/memory_peak.py benchmarks/results/<device>/trace/memory-*.pickle.gz":
+        ("test", "tests/test_memory_peak.py"),
     "python benchmarks/soak.py": ("long", "1000 steps"),
     "python benchmarks/soak.py --quick": ("test", "tests/test_soak.py"),
     "python benchmarks/plan_paper.py": ("long", "3.5 min"),

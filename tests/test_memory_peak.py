@@ -1,0 +1,98 @@
+"""benchmarks/memory_peak.py: what a step holds at its peak, from a CUDA memory snapshot.
+
+A snapshot comes only from a GPU, so these build one as torch.cuda.memory._snapshot()
+lays it out (segments of blocks, and the allocator's trace)."""
+
+import gzip
+import importlib.util
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+MIB = 2 ** 20
+
+
+@pytest.fixture(scope="module")
+def memory_peak():
+    spec = importlib.util.spec_from_file_location("bench_memory_peak", BENCHMARKS / "memory_peak.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _frame(path, name):
+    return {"filename": path, "line": 1, "name": name}
+
+
+CONV = [_frame("/site/torch/nn/modules/conv.py", "_conv_forward"), _frame("/site/torch/nn/modules/module.py", "_call_impl")]
+RESTORE = [_frame("/site/torch/cuda/streams.py", "__enter__"), _frame("/site/cswap/runtime/lanes.py", "alloc_in"),
+           _frame("/site/torch/nn/modules/module.py", "_call_impl")]
+
+
+def _event(action, addr, mib, frames=()):
+    return {"action": action, "addr": addr, "size": mib * MIB, "stream": 0, "frames": list(frames)}
+
+
+def _snapshot():
+    """Parameters (100 MiB) and the last step's gradients (10 MiB, freed) from before the
+    history; then forward's conv output (50), a restore (30, freed while its stream may still
+    read it, completed after the peak), a backward op's workspace (40, no Python frame)."""
+    trace = [
+        _event("free_requested", 1 * MIB, 10), _event("free_completed", 1 * MIB, 10),
+        _event("alloc", 2 * MIB, 50, CONV),
+        _event("alloc", 3 * MIB, 30, RESTORE),
+        _event("free_requested", 3 * MIB, 30, RESTORE),
+        _event("alloc", 4 * MIB, 40),  # the peak: 100 + 50 + 30 + 40
+        _event("free_requested", 4 * MIB, 40), _event("free_completed", 4 * MIB, 40),
+        _event("free_completed", 3 * MIB, 30),
+        _event("free_requested", 2 * MIB, 50), _event("free_completed", 2 * MIB, 50),
+        _event("alloc", 5 * MIB, 5),
+    ]
+    blocks = [{"address": 0, "size": 100 * MIB, "requested_size": 100 * MIB, "state": "active_allocated", "frames": []},
+              {"address": 2 * MIB, "size": 50 * MIB, "requested_size": 50 * MIB, "state": "inactive", "frames": []},
+              {"address": 5 * MIB, "size": 5 * MIB, "requested_size": 5 * MIB, "state": "active_allocated",
+               "frames": []}]
+    return {"segments": [{"device": 0, "address": 0, "total_size": 300 * MIB, "stream": 0, "segment_type": "large",
+                          "allocated_size": 105 * MIB, "active_size": 105 * MIB, "blocks": blocks}],
+            "device_traces": [trace]}
+
+
+def test_peak_is_replayed_with_the_blocks_from_before_the_history(memory_peak):
+    result = memory_peak.replay(_snapshot())
+    assert result["peak_mib"] == 220 and result["at_event"] == 5 and result["events"] == 12
+    groups = {g["where"]: (g["mib"], g["blocks"]) for g in result["groups"]}
+    assert groups == {memory_peak.BEFORE: (100, 1), "forward: conv._conv_forward": (50, 1),
+                      memory_peak.NO_PYTHON: (40, 1), "cswap: lanes.alloc_in": (30, 1)}
+    assert [g["mib"] for g in result["groups"]] == [100, 50, 40, 30]  # largest first
+
+
+def test_a_block_counts_until_its_free_completes(memory_peak):
+    """A block freed while another stream may read it (record_stream) is allocated until the
+    allocator completes the free, as max_memory_allocated counts it."""
+    snap = _snapshot()
+    trace = snap["device_traces"][0]
+    completed = next(i for i, e in enumerate(trace) if e["action"] == "free_completed" and e["addr"] == 3 * MIB)
+    trace.insert(5, trace.pop(completed))  # the restore's free completes at once: it is gone at the peak
+    assert memory_peak.replay(snap)["peak_mib"] == 190
+
+
+def test_the_innermost_cswap_frame_names_an_allocation_made_inside_a_module(memory_peak):
+    assert memory_peak.where(RESTORE) == "cswap: lanes.alloc_in"
+    assert memory_peak.where(CONV) == "forward: conv._conv_forward"
+    assert memory_peak.where([_frame("/site/torch/optim/sgd.py", "step")]) == "optimizer"
+    assert memory_peak.where([_frame("/work/train.py", "main")]) == "train.py:main"
+    assert memory_peak.where([]) == memory_peak.NO_PYTHON
+
+
+def test_the_command_reads_a_gzipped_snapshot_as_trace_py_writes_it(memory_peak, tmp_path, capsys):
+    path = tmp_path / "memory-cifar-vdnn.pickle.gz"
+    with gzip.open(path, "wb") as f:
+        pickle.dump(_snapshot(), f)
+    (result,) = memory_peak.main([str(path)])
+    assert result["snapshot"] == path.name and result["peak_mib"] == 220
+    out = capsys.readouterr().out
+    assert "peak 220 MiB" in out and "cswap: lanes.alloc_in (30)" in out
