@@ -83,6 +83,15 @@ def qwen3_moe(seq: int = 16, **extra):
     return tf.Qwen3MoeForCausalLM(config), _tokens(2, seq)
 
 
+def qwen3_moe_lora(seq: int = 16):
+    """LoRA on every linear layer of the MoE decoder, its expert stacks included: peft adapts
+    those as parameters (a parametrization that folds W + BA in one baddbmm, under its own
+    torch.autocast(W.device.type, enabled=False))."""
+    peft = pytest.importorskip("peft")
+    model, inputs = qwen3_moe(seq)
+    return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear")), inputs
+
+
 def bert(seq: int = 16):
     tf = _hf()
     config = tf.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -132,6 +141,7 @@ def mobilenet_v3():
 
 
 MODELS = {f.__name__: f for f in (gpt2, llama, llama_checkpointed, llama_lora, llama_qlora, llama_bf16, qwen3_moe,
+                                  qwen3_moe_lora,
                                   bert, t5, bart, vit, convnext, resnet18, mobilenet_v3)}
 
 

@@ -157,3 +157,24 @@ def test_causal_attention_counts_the_tiles_a_fused_kernel_runs_and_the_math_path
     # Fused (flash on an H100): 8 tiles of 128 along the sequence, 36 of 64 below or on the diagonal.
     assert attention_flops(True, 90) * 64 == attention_flops(False, 90) * 36
     assert attention_flops(True, None) == attention_flops(False, None)  # (math: every score computed)
+
+
+def test_a_models_own_autocast_on_meta_turns_the_emulated_one_off_or_to_its_dtype():
+    """Code that asks autocast for its tensors' device (peft's LoRA on expert stacks:
+    torch.autocast(W.device.type, enabled=False)) gets "meta" in the trace, where torch
+    raises: there it acts on the emulated CUDA autocast as CUDA's would."""
+    x, w = torch.empty(2, 8, device="meta"), torch.empty(4, 8, device="meta")
+    linear = torch.nn.functional.linear
+    with fake_gpu._autocast_mode(torch.bfloat16), fake_gpu._model_autocast():
+        assert linear(x, w).dtype == torch.bfloat16
+        with torch.autocast(x.device.type, enabled=False):
+            assert linear(x, w).dtype == torch.float32
+            with torch.amp.autocast("meta", dtype=torch.float16):
+                assert linear(x, w).dtype == torch.float16
+            assert linear(x, w).dtype == torch.float32
+        assert linear(x, w).dtype == torch.bfloat16
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # any other device: torch's own
+            assert torch.is_autocast_enabled("cpu")
+    assert torch.autocast is torch.amp.autocast is torch.amp.autocast_mode.autocast
+    with pytest.raises(RuntimeError):  # (outside a trace, as torch has it)
+        torch.autocast("meta", enabled=False)

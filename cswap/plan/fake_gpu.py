@@ -203,13 +203,57 @@ def _autocast_mode(low: torch.dtype):
     class Autocast(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            dtype = low if func in lower else torch.float32 if func in fp32 else None
+            now = _MODEL_AUTOCAST[-1] if _MODEL_AUTOCAST else low
+            dtype = None if now is None else now if func in lower else torch.float32 if func in fp32 else None
             if dtype is not None:
                 args = tuple(cast(a, dtype) for a in args)
                 kwargs = {k: cast(v, dtype) for k, v in kwargs.items()}
             return func(*args, **kwargs)
 
     return Autocast()
+
+
+# What the model's own torch.autocast("meta", ...) blocks set inside the emulated autocast: a dtype, or
+# None where they turn it off (_model_autocast).
+_MODEL_AUTOCAST: list[torch.dtype | None] = []
+
+
+@contextlib.contextmanager
+def _model_autocast():
+    """torch.autocast for code that asks autocast for its tensors' device, "meta" in the trace
+    (peft's LoRA on expert stacks: `torch.autocast(W.device.type, enabled=False)`), on which
+    torch raises: there it turns the emulated CUDA autocast off, or to its dtype, inside the
+    block, as CUDA's would; on any other device it is torch's. (Hugging Face's own code asks
+    through transformers' maybe_autocast, which does nothing on "meta".)"""
+    base = torch.amp.autocast
+
+    class ModelAutocast(base):
+        def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            self.emulated = device_type == DEVICE
+            if self.emulated:
+                self.setting = (dtype or (_MODEL_AUTOCAST[-1] if _MODEL_AUTOCAST else None) or torch.float16) \
+                    if enabled else None
+            else:
+                super().__init__(device_type, dtype, enabled, cache_enabled)
+
+        def __enter__(self):
+            if not self.emulated:
+                return super().__enter__()
+            _MODEL_AUTOCAST.append(self.setting)
+            return self
+
+        def __exit__(self, *exc):
+            if not self.emulated:
+                return super().__exit__(*exc)
+            _MODEL_AUTOCAST.pop()
+            return False
+
+    saved = torch.autocast, torch.amp.autocast
+    torch.autocast = torch.amp.autocast = ModelAutocast
+    try:
+        yield
+    finally:
+        torch.autocast, torch.amp.autocast = saved
 
 
 def _fake_mode():
@@ -580,7 +624,7 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
         tracker.attach(fake)
         try:
             with memory, recorder.mode, fused, masks, torch.autograd.graph.saved_tensors_hooks(pack, unpack), \
-                    warnings.catch_warnings():
+                    _model_autocast(), warnings.catch_warnings():
                 # (MemTracker asks for the storages of the replay's None gradients: nothing to count)
                 warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass")
                 recorder.paused = True  # the batch is made in the tracker's sight, not as an op of the step
