@@ -534,5 +534,11 @@ def test_a_chunked_loss_is_the_models_own_and_holds_less_at_its_peak(tmp_path, c
     (bert / "config.json").write_text(modern.bert()[0].config.to_json_string())
     with pytest.raises(ValueError, match="BertForMaskedLM is not one"):
         from_config(bert, chunked_loss=2)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=500)).eval()
+    ids = torch.randint(0, 500, (2, 16))  # (GPT-2's LM-head class is a causal LM too)
+    assert torch.allclose(ChunkedLoss(gpt2, 4)(ids, ids), gpt2(input_ids=ids, labels=ids).loss, rtol=1e-5)
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(gpt2.config.to_json_string())
+    assert isinstance(from_config(tmp_path / "gpt2", seq_len=8, chunked_loss=2)[0], ChunkedLoss)
     assert main(["--hf-config", str(path), "--seq-len", "32", "--chunked-loss", "4", "--dtype", "bf16"]) == 0
     assert "PREDICTED" in capsys.readouterr().out

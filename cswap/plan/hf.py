@@ -104,9 +104,18 @@ class ChunkedLoss(nn.Module):
 
 
 def is_causal_lm(model: nn.Module) -> bool:
-    """A Hugging Face causal LM (peft's wrapper seen through): what ChunkedLoss can wrap."""
+    """A Hugging Face causal LM (peft's wrapper seen through): what ChunkedLoss can wrap. The
+    ...ForCausalLM classes, and the older LM-head ones transformers' AutoModelForCausalLM
+    builds (GPT-2's GPT2LMHeadModel among them)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return type(base).__name__.endswith("ForCausalLM")
+    name = type(base).__name__
+    if name.endswith("ForCausalLM"):
+        return True
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return False
+    return name.endswith("LMHeadModel") and name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
 
 
 def _with_lora(peft, model, rank: int, targets):
