@@ -46,6 +46,29 @@ def test_the_frozen_linear_layers_but_the_head_are_quantized_and_the_adapters_tr
         nf4(plain)
 
 
+def test_gpt2s_conv1d_layers_are_quantized_and_linear_subclasses_left_as_transformers_leaves_them():
+    """transformers' bitsandbytes integration quantizes nn.Linear itself and its own Conv1D
+    (GPT-2's layers, whose weight is (in, out)), not nn.Linear's subclasses (Falcon's)."""
+    peft = pytest.importorskip("peft")
+    gpt2, inputs = modern.build("gpt2")
+    model = nf4(peft.get_peft_model(gpt2, peft.LoraConfig(r=2, target_modules=["c_attn"])))
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, NF4Linear)}
+    assert {name.rsplit(".", 1)[-1] for name in layers} == {"base_layer", "c_proj", "c_fc"}
+    c = gpt2.config
+    assert {(m.in_features, m.out_features) for m in layers.values()} == \
+        {(c.n_embd, 3 * c.n_embd), (c.n_embd, c.n_embd), (c.n_embd, 4 * c.n_embd), (4 * c.n_embd, c.n_embd)}
+    assert fake_gpu.trace_step(model, inputs.kwargs, dtype=torch.bfloat16, drops=False).peak_bytes > 0
+
+    class FalconLike(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = type("FalconLinear", (torch.nn.Linear,), {})(8, 8)
+            self.dense.requires_grad_(False)
+
+    with pytest.raises(ValueError, match="this model's are FalconLinear, subclasses it leaves unquantized"):
+        nf4(FalconLike())
+
+
 def test_a_qlora_step_dequantizes_per_multiply_and_saves_no_input_for_the_base():
     """Each weight is dequantized for forward's multiply and again for backward's (except where
     the input needs no gradient: the first layer's q, k and v), one op that reads the codes and

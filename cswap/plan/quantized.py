@@ -13,8 +13,9 @@ to the compute dtype first: in forward, and again in backward for the input's gr
 - time: each dequantization is one memory-bound op that reads the codes and writes the
   weight (`cswap_plan::nf4_dequantize`), then the multiply runs in the compute dtype.
 
-`nf4(model)` replaces every frozen nn.Linear but the output head with an NF4Linear (what
-bitsandbytes' `load_in_4bit` and torchtune's QLoRA recipes quantize). Its codes are made
+`nf4(model)` replaces every frozen linear layer (nn.Linear, and transformers' Conv1D) but the
+output head with an NF4Linear (what bitsandbytes' `load_in_4bit` and torchtune's QLoRA recipes
+quantize). Its codes are made
 on the model's device (meta: no data); on a real device the layer runs, dequantizing
 whatever codes it holds: a model of the memory and time, not a quantizer.
 """
@@ -96,9 +97,12 @@ class NF4Linear(nn.Module):
     """A frozen linear layer whose weight is held in NF4 (module docstring); the bias, if
     any, as it was."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Module):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if type(linear) is nn.Linear:
+            self.in_features, self.out_features = linear.in_features, linear.out_features
+        else:  # transformers' Conv1D (GPT-2): its weight is (in, out); bitsandbytes transposes it to quantize
+            self.in_features, self.out_features = linear.weight.shape
         numel, device = linear.weight.numel(), linear.weight.device
         scales, factors = _blocks(numel)
         self.register_buffer("codes", torch.zeros(-(-numel // 2), dtype=torch.uint8, device=device))
@@ -116,17 +120,35 @@ class NF4Linear(nn.Module):
 
 
 def nf4(model: nn.Module) -> nn.Module:
-    """`model` (changed in place, and returned) with every frozen nn.Linear but the output
-    head (a Hugging Face model's get_output_embeddings()) held in NF4. Apply it after LoRA:
-    the adapters train, so they stay as they are."""
+    """`model` (changed in place, and returned) with every frozen linear layer but the output
+    head (a Hugging Face model's get_output_embeddings()) held in NF4: what transformers'
+    bitsandbytes integration quantizes, nn.Linear itself (not its subclasses) and
+    transformers' Conv1D. Apply it after LoRA: the adapters train, so they stay as they are."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     frozen = [(name, m) for name, m in model.named_modules()
-              if type(m) is nn.Linear and m is not head and not m.weight.requires_grad]
+              if _quantizable(m) and m is not head and not m.weight.requires_grad]
     if not frozen:
+        subclasses = sorted({type(m).__name__ for m in model.modules()
+                             if isinstance(m, nn.Linear) and m is not head and not m.weight.requires_grad})
+        if subclasses:
+            raise ValueError(f"cswap: NF4 quantizes frozen nn.Linear and Conv1D layers, as transformers' bitsandbytes "
+                             f"integration does; this model's are {', '.join(subclasses)}, subclasses it leaves "
+                             f"unquantized")
         raise ValueError("cswap: NF4 quantizes frozen linear layers, and this model has none to quantize "
                          "(QLoRA freezes the base model: add LoRA first, e.g. --lora-rank)")
     for name, linear in frozen:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, NF4Linear(linear))
     return model
+
+
+def _quantizable(module: nn.Module) -> bool:
+    """transformers' rule (integrations/bitsandbytes.py, replace_with_bnb_linear)."""
+    if type(module) is nn.Linear:
+        return True
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return False
+    return isinstance(module, Conv1D)
