@@ -255,7 +255,7 @@ def patch(model: nn.Module, mode: str | None = None, policy=None, *, budget=None
     around each forward: every saved tensor, parameters included; a baseline).
 
     budget: offload only what must go to keep the device's memory within it:
-    bytes, a size like "20GiB", a fraction of the device's memory like 0.8, or
+    bytes, a size like "20GiB", a fraction of the device's memory like 0.8 or "80%", or
     "auto" (nothing leaves until a forward runs out of device memory; that step
     is retried with every saved activation offloaded and a budget is chosen).
     Every saved activation is then a candidate (candidates="all"): after the

@@ -248,10 +248,11 @@ def first_choices(plan, controller) -> dict:
     return {t.key: c for t, c in zip(controller.budget.instance.iteration.tensors, plan.choices)}
 
 
-def test_a_fraction_of_the_device_memory():
+@pytest.mark.parametrize("budget", [0.3, "30%"])
+def test_a_fraction_of_the_device_memory(budget):
     make, shape = NETS["small_cnn"]
     capacity = 2 * unpatched_peak(make, shape)
-    model = cswap.patch(make(), budget=0.3, min_bytes=0, verbose=False)
+    model = cswap.patch(make(), budget=budget, min_bytes=0, verbose=False)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

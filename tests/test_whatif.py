@@ -378,8 +378,11 @@ def test_parse_bytes():
     assert whatif.parse_bytes("40GiB") == 40 * 2**30
     assert whatif.parse_bytes("1.5GB") == 1_500_000_000
     assert whatif.parse_bytes(0.5, capacity=100) == 50
-    with pytest.raises(ValueError, match="not a size"):
-        whatif.parse_bytes("lots")
+    assert whatif.parse_bytes("50%", capacity=100) == whatif.parse_bytes(" 25 %", capacity=200) == 50
+    assert whatif.parse_bytes(1, capacity=100) == 100 and whatif.parse_bytes(4e10, capacity=100) == 4e10
+    for bad in ("lots", "150%", "0%", "50%"):  # (a share with no capacity to take it of)
+        with pytest.raises(ValueError, match="not a size.*like 0.5 or 50%"):
+            whatif.parse_bytes(bad, capacity=100 if bad != "50%" else None)
 
 
 def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):

@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--optimizer-in-backward", action="store_true",
                    help="step each parameter as soon as its gradient is made, freeing it (torchtune's "
                         "optimizer_in_bwd)")
-    p.add_argument("--budget", help="a memory limit below the GPU's: 40GiB, 40GB or a fraction like 0.5")
+    p.add_argument("--budget", help="a memory limit below the GPU's: 40GiB, 40GB or a share like 0.5 or 50%%")
     p.add_argument("--recompute", default="auto",
                    help="blocks mode 'recompute' may checkpoint: auto (the repeated blocks: transformer layers, "
                         "residual blocks), none, or module names separated by commas")

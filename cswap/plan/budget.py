@@ -220,11 +220,25 @@ def evaluate(inst: Instance, choices, budget: float, started: float | None = Non
     return Plan(list(choices), extra_seconds(inst, choices), p, p <= budget, spent)
 
 
+def fraction(value) -> float | None:
+    """The share of memory `value` names (0.5, "0.5" or "50%"), or None if it names none."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            return None
+    return float(value) if isinstance(value, (int, float)) and 0 < value <= 1 else None
+
+
 def parse_bytes(value, capacity: int | None = None) -> int:
-    """40GiB, 40GB, 4e10, 40e9 bytes, or a fraction of `capacity` (0.5)."""
+    """40GiB, 40GB, 4e10, 40e9 bytes, or a fraction of `capacity` (0.5, 50%)."""
+    share = fraction(value)
+    if share is not None and capacity:
+        return int(share * capacity)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if 0 < value <= 1 and capacity:
-            return int(value * capacity)
         return int(value)
     text = str(value).strip().replace(" ", "")
     units = {"TIB": 2**40, "GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "TB": 1e12, "GB": 1e9, "MB": 1e6,
@@ -238,8 +252,8 @@ def parse_bytes(value, capacity: int | None = None) -> int:
     try:
         return parse_bytes(float(text), capacity)
     except ValueError:
-        raise ValueError(f"cswap.plan: {value!r} is not a size; write e.g. 40GiB, 40GB, 4e10 or a fraction "
-                         f"of the GPU's memory like 0.5") from None
+        raise ValueError(f"cswap.plan: {value!r} is not a size; write e.g. 40GiB, 40GB, 4e10 or a share "
+                         f"of the GPU's memory like 0.5 or 50%") from None
 
 
 # -- covering the deficit ------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ import warnings
 from dataclasses import replace
 
 from .advisor import IterationProfile
-from .budget import KEEP, Instance, Plan, offload_everything, parse_bytes, plan_budget, with_encoder_scratch
+from .budget import KEEP, Instance, Plan, fraction, offload_everything, parse_bytes, plan_budget, \
+    with_encoder_scratch
 from .recompute import RECOMPUTE, Block, inside, plan_with_recompute
 
 __all__ = ["AUTO", "AUTO_HEADROOM", "RuntimeBudget", "check_budget"]
@@ -46,23 +47,14 @@ def check_budget(budget) -> None:
         return
     if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
         raise TypeError(f"cswap.patch: budget must be bytes (an int), a size like '20GiB', a fraction of the "
-                        f"device's memory like 0.8, or 'auto'; got {type(budget).__name__}")
+                        f"device's memory like 0.8 or '80%', or 'auto'; got {type(budget).__name__}")
     try:
         value = parse_bytes(budget, capacity=1 << 60)
     except ValueError:
         raise ValueError(f"cswap.patch: budget={budget!r} is not a size; write e.g. 20GiB, 20e9, a fraction of "
-                         f"the device's memory like 0.8, or 'auto'") from None
+                         f"the device's memory like 0.8 or 80%, or 'auto'") from None
     if value <= 0:
         raise ValueError(f"cswap.patch: budget must be positive, got {budget!r}")
-
-
-def _is_fraction(budget) -> bool:
-    if isinstance(budget, str):
-        try:
-            budget = float(budget)
-        except ValueError:
-            return False
-    return isinstance(budget, float) and 0 < budget <= 1
 
 
 def _storages(iteration: IterationProfile, memory) -> tuple[IterationProfile, list, list[list[str]]]:
@@ -147,12 +139,13 @@ class RuntimeBudget:
                 raise ValueError("cswap: budget='auto' found no device memory limit (the emulated device has "
                                  "no capacity_bytes); give the budget in bytes")
             return int(AUTO_HEADROOM * usable)
-        if _is_fraction(self.spec):
+        share = fraction(self.spec) if not isinstance(self.spec, int) else None
+        if share is not None:
             total = device.total_memory()
             if total is None:
                 raise ValueError(f"cswap: budget={self.spec!r} is a fraction of the device's memory, but this "
                                  f"device has no limit (the emulated device without capacity_bytes); give bytes")
-            return int(float(self.spec) * total)
+            return int(share * total)
         return parse_bytes(self.spec)
 
     def replan(self, iteration, memory, profile, device, blocks: dict | None = None, infos: dict | None = None
