@@ -28,7 +28,8 @@ def _frame(path, name):
     return {"filename": path, "line": 1, "name": name}
 
 
-CONV = [_frame("/site/torch/nn/modules/conv.py", "_conv_forward"), _frame("/site/torch/nn/modules/module.py", "_call_impl")]
+CONV = [_frame("/site/torch/nn/modules/conv.py", "_conv_forward"),
+        _frame("/site/torch/nn/modules/module.py", "_call_impl")]
 RESTORE = [_frame("/site/torch/cuda/streams.py", "__enter__"), _frame("/site/cswap/runtime/lanes.py", "alloc_in"),
            _frame("/site/torch/nn/modules/module.py", "_call_impl")]
 

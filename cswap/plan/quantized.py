@@ -15,9 +15,9 @@ to the compute dtype first: in forward, and again in backward for the input's gr
 
 `nf4(model)` replaces every frozen linear layer (nn.Linear, and transformers' Conv1D) but the
 output head with an NF4Linear (what bitsandbytes' `load_in_4bit` and torchtune's QLoRA recipes
-quantize). Its codes are made
-on the model's device (meta: no data); on a real device the layer runs, dequantizing
-whatever codes it holds: a model of the memory and time, not a quantizer.
+quantize). Its codes are made on the model's device (meta: no data); on a real device the
+layer runs, dequantizing whatever codes it holds: a model of the memory and time, not a
+quantizer.
 """
 
 from __future__ import annotations
@@ -132,9 +132,9 @@ def nf4(model: nn.Module) -> nn.Module:
         subclasses = sorted({type(m).__name__ for m in model.modules()
                              if isinstance(m, nn.Linear) and m is not head and not m.weight.requires_grad})
         if subclasses:
-            raise ValueError(f"cswap: NF4 quantizes frozen nn.Linear and Conv1D layers, as transformers' bitsandbytes "
-                             f"integration does; this model's are {', '.join(subclasses)}, subclasses it leaves "
-                             f"unquantized")
+            raise ValueError(f"cswap: NF4 quantizes frozen nn.Linear and Conv1D layers, as transformers' "
+                             f"bitsandbytes integration does; this model's are {', '.join(subclasses)}, "
+                             f"subclasses it leaves unquantized")
         raise ValueError("cswap: NF4 quantizes frozen linear layers, and this model has none to quantize "
                          "(QLoRA freezes the base model: add LoRA first, e.g. --lora-rank)")
     for name, linear in frozen:

@@ -139,7 +139,7 @@ class RuntimeBudget:
                 raise ValueError("cswap: budget='auto' found no device memory limit (the emulated device has "
                                  "no capacity_bytes); give the budget in bytes")
             return int(AUTO_HEADROOM * usable)
-        share = fraction(self.spec) if not isinstance(self.spec, int) else None
+        share = fraction(self.spec) if not isinstance(self.spec, int) else None  # (an int is bytes)
         if share is not None:
             total = device.total_memory()
             if total is None:
