@@ -50,8 +50,8 @@ def where(frames: list[dict]) -> str:
 
 def replay(snapshot: dict, device: int = 0) -> dict:
     """The peak of the allocated bytes over the device's trace, and the blocks live there by
-    group: {"peak_mib", "at_event", "events", "groups": [{"where", "mib", "blocks",
-    "largest_mib"}]}, groups largest first."""
+    group: {"peak_mib", "at_event" (-1: before the history's first event), "events", "groups":
+    [{"where", "mib", "blocks", "largest_mib"}]}, groups largest first."""
     trace = snapshot["device_traces"][device]
     # What is allocated when the snapshot was taken; walking the trace backwards from there
     # gives what was allocated before each event, blocks from before the history included.
@@ -91,8 +91,9 @@ def _blocks(segment: dict):
 
 
 def report(result: dict, name: str = "") -> str:
-    lines = [f"# {name}peak {result['peak_mib']:.0f} MiB allocated (event {result['at_event']} of "
-             f"{result['events']})", f"{'MiB':>8} {'blocks':>6}  where (largest blocks, MiB)"]
+    at = f"event {result['at_event']} of {result['events']}" if result["at_event"] >= 0 else "before the history"
+    lines = [f"# {name}peak {result['peak_mib']:.0f} MiB allocated ({at})",
+             f"{'MiB':>8} {'blocks':>6}  where (largest blocks, MiB)"]
     for g in result["groups"]:
         largest = ", ".join(f"{x:.0f}" for x in g["largest_mib"])
         lines.append(f"{g['mib']:8.0f} {g['blocks']:6d}  {g['where']} ({largest})")

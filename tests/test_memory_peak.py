@@ -97,3 +97,11 @@ def test_the_command_reads_a_gzipped_snapshot_as_trace_py_writes_it(memory_peak,
     assert result["snapshot"] == path.name and result["peak_mib"] == 220
     out = capsys.readouterr().out
     assert "peak 220 MiB" in out and "cswap: lanes.alloc_in (30)" in out
+
+
+def test_a_peak_before_the_history_is_what_the_snapshot_holds(memory_peak):
+    snap = _snapshot()
+    snap["device_traces"] = [[]]
+    result = memory_peak.replay(snap)
+    assert (result["peak_mib"], result["at_event"]) == (105, -1)
+    assert "(before the history)" in memory_peak.report(result)
