@@ -178,3 +178,29 @@ def test_a_models_own_autocast_on_meta_turns_the_emulated_one_off_or_to_its_dtyp
     assert torch.autocast is torch.amp.autocast is torch.amp.autocast_mode.autocast
     with pytest.raises(RuntimeError):  # (outside a trace, as torch has it)
         torch.autocast("meta", enabled=False)
+
+
+def test_a_module_skipped_at_random_is_traced_as_run():
+    """`if torch.rand(1) > p` (peft's LoHa and LoKr module dropout, Hugging Face's
+    LayerDrop) has no answer without data: the trace takes the step in which no skip
+    fires, and says nothing is data-dependent."""
+
+    class MaybeSkipped(nn.Module):
+        def __init__(self, module_dropout, layerdrop):
+            super().__init__()
+            self.module_dropout, self.layerdrop = module_dropout, layerdrop
+            self.inner, self.outer = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            if torch.rand(1) > self.module_dropout:  # LoHa's form: run it
+                x = torch.relu(self.inner(x))
+            if torch.rand([]) < self.layerdrop:  # LayerDrop's form: skip the rest
+                return x
+            return self.outer(x)
+
+    def saved_in(*p):
+        trace = fake_gpu.trace_step(MaybeSkipped(*p), torch.randn(4, 8), drops=False)
+        return {r.module for r in trace.saved} - {""}  # ("": the loss's)
+
+    assert saved_in(0.0, 0.0) == saved_in(0.5, 0.5) == {"inner", "outer"}
+    assert saved_in(1.0, 0.0) == {"outer"} and saved_in(0.0, 1.0) == {"inner"}  # (a share of 1 always skips)

@@ -175,6 +175,34 @@ def test_a_run_of_pointwise_ops_in_a_compiled_graph_is_one_kernel():
     assert roofline.op_times(later, h100, "bf16", m)[0] == pytest.approx(3 * mb / (h100.hbm_bytes_per_s * 0.5))
 
 
+def test_an_op_with_side_effects_is_captured_and_replayed():
+    """torch.linalg.solve checks its result for errors, an op with side effects that
+    AOTAutograd threads through a token (peft's BOFT solves a Cayley transform
+    per step): the graphs take only the step's primals and compute the eager step."""
+
+    class Cayley(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.skew = torch.nn.Parameter(torch.randn(4, 4) * 0.1)
+
+        def forward(self, x):
+            q = self.skew - self.skew.T
+            eye = torch.eye(4)
+            return x @ torch.linalg.solve(eye + q, eye - q)
+
+    torch.manual_seed(0)
+    model, x = Cayley(), torch.randn(3, 4)
+    captured = compiled.capture(*_fake(model, cswap.plan.inputs.Inputs((x,))))
+    assert [kind for kind, _ in captured.primals] == ["param", "input"]
+    eager = copy.deepcopy(model)
+    eager(x).mean().backward()
+    replayed = copy.deepcopy(model)
+    out = captured.moved(torch.device("cpu")).replay(replayed, cswap.plan.inputs.Inputs((x,)))
+    out.mean().backward()
+    torch.testing.assert_close(out, eager(x))
+    torch.testing.assert_close(replayed.skew.grad, eager.skew.grad)
+
+
 def test_a_model_that_breaks_the_graph_is_refused_clearly():
     class Breaks(torch.nn.Module):
         def __init__(self):

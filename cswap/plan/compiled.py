@@ -198,7 +198,7 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
         torch.nn.functional.scaled_dot_product_attention = _fused_sdpa(arch)
     try:
         compiled = torch.compile(model, backend=backend_, fullgraph=True, dynamic=False)
-        with masks:
+        with masks, _tokens_inside():
             out = inputs(compiled)
         default_loss(out).backward()
         leaves, spec = tree_flatten(out)
@@ -210,7 +210,7 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
         torch._dynamo.reset()
     bw = got["backward"]
     for gm in (got["forward"], bw):
-        _without_rng_state(gm)
+        _as_plain_calls(gm)
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
     tangents = sum(n.name.startswith("tangents") for n in placeholders)
     if not all(isinstance(x, torch.Tensor) for x in leaves) or len(leaves) != got["outputs"]:
@@ -218,19 +218,31 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
     return Captured(got["forward"], bw, got["primals"], got["outputs"], len(placeholders) - tangents, tangents, spec)
 
 
-def _without_rng_state(gm: torch.fx.GraphModule) -> None:
-    """Run the ops that torch 2.11 wraps to replay their random state (a fused attention
-    kernel in a checkpointed region: run_and_save_rng_state in forward, run_with_rng_state
-    in backward) as plain calls: a trace's values are never read, and the recorder cannot
-    enter those higher-order operators."""
+def _tokens_inside():
+    """AOTAutograd threads an op with side effects (torch.linalg.solve's error check, in
+    peft's BOFT) through a token that its graphs take as an extra input and return; with
+    unlift_effect_tokens the graphs make and drop the token themselves, as inductor's do,
+    and take only the step's primals."""
+    from torch._functorch import config
+
+    if not hasattr(config, "unlift_effect_tokens"):  # pragma: no cover - checked on torch 2.11-2.15
+        return contextlib.nullcontext()
+    return config.patch(unlift_effect_tokens=True)
+
+
+def _as_plain_calls(gm: torch.fx.GraphModule) -> None:
+    """Run the higher-order operators a captured graph may hold as plain calls of their
+    ops: the recorder of cswap.plan.fake_gpu cannot enter them, and a trace's values are
+    never read. torch 2.11 wraps a fused attention kernel in a checkpointed region to
+    replay its random state (run_and_save_rng_state in forward, run_with_rng_state in
+    backward); an op with side effects runs under with_effects, threading a token."""
     changed = False
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if str(node.target) == "run_and_save_rng_state":
-            node.target, changed = _run_keeping_no_state, True
-        elif str(node.target) == "run_with_rng_state":
-            node.target, changed = _run_ignoring_state, True
+        replacement = _PLAIN.get(str(node.target))
+        if replacement is not None:
+            node.target, changed = replacement, True
     if changed:
         gm.recompile()
 
@@ -243,6 +255,15 @@ def _run_keeping_no_state(op, *args, **kwargs):
 
 def _run_ignoring_state(state, op, *args, **kwargs):
     return op(*args, **kwargs)
+
+
+def _run_with_effects(token, op, *args, **kwargs):
+    out = op(*args, **kwargs)
+    return (token, *out) if isinstance(out, tuple) else (token, out)  # (with_effects' return form)
+
+
+_PLAIN = {"run_and_save_rng_state": _run_keeping_no_state, "run_with_rng_state": _run_ignoring_state,
+          "with_effects": _run_with_effects}
 
 
 def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None = None) -> dict[str, Captured]:
@@ -277,6 +298,10 @@ def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None 
         block = model.get_submodule(name)
         args, kwargs = seen[name]
         leaves = tree_flatten((args, kwargs))[0]
+        if any(type(x).__name__.endswith("Cache") and hasattr(x, "update") for x in leaves):
+            raise CompileUnsupported(f"cswap.plan: {name} is given a key/value cache in training (peft's prefix "
+                                     f"tuning passes its prefixes so), which it extends as it runs: its compiled "
+                                     f"graph cannot be captured from one call; predict it without --compile")
         kind = (type(block), tuple((n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in block.named_parameters()),
                 tuple((tuple(t.shape), t.dtype) for t in leaves if isinstance(t, torch.Tensor)))
         if kind not in by_kind:

@@ -89,7 +89,7 @@ class _Recorder:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                out = grouped_mm.run_as_cuda(func, args, kwargs)
+                out = _no_random_skip(func, grouped_mm.run_as_cuda(func, args, kwargs))
                 outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                 if recorder.paused or not outs:  # no tensor out (prim.device, sizes): not a kernel
                     return out
@@ -145,6 +145,22 @@ class _Recorder:
             if candidate is not None and id(candidate) in self.made_at:
                 return self.made_at[id(candidate)]
         return None
+
+
+def _no_random_skip(func, out):
+    """A uniform draw of one number on the CPU decides control flow: a module skipped at
+    random (peft's LoHa and LoKr `module_dropout`, Hugging Face's LayerDrop), as in
+    `if torch.rand(1) > p: run it`, which a step traced without data cannot answer.
+    Draw the largest value below 1, a known number: in that form no skip fires, and the
+    traced step is the one with the most work and memory."""
+    if (func._overloadpacket.__name__ not in ("rand", "rand_like") or not isinstance(out, torch.Tensor)
+            or out.numel() > 1 or out.device.type != "cpu" or not hasattr(out, "fake_mode")):
+        return out
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        top = torch.full(out.shape, 1.0, dtype=out.dtype).nextafter(torch.zeros((), dtype=out.dtype))
+    return out.fake_mode.fake_tensor_converter.from_real_tensor(out.fake_mode, top, make_constant=True)
 
 
 def _attention_flops(name: str, args) -> int:
