@@ -155,9 +155,9 @@ class _Patch:
                 f"size. ({exc})")
         if ungathered:
             return torch.OutOfMemoryError(
-                f"cswap: {retried}, with {ungathered} of them kept on the device: they are not dense in memory (a "
-                f"slice or permutation of a larger tensor, as q, k and v of a fused projection are) and there was "
-                f"no room to gather each into one block before it left. Lower the batch size. ({exc})")
+                f"cswap: {retried}, with {ungathered} of them kept on the device: they are not dense in memory (laid "
+                f"out with gaps, and no view of a tensor that is dense) and there was no room to gather each into "
+                f"one block before it left. Lower the batch size. ({exc})")
         return torch.OutOfMemoryError(
             f"cswap: the forward ran out of device memory, and again with every saved activation offloaded "
             f"(budget='auto'). Before this forward the device held {held}: parameters, gradients, optimizer "

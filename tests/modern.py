@@ -173,6 +173,33 @@ def attention(seq: int = 16):
 MODELS["attention"] = attention
 
 
+class PaddedRows(torch.nn.Module):
+    """Two layers whose outputs are laid out in padded rows (a wider stride than their
+    width, as torch.empty_strided makes them) and saved so: activations not dense in
+    memory that view no other tensor, the one kind cswap gathers into a block to send
+    (and restores contiguous; sin's gradient reads them element by element)."""
+
+    def __init__(self, hidden: int = 64, pad: int = 8):
+        super().__init__()
+        self.pad = pad
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(hidden, hidden) for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            y = layer(x)
+            b, n, h = y.shape
+            padded = torch.empty_strided(y.shape, (n * (h + self.pad), h + self.pad, 1)).copy_(y)
+            x = torch.sin(padded)
+        return x
+
+
+def padded_rows(seq: int = 16):
+    return PaddedRows(), Inputs((torch.randn(2, seq, 64, generator=torch.Generator().manual_seed(0)),))
+
+
+MODELS["padded_rows"] = padded_rows
+
+
 class PreNormBlock(torch.nn.Module):
     """A pre-norm transformer block: LayerNorm, attention, LayerNorm, GELU MLP, residuals."""
 

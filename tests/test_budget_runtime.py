@@ -516,19 +516,20 @@ def test_auto_names_the_host_memory_limit_when_that_is_what_kept_tensors_on_the_
         cswap.unpatch(model)
 
 
-def test_auto_names_views_with_no_room_to_be_gathered_when_that_is_what_kept_them():
-    """q, k and v of a fused projection are permuted slices of one tensor: each leaves
+def test_auto_names_tensors_with_no_room_to_be_gathered_when_that_is_what_kept_them():
+    """A saved tensor not dense in memory that views no other tensor (padded rows) leaves
     through a dense copy on the device. With no room for those copies they stay, and the
     retry's error says so instead of claiming that everything was offloaded. (Found by the
-    random search: the bare attention layer, budget="auto", at 80% of the stock peak.)"""
-    model, inputs = modern.build("attention")
+    random search on q, k and v, budget="auto", at 80% of the stock peak; they now leave as
+    the tensor they view; the padded rows run out of room to gather at 70% of theirs.)"""
+    model, inputs = modern.build("padded_rows")
     with cswap.testing.emulated_device(**SLOW) as dev:
         modern.default_loss(inputs(model)).backward()
     model = cswap.patch(model, budget="auto", verbose=False)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with cswap.testing.emulated_device(capacity_bytes=int(0.8 * dev.peak_bytes), **SLOW):
+            with cswap.testing.emulated_device(capacity_bytes=int(0.7 * dev.peak_bytes), **SLOW):
                 with pytest.raises(torch.OutOfMemoryError, match=r"with \d+ of them kept on the device: they are not "
                                                                  r"dense in memory .* no room to gather each"):
                     modern.default_loss(inputs(model)).backward()

@@ -10,7 +10,8 @@ every wait between them):
             payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least
             64 KiB) more than the tensor's payload in the pass before; its sizes left
             on the device and copied to a small pinned slot)
-            or the gather of a tensor that is not dense. Nothing is read back, so the
+            or the gather of a tensor that is not dense (a view with gaps of a dense
+            tensor leaves as that tensor: Swapper._dense_base). Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
             host (RLE and CSR today), and ZVC's first pass (no payload to size its

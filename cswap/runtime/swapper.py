@@ -444,6 +444,9 @@ class Swapper:
         op = self._candidate_op(t, dev, caller)
         if op is None:
             return t.detach(), t._version
+        saved, view, perm = t, None, dense_permutation(t)
+        if perm is None and t._is_view():  # (q, k, v of one projection): sent as the tensor they view
+            t, view, perm = self._dense_base(t)
         if self._pass is None:
             self._pass = Pass()
         if "cpu" not in self._warned and emulator.is_default(dev):
@@ -457,11 +460,11 @@ class Swapper:
         pass_.candidates += 1
         codec = self._choose_codec(info)
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
-            self._seen[id(t)] = KeptByPolicy(t, dense_permutation(t))
+            self._seen[id(t)] = KeptByPolicy(t, perm)
             if observer is not None and observer.current is not None:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
-            return t.detach(), t._version
-        item = Item(t, info, codec, dense_permutation(t), len(pass_.items), dev)
+            return saved.detach(), saved._version
+        item = Item(t, info, codec, perm, len(pass_.items), dev)
         item.footprint, item.pass_number = self.offloader.footprint(item), self._passes
         if self.memory_limit is not None and item.footprint > info.nbytes:
             # What sending it allocates (a payload, a gathered copy) is allocated on the worker,
@@ -480,7 +483,20 @@ class Swapper:
         self._seen[id(t)] = item
         if observer is not None and observer.current is not None:  # (a pass it observes)
             observer.on_pack(item.key, t, info, dev, at=at)
-        return Handle(item, pass_, self)
+        return Handle(item, pass_, self, view)
+
+    @staticmethod
+    def _dense_base(t: torch.Tensor):
+        """(tensor to send, view, its dense permutation) for a view `t` that is not dense
+        (gaps, overlaps): its base when that is dense, and t's place in it, so that t comes
+        back with its exact strides (kernels choose their path, and so their rounding, by
+        strides) and the other views of the base saved after it (k and v after q) are sent
+        with it, once. Else t itself, to be gathered and restored contiguous."""
+        base = t._base
+        perm = dense_permutation(base) if movable(base) else None
+        if perm is None:
+            return t, None, None
+        return base, (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset()), perm
 
     def _floor(self, cuda: bool) -> int:
         """min_bytes, or its default: 1 MiB for CUDA tensors, none for CPU ones."""
