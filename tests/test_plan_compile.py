@@ -203,6 +203,42 @@ def test_an_op_with_side_effects_is_captured_and_replayed():
     torch.testing.assert_close(replayed.skew.grad, eager.skew.grad)
 
 
+def test_the_output_keeps_its_structure_with_arguments_passed_on_and_outputs_without_gradient():
+    """A T5 block returns (hidden, the position bias it was given, passed on) or, with a
+    bias of its own, (hidden, its bias, a cross-attention bias that needs no gradient):
+    dynamo returns a passed-on argument and a constant itself, not as graph outputs, and
+    may order them otherwise. The replay rebuilds the output leaf for leaf, and gives
+    backward the tangents of the outputs that needed gradients only."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.bias = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, x, passed):
+            return self.lin(x) + passed, passed, None, self.bias * 2, torch.zeros(3)
+
+    torch.manual_seed(0)
+    block, x, passed = Block(), torch.randn(2, 4), torch.randn(2, 4, requires_grad=True)
+    inputs = cswap.plan.inputs.Inputs((x, passed))
+    captured = compiled.capture(*_fake(block, inputs))
+    assert [kind for kind, _ in captured.leaves] == ["output", "input", "constant", "output", "output"]
+    assert captured.needs_grad is not None and sum(captured.needs_grad) == captured.tangents == 2
+    eager = copy.deepcopy(block)
+    expected = eager(x, passed)
+    (expected[0].sum() + expected[3].sum()).backward()
+    replayed = copy.deepcopy(block)
+    got = captured.moved(torch.device("cpu")).replay(replayed, inputs)
+    assert got[1] is passed and got[2] is None and len(got) == 5
+    (got[0].sum() + got[3].sum()).backward()
+    for a, b in zip(got, expected):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a, b)
+    torch.testing.assert_close(replayed.lin.weight.grad, eager.lin.weight.grad)
+    torch.testing.assert_close(replayed.bias.grad, eager.bias.grad)
+
+
 def test_a_model_that_breaks_the_graph_is_refused_clearly():
     class Breaks(torch.nn.Module):
         def __init__(self):

@@ -32,6 +32,7 @@ from .attention import _sdpa_args, backend
 from .grouped_mm import UnfusedGroupedMM
 from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
+from .random_skips import NoRandomSkips
 
 __all__ = ["Captured", "CompileUnsupported", "capture", "capture_blocks", "replay_blocks", "running"]
 
@@ -72,7 +73,10 @@ class Captured:
     outputs: int      # the model's outputs (after the mutated inputs)
     saved: int        # forward outputs saved for backward
     tangents: int     # gradients of outputs that backward takes
-    spec: object = None  # the output's pytree structure, its tensors the graph's outputs in order
+    spec: object = None  # the output's pytree structure, with `leaves` its leaves
+    leaves: tuple = ()   # per leaf: ("output", i), the graph's i-th output; ("input", i), the i-th argument
+    #                      returned as it came (T5's position bias, passed on); ("constant", value)
+    needs_grad: tuple | None = None  # per graph output, whether it needed a gradient (None: if floating)
 
     def moved(self, device: torch.device) -> "Captured":
         """These graphs with the tensors they make (arange, full, casts) made on `device`."""
@@ -84,7 +88,8 @@ class Captured:
                     node.kwargs = {**node.kwargs, "device": device}
             gm.recompile()
             graphs.append(gm)
-        return Captured(*graphs, self.primals, self.outputs, self.saved, self.tangents, self.spec)
+        return Captured(*graphs, self.primals, self.outputs, self.saved, self.tangents, self.spec, self.leaves,
+                        self.needs_grad)
 
     def replay(self, model: nn.Module, inputs):
         """The model's output for `inputs` (cswap.plan.inputs.Inputs), computed by the
@@ -100,7 +105,8 @@ class Captured:
         outs = _Replay.apply(self, *primals)
         outs = outs[len(outs) - self.outputs:]
         if self.spec is not None:
-            return tree_unflatten(list(outs), self.spec)
+            return tree_unflatten([outs[key] if kind == "output" else given[key] if kind == "input" else key
+                                   for kind, key in self.leaves], self.spec)
         scalars = [o for o in outs if isinstance(o, torch.Tensor) and o.dim() == 0 and o.is_floating_point()]
         return {"loss": scalars[0], "outputs": outs} if len(scalars) == 1 else tuple(outs)
 
@@ -117,6 +123,8 @@ class _Replay(torch.autograd.Function):
         ctx.captured = captured
         ctx.save_for_backward(*saved)
         ctx.differentiable = [isinstance(o, torch.Tensor) and o.is_floating_point() for o in visible]
+        if captured.needs_grad is not None:  # (an output that needed none has no tangent: T5's cross-attention bias)
+            ctx.differentiable[len(visible) - captured.outputs:] = captured.needs_grad
         ctx.mark_non_differentiable(*[o for o, d in zip(visible, ctx.differentiable) if not d])
         return tuple(visible)
 
@@ -189,7 +197,15 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
                                      f"neither the model's parameters or buffers nor its example inputs")
         got["primals"] = [names[id(t)] for t in example_inputs]
         got["outputs"] = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-        return inner(gm, example_inputs)
+        compiled = inner(gm, example_inputs)
+
+        def run(*args):  # (what the graph returned: dynamo puts it in the output's structure)
+            out = compiled(*args)
+            got["returned"] = list(out) if isinstance(out, (list, tuple)) else [out]
+            return out
+
+        run._boxed_call = getattr(compiled, "_boxed_call", False)
+        return run
 
     torch._dynamo.reset()
     masks = as_in_a_real_step(inputs)  # (no padding: transformers then asks SDPA for is_causal, as a real step)
@@ -213,9 +229,34 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
         _as_plain_calls(gm)
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
     tangents = sum(n.name.startswith("tangents") for n in placeholders)
-    if not all(isinstance(x, torch.Tensor) for x in leaves) or len(leaves) != got["outputs"]:
-        spec = None  # (an output structure the graph's outputs do not map onto one for one)
-    return Captured(got["forward"], bw, got["primals"], got["outputs"], len(placeholders) - tangents, tangents, spec)
+    returned = got.get("returned", [])
+    kinds = _leaf_kinds(leaves, returned, tree_flatten((inputs.args, inputs.kwargs))[0])
+    if kinds is None:
+        spec = None  # (an output whose leaves are not the graph's outputs, arguments or constants)
+    needs_grad = tuple(isinstance(r, torch.Tensor) and r.requires_grad for r in returned) \
+        if len(returned) == got["outputs"] else None
+    return Captured(got["forward"], bw, got["primals"], got["outputs"], len(placeholders) - tangents, tangents, spec,
+                    kinds, needs_grad)
+
+
+def _leaf_kinds(leaves: list, returned: list, given: list) -> tuple | None:
+    """Where each leaf of the compiled call's output comes from (Captured.leaves): one of
+    the graph's outputs, which dynamo may put in another order, an argument it passes
+    through (not a graph output), or a constant; None if a leaf is none of these."""
+    kinds = []
+    for x in leaves:
+        if not isinstance(x, torch.Tensor):
+            kinds.append(("constant", x))
+            continue
+        at = next((i for i, r in enumerate(returned) if r is x), None)
+        if at is not None:
+            kinds.append(("output", at))
+            continue
+        at = next((i for i, g in enumerate(given) if g is x), None)
+        if at is None:
+            return None
+        kinds.append(("input", at))
+    return tuple(kinds)
 
 
 def _tokens_inside():
@@ -235,7 +276,8 @@ def _as_plain_calls(gm: torch.fx.GraphModule) -> None:
     ops: the recorder of cswap.plan.fake_gpu cannot enter them, and a trace's values are
     never read. torch 2.11 wraps a fused attention kernel in a checkpointed region to
     replay its random state (run_and_save_rng_state in forward, run_with_rng_state in
-    backward); an op with side effects runs under with_effects, threading a token."""
+    backward); an op with side effects runs under with_effects, threading a token. And
+    each view of a shape becomes a reshape (see _PLAIN)."""
     changed = False
     for node in gm.graph.nodes:
         if node.op != "call_function":
@@ -263,7 +305,11 @@ def _run_with_effects(token, op, *args, **kwargs):
 
 
 _PLAIN = {"run_and_save_rng_state": _run_keeping_no_state, "run_with_rng_state": _run_ignoring_state,
-          "with_effects": _run_with_effects}
+          "with_effects": _run_with_effects,
+          # A graph captured on CPU tensors views what the CPU laid out densely; the trace's
+          # device may lay it out otherwise (HF ConvNeXt's permuted convolution output): a
+          # reshape is that view where it can be, else the copy a graph traced so would make.
+          "aten.view.default": torch.ops.aten.reshape.default}
 
 
 def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None = None) -> dict[str, Captured]:
@@ -288,7 +334,8 @@ def capture_blocks(model: nn.Module, inputs, names: list[str], arch: int | None 
     for name in names:
         hooks.append(model.get_submodule(name).register_forward_pre_hook(keep(name), with_kwargs=True))
     try:
-        with as_in_a_real_step(inputs), UnfusedGroupedMM():  # (autograd on: what needs a gradient is as in training)
+        # (autograd on: what needs a gradient is as in training; no layer skipped, as in the trace)
+        with as_in_a_real_step(inputs), UnfusedGroupedMM(), NoRandomSkips():
             inputs(model)
     finally:
         for hook in hooks:

@@ -38,6 +38,7 @@ import copy
 import functools
 import gc
 import itertools
+import os
 import re
 import sys
 import warnings
@@ -50,7 +51,7 @@ from torch import nn
 
 from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
-from . import grouped_mm, optimizers
+from . import grouped_mm, optimizers, random_skips
 from .attention import fused_attention_mode
 from .compiled import replay_blocks, running as compiled_running
 from .hf_masks import as_in_a_real_step
@@ -89,7 +90,7 @@ class _Recorder:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
-                out = _no_random_skip(func, grouped_mm.run_as_cuda(func, args, kwargs))
+                out = random_skips.as_run(func, grouped_mm.run_as_cuda(func, args, kwargs))
                 outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
                 if recorder.paused or not outs:  # no tensor out (prim.device, sizes): not a kernel
                     return out
@@ -145,22 +146,6 @@ class _Recorder:
             if candidate is not None and id(candidate) in self.made_at:
                 return self.made_at[id(candidate)]
         return None
-
-
-def _no_random_skip(func, out):
-    """A uniform draw of one number on the CPU decides control flow: a module skipped at
-    random (peft's LoHa and LoKr `module_dropout`, Hugging Face's LayerDrop), as in
-    `if torch.rand(1) > p: run it`, which a step traced without data cannot answer.
-    Draw the largest value below 1, a known number: in that form no skip fires, and the
-    traced step is the one with the most work and memory."""
-    if (func._overloadpacket.__name__ not in ("rand", "rand_like") or not isinstance(out, torch.Tensor)
-            or out.numel() > 1 or out.device.type != "cpu" or not hasattr(out, "fake_mode")):
-        return out
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
-        top = torch.full(out.shape, 1.0, dtype=out.dtype).nextafter(torch.zeros((), dtype=out.dtype))
-    return out.fake_mode.fake_tensor_converter.from_real_tensor(out.fake_mode, top, make_constant=True)
 
 
 def _attention_flops(name: str, args) -> int:
@@ -467,17 +452,32 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
 @contextlib.contextmanager
 def _explain_data_dependent_shapes():
     """A step whose shapes depend on tensor values (aten.nonzero, .item()) cannot be traced
-    without data: say which op, and the usual cause."""
+    without data: say which op, where the model calls it, and the usual causes."""
     try:
         yield
     except RuntimeError as exc:
         if type(exc).__name__ not in ("DynamicOutputShapeException", "DataDependentOutputException"):
             raise
+        where = _callers_line(exc.__traceback__)
         raise ValueError(
-            f"cswap.plan.fake_gpu: the step calls {getattr(exc, 'func', 'an op')}, whose output depends on tensor "
-            f"values, which a step traced without data does not have. A Hugging Face Mixture-of-Experts model does "
-            f"so with experts_implementation='eager' (a loop over the experts that received tokens); its default, "
-            f"'grouped_mm', and 'batched_mm' can be traced") from None
+            f"cswap.plan.fake_gpu: the step calls {getattr(exc, 'func', 'an op')}{where}, whose output depends on "
+            f"tensor values, which a step traced without data does not have. A Hugging Face Mixture-of-Experts "
+            f"model does so with experts_implementation='eager' (a loop over the experts that received tokens; its "
+            f"default, 'grouped_mm', and 'batched_mm' can be traced), and a loss that picks the labelled rows "
+            f"(DeBERTa's classifiers: (labels >= 0).nonzero()): predict without labels, with loss=lambda out: "
+            f"F.cross_entropy(out.logits, labels.to(out.logits.device))") from None
+
+
+def _callers_line(tb) -> str:
+    """' at file:line (code)' of the innermost frame of `tb` outside torch and cswap."""
+    import traceback
+
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(skip)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {os.path.basename(f.filename)}:{f.lineno} ({(f.line or '').strip()})"
 
 
 def _live_bytes(memory):
