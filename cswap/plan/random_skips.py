@@ -6,11 +6,16 @@ decides. A step traced without data cannot answer the comparison, and one forwar
 real tensors answers it at random. Both take the draw as the largest value below 1: in
 the usual forms no skip fires, and the traced step is the one with the most work and
 memory.
+
+Private PyTorch surfaces (checked on 2.11-2.15): FakeTensorMode's converter making a
+constant fake tensor (`fake_tensor_converter.from_real_tensor(..., make_constant=True)`,
+which answers comparisons and `.item()`) and `unset_fake_temporarily`.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["NoRandomSkips", "as_run"]
 
@@ -38,16 +43,12 @@ def as_run(func, out):
     return out.fake_mode.fake_tensor_converter.from_real_tensor(out.fake_mode, top, make_constant=True)
 
 
-def NoRandomSkips():
+class NoRandomSkips(TorchDispatchMode):
     """A dispatch mode for a forward of real (or fake) tensors in which every deciding
     draw is the largest value below 1."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if _decides(func, out) and not hasattr(out, "fake_mode"):
-                return _top(out.shape, out.dtype)
-            return as_run(func, out)
-
-    return Mode()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if _decides(func, out) and not hasattr(out, "fake_mode"):
+            return _top(out.shape, out.dtype)
+        return as_run(func, out)
