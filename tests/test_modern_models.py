@@ -161,8 +161,8 @@ def test_a_budget_is_a_contract_whatever_the_copies_timing(seeds):
 
 def test_the_budget_plan_moves_or_keeps_a_storage_whole():
     """q, k and v are views of one projection's output: a plan that moves k and keeps q
-    frees nothing. They leave as that output, one candidate for the three, and candidates
-    that share a storage otherwise (a view saved before its base) get one choice."""
+    frees nothing. They leave as that output, one candidate for the three (a plan gives
+    candidates that still share a storage, a view saved before its base, one choice)."""
     from cswap.patch import _PATCHED
 
     model, inputs = modern.build("prenorm_transformer")
@@ -175,8 +175,7 @@ def test_the_budget_plan_moves_or_keeps_a_storage_whole():
         groups, choices = controller.profiler.memory.groups, controller.budget.choices
     finally:
         cswap.unpatch(patched)
-    assert sorted(k.split(":")[1] for k in choices if k.endswith("qkv")) == ["0.attention.qkv", "1.attention.qkv"]
-    assert all(len({choices[k] for k in keys}) == 1 for keys in groups), (groups, choices)
+    assert all(len(keys) == 1 for keys in groups), groups  # (no two candidates share a storage: q, k, v are one)
     moved = [c != "keep" for c in choices.values()]
     assert any(moved) and not all(moved)  # the budget asks for part
 
