@@ -10,12 +10,12 @@ compiled, and trained through cswap bit-exact on the emulated device.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 import cswap
+from cswap.plan.inputs import Inputs
+from test_modern_models import assert_trains_bit_identical
 
 pytestmark = [pytest.mark.slow,  # (about a minute in all)
               pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning",
@@ -71,33 +71,8 @@ def test_cswap_predict_plans_the_adapter_eager_and_compiled(name):
     assert 0 < compiled.peak_bytes() and 0 < compiled.step_seconds()
 
 
-def _train(model, ids, emulated: bool) -> list[list[torch.Tensor]]:
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    grads = []
-    for step in range(2):
-        torch.manual_seed(step)  # (LoHa's and LoKr's module dropout draws alike in both runs)
-        opt.zero_grad(set_to_none=True)
-        if emulated:
-            with cswap.testing.emulated_device() as dev:
-                model(input_ids=ids, labels=ids).loss.backward()
-            assert dev.hazards == []
-        else:
-            model(input_ids=ids, labels=ids).loss.backward()
-        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
-        opt.step()
-    return grads
-
-
 @pytest.mark.parametrize("name", list(ADAPTERS))
 def test_training_through_cswap_is_bit_identical(name):
     model = _model(name, checkpointed=name != "prefix")  # (peft refuses prefix tuning with checkpointing)
-    ids = _ids()
-    expected = _train(copy.deepcopy(model), ids, emulated=False)
-    patched = cswap.patch(model, mode="cswap", candidates="all", min_bytes=0, verbose=False)
-    try:
-        got = _train(patched, ids, emulated=True)
-        assert cswap.stats(patched)["offloaded_tensors"] > 0
-    finally:
-        cswap.unpatch(patched)
-    assert [len(g) for g in got] == [len(g) for g in expected]
-    assert all(torch.equal(x, y) for a, b in zip(got, expected) for x, y in zip(a, b))
+    ids = _ids()  # (LoHa's and LoKr's module dropout draws alike in both runs: train seeds each step)
+    assert_trains_bit_identical(model, Inputs(kwargs={"input_ids": ids, "labels": ids}))

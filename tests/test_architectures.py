@@ -9,12 +9,12 @@ cswap bit-exact with LoRA and checkpointing on the emulated device.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 import cswap
+from cswap.plan.inputs import Inputs
+from test_modern_models import assert_trains_bit_identical
 
 pytestmark = [pytest.mark.slow,  # (about a minute in all: each plan traces the step two or three times)
               pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning",
@@ -63,23 +63,6 @@ def test_cswap_plan_predicts_the_architecture(config_dirs, name, plan, capsys):
     assert "PREDICTED" in out and "budget" in out
 
 
-def _train(model, ids, emulated: bool) -> list[list[torch.Tensor]]:
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    grads = []
-    for step in range(2):
-        torch.manual_seed(step)
-        opt.zero_grad(set_to_none=True)
-        if emulated:
-            with cswap.testing.emulated_device() as dev:
-                model(input_ids=ids, labels=ids).loss.backward()
-            assert dev.hazards == []
-        else:
-            model(input_ids=ids, labels=ids).loss.backward()
-        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
-        opt.step()
-    return grads
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_training_with_lora_and_checkpointing_is_bit_identical(name):
     torch.manual_seed(0)
@@ -87,11 +70,4 @@ def test_training_with_lora_and_checkpointing_is_bit_identical(name):
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
     ids = torch.randint(1, 512, (2, 32), generator=torch.Generator().manual_seed(0))
-    expected = _train(copy.deepcopy(model), ids, emulated=False)
-    patched = cswap.patch(model, mode="cswap", candidates="all", min_bytes=0, verbose=False)
-    try:
-        got = _train(patched, ids, emulated=True)
-        assert cswap.stats(patched)["offloaded_tensors"] > 0
-    finally:
-        cswap.unpatch(patched)
-    assert all(torch.equal(x, y) for a, b in zip(got, expected) for x, y in zip(a, b))
+    assert_trains_bit_identical(model, Inputs(kwargs={"input_ids": ids, "labels": ids}))

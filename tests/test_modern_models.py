@@ -51,6 +51,22 @@ def train(model, inputs, device=None) -> list[list[torch.Tensor]]:
     return grads
 
 
+def assert_trains_bit_identical(model, inputs, mode="cswap", device="emulated") -> None:
+    """Train `model` patched (every saved activation a candidate) and a copy of it unpatched,
+    STEPS steps each: the patched run offloads, and every step's gradients are the same
+    bit for bit. The model is unpatched after."""
+    expected = train(copy.deepcopy(model), inputs)
+    patched = cswap.patch(model, mode=mode, candidates="all", min_bytes=0, verbose=False)
+    try:
+        got = train(patched, inputs, device)
+        assert cswap.stats(patched)["offloaded_tensors"] > 0
+    finally:
+        cswap.unpatch(patched)
+    assert len(got) == len(expected)
+    for step, (a, b) in enumerate(zip(got, expected)):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}: gradients differ"
+
+
 def hook_counts(model):
     return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()]
 
@@ -64,18 +80,9 @@ def hook_counts(model):
     for name in MODELS for mode in ("vdnn", "sc", "cswap")])
 def test_training_is_bit_identical_and_unpatch_restores(name, mode, device):
     model, inputs = modern.build(name)
-    expected = train(copy.deepcopy(model), inputs)
     before = hook_counts(model)
-    patched = cswap.patch(model, mode=mode, candidates="all", min_bytes=0, verbose=False)
-    try:
-        got = train(patched, inputs, device)
-        assert cswap.stats(patched)["offloaded_tensors"] > 0
-    finally:
-        cswap.unpatch(patched)
+    assert_trains_bit_identical(model, inputs, mode, device)
     assert hook_counts(model) == before
-    assert len(got) == len(expected)
-    for step, (a, b) in enumerate(zip(got, expected)):
-        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}: gradients differ"
 
 
 def _peak_on_emulated(model, inputs, steps=3) -> list[int]:

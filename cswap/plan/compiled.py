@@ -264,10 +264,8 @@ def _tokens_inside():
     peft's BOFT) through a token that its graphs take as an extra input and return; with
     unlift_effect_tokens the graphs make and drop the token themselves, as inductor's do,
     and take only the step's primals."""
-    from torch._functorch import config
+    from torch._functorch import config  # (unlift_effect_tokens: torch 2.11-2.15 have it)
 
-    if not hasattr(config, "unlift_effect_tokens"):  # pragma: no cover - checked on torch 2.11-2.15
-        return contextlib.nullcontext()
     return config.patch(unlift_effect_tokens=True)
 
 
