@@ -129,7 +129,7 @@ class _Patch:
                 message = str(exc)  # leaving the handler frees the failed attempt's tensors
             self._restart_pass(message)
             state.restore()
-            held, kept = _held_before(model, args, kwargs), self._kept_counts()
+            held, kept = _held_before(model, args, kwargs), self.swapper.stats["kept_on_gpu"]
             try:
                 return forward(*args, **kwargs)
             except torch.OutOfMemoryError as exc:
@@ -138,14 +138,11 @@ class _Patch:
         wrap_forward(model, retrying)  # (the model's attribute: the patch keeps no reference to the model, or
         # _PATCHED's key would never die)
 
-    def _kept_counts(self) -> tuple[int, int]:
-        """Saved tensors kept on the device so far: at the host memory limit, and for want of room to gather."""
-        return self.swapper.stats["kept_on_gpu"], self.swapper.stats["gather_oom"]
-
-    def _retry_failed(self, exc: torch.OutOfMemoryError, held: str, kept: tuple[int, int]) -> torch.OutOfMemoryError:
+    def _retry_failed(self, exc: torch.OutOfMemoryError, held: str, kept: int) -> torch.OutOfMemoryError:
         """The error for a retried forward that ran out of memory too: what kept its saved
-        tensors on the device, if anything did, else what the device held before it."""
-        at_limit, ungathered = (now - then for now, then in zip(self._kept_counts(), kept))
+        tensors on the device (host memory at its limit), if anything did, else what the
+        device held before it. `kept`: the count of kept tensors before the retry."""
+        at_limit = self.swapper.stats["kept_on_gpu"] - kept
         retried = "the forward ran out of device memory, and again when retried to offload every saved activation " \
                   "(budget='auto')"
         if at_limit:
@@ -153,11 +150,6 @@ class _Patch:
                 f"cswap: {retried}, with {at_limit} of them kept on the device because host memory reached its "
                 f"limit (max_host_bytes={self.swapper.pool.max_bytes}). Raise max_host_bytes, or lower the batch "
                 f"size. ({exc})")
-        if ungathered:
-            return torch.OutOfMemoryError(
-                f"cswap: {retried}, with {ungathered} of them kept on the device: they are not dense in memory (laid "
-                f"out with gaps, and no view of a tensor that is dense) and there was no room to gather each into "
-                f"one block before it left. Lower the batch size. ({exc})")
         return torch.OutOfMemoryError(
             f"cswap: the forward ran out of device memory, and again with every saved activation offloaded "
             f"(budget='auto'). Before this forward the device held {held}: parameters, gradients, optimizer "

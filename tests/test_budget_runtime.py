@@ -9,6 +9,7 @@ against the budget.
 
 from __future__ import annotations
 
+import copy
 import gc
 import math
 import threading
@@ -516,24 +517,24 @@ def test_auto_names_the_host_memory_limit_when_that_is_what_kept_tensors_on_the_
         cswap.unpatch(model)
 
 
-def test_auto_names_tensors_with_no_room_to_be_gathered_when_that_is_what_kept_them():
+def test_auto_moves_tensors_laid_out_with_gaps_as_the_span_they_cover():
     """A saved tensor not dense in memory that views no other tensor (padded rows) leaves
-    through a dense copy on the device. With no room for those copies they stay, and the
-    retry's error says so instead of claiming that everything was offloaded. (Found by the
-    random search on q, k and v, budget="auto", at 80% of the stock peak; they now leave as
-    the tensor they view; the padded rows run out of room to gather at 70% of theirs.)"""
+    as the span of memory it covers, allocating nothing to be sent: the retry fits 80% of
+    the stock peak. (Gathered into a dense copy on the device, it ran out of memory at
+    every fraction from 70% to 90%, with the copies or for want of room for them.)"""
     model, inputs = modern.build("padded_rows")
+    expected = copy.deepcopy(model)
     with cswap.testing.emulated_device(**SLOW) as dev:
-        modern.default_loss(inputs(model)).backward()
+        modern.default_loss(inputs(expected)).backward()
     model = cswap.patch(model, budget="auto", verbose=False)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with cswap.testing.emulated_device(capacity_bytes=int(0.7 * dev.peak_bytes), **SLOW):
-                with pytest.raises(torch.OutOfMemoryError, match=r"with \d+ of them kept on the device: they are not "
-                                                                 r"dense in memory .* no room to gather each"):
-                    modern.default_loss(inputs(model)).backward()
-        assert cswap.stats(model)["gather_oom"] > 0
+            with cswap.testing.emulated_device(capacity_bytes=int(0.8 * dev.peak_bytes), **SLOW):
+                modern.default_loss(inputs(model)).backward()
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+        for (name, p), q in zip(model.named_parameters(), expected.parameters()):
+            assert torch.equal(p.grad, q.grad), name
     finally:
         cswap.unpatch(model)
 

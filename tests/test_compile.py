@@ -179,9 +179,9 @@ def _frames_of(style, cls, args, name="apply"):
 
 @pytest.mark.parametrize("style", ["python-apply", "boxed-call"])
 def test_compiled_graph_candidates(style):
-    """Only what a CompiledFunction saves and computed itself, and only dense
-    tensors (a compiled backward may assert strides; a tensor with gaps would come
-    back contiguous), whichever way this torch calls the pack hook."""
+    """Only what a CompiledFunction saves and computed itself, whichever way this torch
+    calls the pack hook: tensors with gaps too, which come back with their strides (a
+    compiled backward may assert them; they came back contiguous, and stayed)."""
     fake_compiled = type("CompiledFunction", (torch.autograd.Function,),
                          {"__module__": "torch._functorch._aot_autograd.fake"})
     user_function = type("MyFunction", (torch.autograd.Function,), {"__module__": "mylib"})
@@ -201,7 +201,7 @@ def test_compiled_graph_candidates(style):
     assert candidate_op(x, caller(fake_compiled, (param, x))) is None            # a graph input
     assert candidate_op(x.t(), caller(fake_compiled, (param, x))) is None        # a view of one
     assert candidate_op(param, caller(fake_compiled, (param, x))) is None
-    assert candidate_op(intermediate[:, ::2], caller(fake_compiled)) is None     # not dense
+    assert candidate_op(intermediate[:, ::2], caller(fake_compiled)) == COMPILED_GRAPH  # with gaps
     assert candidate_op(intermediate, caller(user_function)) is None             # not compiled
     assert candidate_op(intermediate, caller(fake_compiled, name="forward")) is None
     assert candidate_op(intermediate, None) is None

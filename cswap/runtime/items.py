@@ -171,7 +171,7 @@ class Phase(enum.IntEnum):
     """How far an offloaded tensor's copy out has gone (Item.advance moves it on)."""
 
     PACKED = 0    # admitted: on the device, its copy out not queued yet (in an open group, or queued for the worker)
-    LAUNCHED = 1  # its encode (or gather) is queued on the device; its size not read back yet
+    LAUNCHED = 1  # its encode is queued on the device; its size not read back yet
     ISSUED = 2    # handled: its copy out queued (d2h_done), or kept on the device (fallback), or failed (failure)
     HANDED = 3    # with the releaser thread, which releases it once its copy out completes
     RELEASED = 4  # its copy out completed (or it was kept, or failed): its device memory is no longer the stash's
@@ -210,7 +210,7 @@ class Item:
         self.counter = self.src                    # shares t's version counter, even once released
         self.weak = weakref.ref(t)                 # identity, for dedup
         self.version = t._version
-        self.perm = perm                           # None: not dense, restored contiguous
+        self.perm = perm                           # t.permute(perm) is contiguous
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
         self.index = index                         # in its pass's items (the pass is its handles')
         self.footprint = info.nbytes               # device bytes it holds while in flight (the stash counts them)
@@ -220,10 +220,10 @@ class Item:
         self.phase = Phase.PACKED
         self.issued: Signal = SET                  # set at Phase.ISSUED, for whoever waits for the worker
         self.ready = None                          # event on compute at pack: the tensor is computed
-        self.encoded = None                        # event: its encode (or gather) has run
+        self.encoded = None                        # event: its encode has run
         self.sizes = None                          # the host words its encode's sizes are read back into
         self.pending = None                        # (codec, reserved payload) of a launched encode
-        self.sent: torch.Tensor | None = None      # device bytes being copied out (payload or gathered copy)
+        self.sent: torch.Tensor | None = None      # device bytes being copied out
         self.header = None                         # the codec Header when sent compressed
         self.lease: Lease | None = None            # its host copy: [header] payload [checksum, verdict]
         self.offset = 0                            # where in the lease's buffer its bytes start
@@ -281,7 +281,7 @@ class Item:
     def dense_shape(self):
         """The shape of its bytes in memory order (what dense_src has, and what is restored)."""
         perm, shape = self.perm, self.info.shape
-        return shape if perm is None or is_identity(perm) else [shape[p] for p in perm]
+        return shape if is_identity(perm) else [shape[p] for p in perm]
 
     def flat_src(self) -> torch.Tensor:
         """The dense tensor's bytes in memory order, as a 1-D uint8 view (no copy)."""

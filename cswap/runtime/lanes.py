@@ -94,7 +94,7 @@ class Lanes:
     # -- forward ----------------------------------------------------------------------------------
 
     def encode(self, ready, fn, reads, writes, work: Work, read_back=None, scratch_bytes: int = 0):
-        """Queue an encode (or a gather) on the codec stream after `ready`: the
+        """Queue an encode on the codec stream after `ready`: the
         tensor it reads has been computed; with `read_back` = (host, device), then copy the
         few words it left on the device (its sizes) to pinned host memory. Its event: the
         payload is written (and the sizes are on the host). `scratch_bytes`: what it
@@ -117,7 +117,7 @@ class Lanes:
 
     def copy_out(self, dsts, srcs, after, prepared: bool):
         """Queue copies to the host on D2H after `after` (the ready event of raw tensors,
-        or, `prepared`, the event of the encode or gather that made them); their event."""
+        or, `prepared`, the event of the encode that made them); their event."""
         dev, stream = self.dev, self.d2h
         dev.wait_event(stream, after, at="offload.copy_after_compress" if prepared else "offload.copy_after_ready")
         if len(dsts) == 1:

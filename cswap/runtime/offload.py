@@ -9,9 +9,9 @@ every wait between them):
             encode (Codec.launch_into: into a device buffer reserved for the largest
             payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least
             64 KiB) more than the tensor's payload in the pass before; its sizes left
-            on the device and copied to a small pinned slot)
-            or the gather of a tensor that is not dense (a view with gaps of a dense
-            tensor leaves as that tensor: Swapper._dense_base). Nothing is read back, so the
+            on the device and copied to a small pinned slot). Every item is a dense
+            tensor (one that is not leaves as the dense tensor it views, or as the span
+            of memory it covers: Swapper._dense_whole). Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
             host (RLE and CSR today), and ZVC's first pass (no payload to size its
@@ -31,7 +31,7 @@ every wait between them):
             whose work completes at once) is released there and then; pack with the
             stash full, or over a memory budget, waits for the oldest and releases it.
 
-Dense tensors sent raw skip the worker: consecutive such saves form a group (at most
+Tensors sent raw skip the worker: consecutive such saves form a group (at most
 GROUP_TENSORS tensors and half the stash limit's bytes), sent when full with one
 ready event, one copy call on D2H into one pooled host buffer and one completion
 event shared by its items. Pack sends it itself when the pool has an idle buffer,
@@ -43,11 +43,10 @@ forward), forward's end and a save that goes another way send the open group
 first. The profiled pass, a memory budget (each tensor's own copy counted) and
 vdnnpp (each host copy compressed on its own) send a raw tensor alone.
 
-Failures. What is expected is handled: an encode or gather that runs out of device
-memory sends the tensor raw (compress_oom) or keeps it (gather_oom); a full host
-pool keeps it on the device (kept_on_gpu). Anything else (a codec bug, a failed
-copy) is recorded on the item and the swapper and raised in the training step at
-the next pack or unpack. The threads catch everything, and a thread that stops
+Failures. What is expected is handled: an encode that runs out of device memory
+sends the tensor raw (compress_oom); a full host pool keeps it on the device
+(kept_on_gpu). Anything else (a codec bug, a failed copy) is recorded on the item
+and the swapper and raised in the training step at the next pack or unpack. The threads catch everything, and a thread that stops
 anyway first fails what waits on it, so nothing waits forever.
 """
 
@@ -252,11 +251,11 @@ class Offloader:
     # -- pack's part --------------------------------------------------------------------------
 
     def offload(self, item: Item, grouped: bool) -> None:
-        """Start the item's copy out (see the module docstring): a dense tensor sent raw
+        """Start the item's copy out (see the module docstring): a tensor sent raw
         joins the open group (`grouped`), or is copied here when the host pool has an idle
         buffer for it; anything else goes to the worker."""
         sw = self.sw
-        if item.codec is None and item.perm is not None and not sw.checksum and sw.pool.pinned:
+        if item.codec is None and not sw.checksum and sw.pool.pinned:
             # (from pageable memory a copy blocks its caller until done: the worker's job)
             if grouped:
                 self._join(item)  # (which polls when it sends the group)
@@ -280,12 +279,12 @@ class Offloader:
 
     def footprint(self, item: Item) -> int:
         """Device bytes the item holds while in flight out: the tensor, and what is made to
-        send it (the room reserved for its payload, or a gathered copy). Sets item.room."""
+        send it (the room reserved for its payload). Sets item.room."""
         nbytes = item.info.nbytes
         if item.codec is not None:
             item.room = self._room(item)
             return nbytes + (item.room if item.room is not None else nbytes)
-        return nbytes if item.perm is not None else 2 * nbytes
+        return nbytes
 
     def _room(self, item: Item) -> int | None:
         """The bytes an encode launched without its size reserves, or None: the sender
@@ -442,9 +441,8 @@ class Offloader:
     # -- the worker: encode ---------------------------------------------------------------------
 
     def encode(self, job) -> None:
-        """Queue the item's encode, or the gather of a tensor not dense, on the compression
-        stream, and hand it to the sender; a group: send it (allocating its buffer). Never
-        raises: failures are recorded."""
+        """Queue the item's encode on the compression stream, and hand it to the sender; a
+        group: send it (allocating its buffer). Never raises: failures are recorded."""
         if type(job) is _Group:
             self.send_group(job)
             return
@@ -471,7 +469,7 @@ class Offloader:
         # item.src itself (its storage goes, its version counter stays), while work on a
         # stream may still be to run (the emulator's run later; a GPU's kernels took the address).
         src = item.src.detach()
-        dense = src.permute(item.perm) if item.perm is not None else src
+        dense = src.permute(item.perm)
         if item.codec is not None:
             codec = codecs.get(item.codec)
             nbytes = item.room
@@ -480,7 +478,7 @@ class Offloader:
             try:
                 reserved = dev.empty(nbytes, lanes.codec)
                 sizes = dev.empty(8 * codec.size_words, lanes.codec)
-            except torch.OutOfMemoryError:  # no room to compress into: sent as it is (or gathered)
+            except torch.OutOfMemoryError:  # no room to compress into: sent as it is
                 sw.stats.add("compress_oom")
                 item.codec = None
             else:
@@ -495,21 +493,6 @@ class Offloader:
                 with sw.lock:
                     item.advance(Phase.LAUNCHED)
                 return
-        if item.perm is None:  # not dense: gathered on the device, sent (and restored) contiguous
-            try:
-                gathered = dev.empty(item.info.nbytes, lanes.codec)
-            except torch.OutOfMemoryError:  # no room to gather it into: it stays on the device
-                sw.stats.add("gather_oom")
-                with sw.lock:
-                    item.fallback = src.detach()
-                    item.advance(Phase.ISSUED)
-                return
-            typed = gathered.view(src.dtype).view(src.shape)
-            item.encoded = lanes.encode(item.ready, lambda: typed.copy_(src), reads=[src], writes=[gathered],
-                                        work=Work("gather", None, item.info.nbytes))
-            item.sent = gathered
-            with sw.lock:
-                item.advance(Phase.LAUNCHED)
 
     # -- the sender: copy out -----------------------------------------------------------------------
 
@@ -524,7 +507,7 @@ class Offloader:
         finally:
             src = item.src
             if item.encoded is not None and item.d2h_done is None and src is not None:
-                # read by an encode or gather that no copy out waits for (it stays, or its saves
+                # read by an encode that no copy out waits for (it stays, or its saves
                 # died, or it failed): its memory is not recycled before that read ends
                 lanes_of(item.device).keep_while_read(src)
             self._drop_launch(item)  # (when not read above: before it is issued, as there)
@@ -549,9 +532,9 @@ class Offloader:
             data, after, prepared = item.pending[: header.payload_nbytes], item.encoded, True
             if header.payload_nbytes > item.pending.numel():  # it outgrew the room the last pass's payload gave
                 sw.stats.add("payload_overflow")
-                header, data, after, prepared = None, *self._raw(item, src, item.encoded)
+                header, data, after, prepared = None, *self._raw(item, item.encoded)
             elif header.header_nbytes + header.payload_nbytes >= item.info.nbytes:  # it does not shrink: sent raw
-                header, data, after, prepared = None, *self._raw(item, src, item.encoded)
+                header, data, after, prepared = None, *self._raw(item, item.encoded)
         elif item.codec is not None:  # a codec that reads its size back itself: encoded now, this thread waiting
             codec = codecs.get(item.codec)
             scratch = codec.encode_scratch_bytes(src.numel(), src.element_size())
@@ -562,13 +545,9 @@ class Offloader:
             if header is not None:
                 self._remember(item, header)
             if data is None:  # (it does not shrink, or no room: as a raw tensor)
-                header, (data, after, prepared) = None, self._raw(item, src, after)
-        elif item.sent is not None:  # gathered
-            data, after, prepared = item.sent, item.encoded, True
+                header, (data, after, prepared) = None, self._raw(item, after)
         else:
-            data, after, prepared = self._raw(item, src)
-        if data is None:  # (no room to gather it: it stays)
-            return
+            data, after, prepared = self._raw(item)
         with sw.lock:
             if item.freed:  # every save died before the copy: nothing to keep
                 return
@@ -581,33 +560,17 @@ class Offloader:
             return
         self._send(item, data, header, host, after, prepared)
 
-    def _raw(self, item: Item, src: torch.Tensor, read=None):
-        """(bytes to send, the event they are ready at, prepared) for the tensor as it is:
-        its bytes if dense, else gathered now on the codec stream (None when there is
-        no room: it stays). `read`: the event after an encode that read it on the
-        compression stream, which its copy must follow too (its memory goes at release)."""
-        if item.perm is not None:
-            return item.flat_src(), (read or item.ready), read is not None
-        dev = item.device
-        lanes = lanes_of(dev)
-        try:
-            gathered = dev.empty(item.info.nbytes, lanes.codec)
-        except torch.OutOfMemoryError:
-            self.sw.stats.add("gather_oom")
-            item.fallback = src.detach()
-            return None, None, False
-        src = src.detach()  # (an alias the queued work reads: see _launch)
-        typed = gathered.view(src.dtype).view(src.shape)
-        event = item.encoded = lanes.encode(item.ready, lambda: typed.copy_(src), reads=[src], writes=[gathered],
-                                            work=Work("gather", None, item.info.nbytes))
-        item.sent = gathered
-        return gathered, event, True
+    def _raw(self, item: Item, read=None):
+        """(bytes to send, the event they are ready at, prepared) for the tensor as it is.
+        `read`: the event after an encode that read it on the compression stream, which
+        its copy must follow too (its memory goes at release)."""
+        return item.flat_src(), (read or item.ready), read is not None
 
     def _encode(self, item: Item, src: torch.Tensor, stream):
         """On the codec stream, with its size read on the host first: (payload, header),
         (None, header) when it does not shrink, (None, None) when there is no room."""
         dev = item.device
-        dense = src.permute(item.perm) if item.perm is not None else src
+        dense = src.permute(item.perm)
         try:
             payload, header = codecs.get(item.codec).encode(
                 dense, config=self.sw.codec_configs.get(item.codec), alloc=lambda n: dev.empty(n, stream))
@@ -620,7 +583,7 @@ class Offloader:
 
     def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, after, prepared: bool) -> None:
         """Queue the copy of [header] data into `host` on D2H after `after` (the item's
-        ready event, or, `prepared`, the encode or gather that made `data`)."""
+        ready event, or, `prepared`, the encode that made `data`)."""
         sw, dev = self.sw, item.device
         lanes = lanes_of(dev)
         nbytes = data.numel() * data.element_size()

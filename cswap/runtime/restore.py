@@ -215,14 +215,14 @@ class Restorer:
             ys, hosts, restored = [], [], []
             for i, item in enumerate(items):  # where their copies write them; compute uses and frees them
                 info, perm, shape = item.info, item.perm, item.dense_shape()
-                stride = item.stride if perm is not None and is_identity(perm) else None  # (own strides at once)
+                stride = item.stride if is_identity(perm) else None  # (own strides at once)
                 if block is not None:
                     flat = block[offsets[i]: offsets[i] + info.nbytes].view(info.dtype)
                     y = flat.view(shape) if stride is None else flat.as_strided(shape, stride)
                 else:
                     y = lanes.alloc_in(info.nbytes, info.dtype, shape, stride)
                 # (else its bytes' order, then its strides)
-                restored.append(y if stride is not None or perm is None else restore_strides(y, perm, item.stride))
+                restored.append(y if stride is not None else restore_strides(y, perm, item.stride))
                 ys.append(y)
                 hosts.append(item.host_view if item.host_view is not None
                              else sw.pool.view(item.host, info.dtype, shape, item.offset))
@@ -364,7 +364,7 @@ class Restorer:
         item.h2d_done = done
         if item.lease is not None:
             item.lease.last_use = done
-        return restore_strides(y, item.perm, item.stride) if item.perm is not None else y
+        return restore_strides(y, item.perm, item.stride)
 
     # -- integrity ------------------------------------------------------------------------
 

@@ -18,8 +18,6 @@ _FIELDS = {
     "host_compressed_tensors": "vdnnpp: host copies compressed on the CPU after the transfer",
     "deduplicated": "saves of an already offloaded tensor (served by its first copy)",
     "kept_on_gpu": "candidates left on the device because host memory ran out (max_host_bytes)",
-    "gather_oom": "candidates not dense in memory (nor views of a dense tensor, which leave as it) left on the "
-                  "device because gathering them into one block ran out of device memory",
     "kept_unmovable": "saved tensors cswap cannot move (sparse, nested, quantized, meta, tensor subclasses such as "
                       "DTensor), left where they are",
     "restored_tensors": "tensors brought back for backward",

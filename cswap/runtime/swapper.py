@@ -445,15 +445,15 @@ class Swapper:
         if op is None:
             return t.detach(), t._version
         saved, view, perm = t, None, dense_permutation(t)
-        if perm is None and t._is_view():  # (q, k, v of one projection): sent as the tensor they view
-            t, view, perm = self._dense_base(t)
+        if perm is None:  # (q, k, v of one projection; padded rows): sent as a dense tensor it lies in
+            t, view, perm = self._dense_whole(t)
         if self._pass is None:
             self._pass = Pass()
         if "cpu" not in self._warned and emulator.is_default(dev):
             self._warn_now("cpu", "cswap: offloading CPU tensors to host memory saves no memory; cswap runs its "
                                   "full pipeline on CPU (against a device whose operations complete at once) only "
                                   "for testing and development")
-        layer, layer_type, saved_in = self.layer(t, op)
+        layer, layer_type, saved_in = self.layer(saved, op)  # (a span has no autograd node to name it)
         pass_ = self._pass
         info = SwapInfo(op, tuple(t.shape), t.dtype, t.nbytes, dev.device, layer, layer_type,
                         pass_.candidates, saved_in)
@@ -486,17 +486,22 @@ class Swapper:
         return Handle(item, pass_, self, view)
 
     @staticmethod
-    def _dense_base(t: torch.Tensor):
-        """(tensor to send, view, its dense permutation) for a view `t` that is not dense
-        (gaps, overlaps): its base when that is dense, and t's place in it, so that t comes
-        back with its exact strides (kernels choose their path, and so their rounding, by
-        strides) and the other views of the base saved after it (k and v after q) are sent
-        with it, once. Else t itself, to be gathered and restored contiguous."""
-        base = t._base
-        perm = dense_permutation(base) if movable(base) else None
-        if perm is None:
-            return t, None, None
-        return base, (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset()), perm
+    def _dense_whole(t: torch.Tensor):
+        """(tensor to send, view, its dense permutation) for a tensor `t` that is not dense
+        (gaps, overlaps), so that it comes back with its exact strides (kernels choose their
+        path, and so their rounding, by strides). The tensor it views, when that is dense, and
+        t's place in it: the other views of it saved after t (k and v after q) are sent with
+        it, once. Else the span of memory t covers, its gaps included, as a 1-D tensor: no
+        more than t's storage, which t kept on the device."""
+        if t._is_view():
+            base = t._base
+            perm = dense_permutation(base) if movable(base) else None
+            if perm is not None:
+                return base, (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset()), perm
+        # (t is not empty: an empty tensor is no candidate)
+        length = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+        span = t.detach().as_strided((length,), (1,), t.storage_offset())
+        return span, (tuple(t.shape), t.stride(), 0), dense_permutation(span)
 
     def _floor(self, cuda: bool) -> int:
         """min_bytes, or its default: 1 MiB for CUDA tensors, none for CPU ones."""
@@ -634,10 +639,8 @@ class Swapper:
             self.compiled_saves += 1
             if graph_inputs is not self._graph_inputs:  # one graph call saves many: its inputs' storages once
                 self._graph_inputs, self._input_storages = graph_inputs, input_storages(graph_inputs)
-            # A compiled backward may assert its saved tensors' strides: only dense
-            # ones, which come back with the same strides, leave the device.
-            compiled = nbytes >= floor and computed_inside(t, self._input_storages) and \
-                dense_permutation(t) is not None
+            # (A compiled backward asserts its saved tensors' strides: they come back exact.)
+            compiled = nbytes >= floor and computed_inside(t, self._input_storages)
             return COMPILED_GRAPH if compiled else None
         if nbytes < floor:
             return None

@@ -23,10 +23,10 @@ POINTS = {
     "offload.copy_after_ready":
         "the copy-out stream waits for the event recorded at pack before copying a raw tensor",
     "offload.copy_after_compress":
-        "the copy-out stream waits for the encode (or gather) of the bytes it copies",
+        "the copy-out stream waits for the encode of the bytes it copies",
     "offload.record_kept":
         "a tensor kept on the device at the host memory limit, after the codec stream read it (to "
-        "compress or gather it), is record_stream()ed to that stream: its memory is not recycled while "
+        "compress it), is record_stream()ed to that stream: its memory is not recycled while "
         "that read runs",
     "release.copy_done":
         "the releaser drops a saved tensor only after its copy out has completed",
