@@ -147,10 +147,10 @@ def test_tensors_with_gaps_that_view_no_dense_tensor_leave_as_the_span_they_cove
     x = torch.randn(size).relu()
     expected, _ = _grads(Net(size, stride), x)
     if mode == "vdnn":
-        def no_room(self, nbytes, stream):  # (the CPU's raw copies allocate nothing on the device)
+        def allocates(self, nbytes, stream):  # (the CPU's raw copies allocate nothing on the device)
             raise AssertionError("a raw copy allocated on the device")
 
-        monkeypatch.setattr(ImmediateDevice, "empty", no_room)
+        monkeypatch.setattr(ImmediateDevice, "empty", allocates)
     model = cswap.patch(Net(size, stride), mode=mode, candidates="all", min_bytes=0)
     try:
         for _ in range(2):

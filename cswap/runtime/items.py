@@ -107,16 +107,15 @@ class Pass:
 
 class KeptByPolicy:
     """The dedup entry of a candidate the policy kept on the device (an Item stands for an
-    offloaded one): later saves of it (or of a dense view of it) stay too, and take no key
+    offloaded one): later saves of it (or of a view of it) stay too, and take no key
     of their own."""
 
-    __slots__ = ("weak", "version", "perm")
+    __slots__ = ("weak", "version")
     freed = False
 
-    def __init__(self, t: torch.Tensor, perm):
+    def __init__(self, t: torch.Tensor):
         self.weak = weakref.ref(t)
         self.version = t._version
-        self.perm = perm
 
 
 class Lease:

@@ -460,7 +460,7 @@ class Swapper:
         pass_.candidates += 1
         codec = self._choose_codec(info)
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
-            self._seen[id(t)] = KeptByPolicy(t, perm)
+            self._seen[id(t)] = KeptByPolicy(t)
             if observer is not None and observer.current is not None:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return saved.detach(), saved._version
@@ -605,7 +605,7 @@ class Swapper:
                 return handle
         base = t._base if t._is_view() else None
         entry = self._live_entry(base, t._version) if base is not None else None  # (a view shares its version)
-        if entry is not None and entry.perm is not None:
+        if entry is not None:  # (every entry is of a dense tensor: Swapper._dense_whole)
             if type(entry) is KeptByPolicy:
                 return t.detach(), t._version
             # The restored base has the original strides from storage offset 0.
