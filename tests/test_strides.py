@@ -163,3 +163,154 @@ def test_tensors_with_gaps_that_view_no_dense_tensor_leave_as_the_span_they_cove
             assert stats["offloaded_bytes"] == 2 * SAVES * span * 4
     finally:
         cswap.unpatch(model)
+
+
+
+
+class SpanSavedTwice(nn.Module):
+    """One tensor with gaps that views no dense tensor, saved by two ops."""
+
+    def __init__(self, size, stride):
+        super().__init__()
+        self.size, self.stride = size, stride
+        self.w = nn.Parameter(torch.linspace(-1, 1, torch.Size(size).numel()).reshape(size))
+
+    def forward(self, x):
+        h = torch.empty_strided(self.size, self.stride).copy_(x * self.w)
+        return StridesIntoGradient.apply(h).sum() + StridesIntoGradient.apply(h).sum()
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc"])
+def test_a_span_saved_twice_is_sent_once(mode, device):
+    """The span a tensor with gaps leaves as is made anew at each save: the second save of
+    the same tensor finds the first's copy (it was sent twice), and comes back with its
+    strides."""
+    size, stride = LAYOUTS["padded-rows"]
+    x = torch.randn(size).relu()
+    expected, seen = _grads(SpanSavedTwice(size, stride), x)
+    model = cswap.patch(SpanSavedTwice(size, stride), mode=mode, candidates="all", min_bytes=0)
+    try:
+        for _ in range(2):
+            if device == "emulated":
+                with cswap.testing.emulated_device() as dev:
+                    got, seen_now = _grads(model, x)
+                assert dev.hazards == []
+            else:
+                got, seen_now = _grads(model, x)
+            assert seen_now == seen == [stride] * 2 and torch.equal(got, expected)
+        stats = cswap.stats(model)
+        span = 1 + sum((n - 1) * s for n, s in zip(size, stride))
+        assert stats["offloaded_tensors"] == 2 and stats["deduplicated"] == 2
+        if mode == "vdnn":
+            assert stats["offloaded_bytes"] == 2 * span * 4
+    finally:
+        cswap.unpatch(model)
+
+class AddressIntoGradient(torch.autograd.Function):
+    """Saves h and notes, in backward, where the tensor it gets back starts modulo 64."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return h * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (h,) = ctx.saved_tensors
+        AddressIntoGradient.seen.append(h.data_ptr() % 64)
+        return grad * 3 + h
+
+
+class OffsetSaves(nn.Module):
+    """Saves tensors that start off the allocator's alignment: a dense slice 4 bytes into a
+    larger tensor, a tensor with gaps that views no dense tensor (a span) 12 bytes in, and
+    a bf16 slice 10 bytes in."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1, 1, 24).reshape(4, 6))
+
+    def forward(self, x):
+        h = x * self.w
+        saves = [torch.empty(1 + 24)[1:].view(4, 6).copy_(h),
+                 torch.empty(4, 9)[:, 3:].detach().copy_(h),
+                 torch.empty(5 + 24, dtype=torch.bfloat16)[5:].view(4, 6).copy_(h)]
+        total = 0
+        for s in saves:
+            AddressIntoGradient.made.append(s.data_ptr() % 64)
+            total = total + AddressIntoGradient.apply(s).float().sum()
+        return total
+
+
+def _address_grads(model, x):
+    AddressIntoGradient.made, AddressIntoGradient.seen = [], []
+    model.zero_grad()
+    model(x).backward()
+    return model.w.grad.clone(), AddressIntoGradient.made[::-1], AddressIntoGradient.seen
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+def test_restored_tensors_start_at_their_address_modulo_the_allocators_alignment(mode, device):
+    """Kernels choose their path by alignment as well as by strides (cuBLASLt by up to 256
+    bytes, vectorized loads and reductions by 16), so a tensor that started off the
+    allocator's alignment comes back as far off it (on the CPU, modulo its 64 bytes; on
+    CUDA, modulo the caching allocator's 512)."""
+    x = torch.randn(4, 6).relu()
+    expected, made, seen = _address_grads(OffsetSaves(), x)
+    assert made == seen == [10, 12, 4]  # (the test's own premise: CPU tensors start at 64 bytes)
+    model = cswap.patch(OffsetSaves(), mode=mode, candidates="all", min_bytes=0)
+    try:
+        for _ in range(2):
+            if device == "emulated":
+                with cswap.testing.emulated_device() as dev:
+                    got, made, seen = _address_grads(model, x)
+                assert dev.hazards == []
+            else:
+                got, made, seen = _address_grads(model, x)
+            assert seen == made and torch.equal(got, expected)
+        assert cswap.stats(model)["offloaded_tensors"] == 2 * 3
+    finally:
+        cswap.unpatch(model)
+
+
+class ComplexViews(nn.Module):
+    """Real views of a complex tensor, saved: z.real (gaps, in floats), view_as_real(z)
+    (dense) and z.conj().imag (gaps, with its negation pending: the neg bit); and a
+    ZeroTensor (autograd's zeros without memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1, 1, 24).reshape(4, 6))
+
+    def forward(self, x):
+        z = torch.complex(x * self.w, x - self.w)
+        saves = [z.real, torch.view_as_real(z), z.conj().imag, torch._efficientzerotensor(x.shape)]
+        return sum((StridesIntoGradient.apply(s) * k).sum() for k, s in enumerate(saves, 1))
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
+def test_real_views_of_complex_tensors_come_back_as_they_were(mode, device):
+    """A view in another dtype than the tensor it views (z.real of a complex z) leaves as
+    the span it covers, not as that tensor (it came back as a complex tensor, and failed);
+    a tensor with the neg bit (z.conj().imag) stays, as its bytes are not its values (a
+    copy of its bytes failed, and could abort the process), and so does a ZeroTensor
+    (the emulated device failed on it)."""
+    x = torch.randn(4, 6).relu()
+    expected, seen = _grads(ComplexViews(), x)
+    model = cswap.patch(ComplexViews(), mode=mode, candidates="all", min_bytes=0)
+    try:
+        for _ in range(2):
+            if device == "emulated":
+                with cswap.testing.emulated_device() as dev:
+                    got, seen_now = _grads(model, x)
+                assert dev.hazards == []
+            else:
+                got, seen_now = _grads(model, x)
+            assert seen_now == seen and torch.equal(got, expected)
+        stats = cswap.stats(model)
+        assert stats["offloaded_tensors"] >= 2 * 2 and stats["kept_unmovable"] >= 2
+    finally:
+        cswap.unpatch(model)

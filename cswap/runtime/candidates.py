@@ -46,9 +46,11 @@ def movable(t) -> bool:
     """cswap can copy `t` out and restore it exactly: a plain dense tensor on CUDA or
     the CPU. Not sparse (COO, CSR, ...), nested, quantized or meta, nor a tensor
     subclass (DTensor, float8 wrappers, FakeTensor, jagged nested tensors), whose
-    data and metadata a copy of its bytes would not bring back."""
+    data and metadata a copy of its bytes would not bring back; nor a tensor whose
+    negation is pending (the neg bit: z.conj().imag), whose bytes are not its values, nor
+    a ZeroTensor (autograd's zeros without memory)."""
     return type(t) in _PLAIN and t.layout == torch.strided and not t.is_nested and not t.is_quantized and \
-        (t.is_cuda or t.is_cpu)
+        (t.is_cuda or t.is_cpu) and not t.is_neg() and not t._is_zerotensor()
 
 
 _NODE_NAMES: dict[type, str] = {}  # autograd node class -> its name without the version ("ReluBackward")

@@ -64,6 +64,11 @@ class Device:
     # The least the default stash and prefetch windows hold: below it, what a group of copies
     # costs the host per call (events, waits) matters more than the device memory it holds.
     window_floor_bytes: int = 0
+    # Where its allocator starts a fresh tensor (bytes). A restored tensor starts at the
+    # address its original had modulo this (Item.lead): kernels choose their path, and so
+    # their rounding, by alignment as well as strides (cuBLASLt by up to 256 bytes, vectorized
+    # reductions by 16). CUDA's caching allocator: 512.
+    alignment: int = 512
 
     @functools.cached_property
     def nothing(self) -> torch.Tensor:
@@ -157,10 +162,11 @@ class Device:
         """A 1-D uint8 device buffer, allocated for use on `stream`."""
         raise NotImplementedError
 
-    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None) -> torch.Tensor:
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None, lead: int = 0) -> torch.Tensor:
         """A dense device tensor of `dtype` and `shape` (`nbytes` in all) with `stride` (None:
-        contiguous), allocated for use on `stream`: `empty`'s bytes, as that tensor."""
-        flat = self.empty(nbytes, stream).view(dtype)
+        contiguous), allocated for use on `stream`: `empty`'s bytes, as that tensor, starting
+        `lead` bytes into them (a multiple of the dtype's size, below `alignment`)."""
+        flat = self.empty(lead + nbytes, stream)[lead:].view(dtype)
         return flat.view(shape) if stride is None else flat.as_strided(shape, stride)
 
     def host_empty(self, nbytes: int, pinned: bool) -> torch.Tensor:
@@ -321,7 +327,9 @@ class CudaDevice(Device):
         with _Current(self.index, None):  # (made on whichever thread releases first)
             return torch.empty(0, device=self.device)
 
-    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None) -> torch.Tensor:
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None, lead: int = 0) -> torch.Tensor:
+        if lead:
+            return super().empty_as(nbytes, dtype, shape, stream, stride, lead)
         with _Current(self.index, stream):  # (one allocation, no views)
             if stride is None:
                 return torch.empty(shape, dtype=dtype, device=self.device)

@@ -91,6 +91,13 @@ _MAX_ACCESSES = 32      # accesses remembered per buffer
 _DEADLOCK_S = 60.0      # a host wait longer than this is a deadlock: raise, never hang a test run
 
 
+def _aligned(nbytes: int) -> np.ndarray:
+    """A poisoned block starting at a multiple of _BLOCK, as the caching allocator's do."""
+    raw = np.full(nbytes + _BLOCK, POISON, dtype=np.uint8)
+    skip = -raw.ctypes.data % _BLOCK
+    return raw[skip: skip + nbytes]
+
+
 class _Clock(dict):
     """A vector clock: stream id -> the latest of its operations known to have happened."""
 
@@ -233,6 +240,7 @@ class EmulatedDevice(Device):
 
     kind = "emulated"
     observes = True
+    alignment = 64  # the CPU tensors it is handed: PyTorch's CPU allocator's (its own blocks start at 512, as CUDA's)
 
     def __init__(self, bandwidth_gbps: float = 12.0, jitter: float = 0.0, seed: int = 0,
                  capacity_bytes: int | None = None, pin_latency_s: float = 0.0, compute_lag_s: float = 0.0,
@@ -514,12 +522,13 @@ class EmulatedDevice(Device):
         `when(nbytes, stream name)` says so (None: stop), as the caching allocator would."""
         self._failing_allocations = when
 
-    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream: EmulatedStream, stride=None) -> torch.Tensor:
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream: EmulatedStream, stride=None,
+                 lead: int = 0) -> torch.Tensor:
         when = self._failing_allocations
         if when is not None and not stream.caller and when(int(nbytes), stream.name):
             raise torch.OutOfMemoryError(f"cswap emulated device: out of memory allocating {nbytes} bytes on "
                                          f"{stream.name} (injected)")
-        return super().empty_as(nbytes, dtype, shape, stream, stride)
+        return super().empty_as(nbytes, dtype, shape, stream, stride, lead)
 
     # -- the side streams' threads ------------------------------------------------------------
 
@@ -755,7 +764,7 @@ class EmulatedDevice(Device):
                     f"{self.capacity_bytes} bytes in use)")
             buf = self._cached(stream, block)
             if buf is None:
-                buf = _Buffer("device", block, stream, block=np.full(block, POISON, dtype=np.uint8))
+                buf = _Buffer("device", block, stream, block=_aligned(block))
                 self._buffers[buf.block.ctypes.data] = buf
             buf.recorded = set()
             buf.in_use = size

@@ -45,6 +45,7 @@ class _Event:
 class ImmediateDevice(Device):
     kind = "immediate"
     window_floor_bytes = 16 << 20  # as CUDA's: it stands for the CUDA path's host cost
+    alignment = 64  # PyTorch's CPU allocator's (c10 gAlignment)
 
     def __init__(self, latency_s: float = 0.0):
         if not latency_s >= 0:
@@ -116,7 +117,9 @@ class ImmediateDevice(Device):
     def empty(self, nbytes: int, stream) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None) -> torch.Tensor:
+    def empty_as(self, nbytes: int, dtype: torch.dtype, shape, stream, stride=None, lead: int = 0) -> torch.Tensor:
+        if lead:
+            return super().empty_as(nbytes, dtype, shape, stream, stride, lead)
         if stride is None:
             return torch.empty(shape, dtype=dtype)
         return torch.empty_strided(shape, stride, dtype=dtype)

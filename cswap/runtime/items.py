@@ -195,7 +195,7 @@ class Item:
     __slots__ = ("info", "codec", "device", "src", "counter", "weak", "version", "perm", "stride", "index",
                  "phase", "issued", "ready", "encoded", "sizes", "pending", "sent", "header", "lease", "offset",
                  "host_view", "moved", "tail", "host_blob", "busy", "d2h_done", "fallback", "failure",
-                 "footprint", "room", "restored", "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted",
+                 "footprint", "room", "lead", "view", "restored", "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted",
                  "error", "expected_sum", "handles", "unpacked", "round", "prefetched_round", "freed", "pass_number",
                  "__weakref__")
 
@@ -208,9 +208,12 @@ class Item:
         self.src: torch.Tensor | None = t.detach()  # on the device until released
         self.counter = self.src                    # shares t's version counter, even once released
         self.weak = weakref.ref(t)                 # identity, for dedup
+        self.view = None                           # (size, stride, 0) of the saved tensor a span stands for
         self.version = t._version
         self.perm = perm                           # t.permute(perm) is contiguous
         self.stride = t.stride()                   # restored exactly (size-1 dimensions' strides too)
+        lead = t.data_ptr() % device.alignment     # and at its address modulo the allocator's alignment
+        self.lead = lead if lead % t.element_size() == 0 else 0  # (a tensor off its own alignment: none to keep)
         self.index = index                         # in its pass's items (the pass is its handles')
         self.footprint = info.nbytes               # device bytes it holds while in flight (the stash counts them)
         self.room: int | None = None               # the bytes reserved for its payload (None: sized on the host)

@@ -140,9 +140,10 @@ class Lanes:
 
     # -- backward ---------------------------------------------------------------------------------
 
-    def alloc_in(self, nbytes: int, dtype, shape, stride=None, stream=None) -> torch.Tensor:
-        """A tensor to restore into, on the stream that writes it (H2D unless given)."""
-        return self.dev.empty_as(nbytes, dtype, shape, stream or self.h2d, stride)
+    def alloc_in(self, nbytes: int, dtype, shape, stride=None, stream=None, lead: int = 0) -> torch.Tensor:
+        """A tensor to restore into, on the stream that writes it (H2D unless given), `lead`
+        bytes into its allocation (Item.lead)."""
+        return self.dev.empty_as(nbytes, dtype, shape, stream or self.h2d, stride, lead)
 
     def copy_in(self, dsts, srcs, timing: bool = False):
         """Queue copies from the host on H2D (their destinations were allocated there, so

@@ -208,10 +208,11 @@ class Restorer:
             # freed), except under a memory budget, whose plan counts each tensor freed as used.
             block = None
             if len(items) > 1 and sw.memory_limit is None:
-                offsets = [0]
-                for item in items:
-                    offsets.append(offsets[-1] + -(-item.info.nbytes // BLOCK_ALIGN) * BLOCK_ALIGN)
-                block = lanes.alloc_in(offsets[-1], torch.uint8, (offsets[-1],))
+                offsets, end = [], 0
+                for item in items:  # (each at its original's address modulo the alignment: Item.lead)
+                    offsets.append(-(-end // BLOCK_ALIGN) * BLOCK_ALIGN + item.lead)
+                    end = offsets[-1] + item.info.nbytes
+                block = lanes.alloc_in(end, torch.uint8, (end,))
             ys, hosts, restored = [], [], []
             for i, item in enumerate(items):  # where their copies write them; compute uses and frees them
                 info, perm, shape = item.info, item.perm, item.dense_shape()
@@ -220,7 +221,7 @@ class Restorer:
                     flat = block[offsets[i]: offsets[i] + info.nbytes].view(info.dtype)
                     y = flat.view(shape) if stride is None else flat.as_strided(shape, stride)
                 else:
-                    y = lanes.alloc_in(info.nbytes, info.dtype, shape, stride)
+                    y = lanes.alloc_in(info.nbytes, info.dtype, shape, stride, lead=item.lead)
                 # (else its bytes' order, then its strides)
                 restored.append(y if stride is not None else restore_strides(y, perm, item.stride))
                 ys.append(y)
@@ -307,7 +308,7 @@ class Restorer:
         lanes = lanes_of(dev)
         shape, host = item.dense_shape(), item.host
         if blob is not None:  # vdnnpp: decompress on the CPU into a pinned buffer, then copy up
-            y = lanes.alloc_in(info.nbytes, info.dtype, shape)
+            y = lanes.alloc_in(info.nbytes, info.dtype, shape, lead=item.lead)
             staging = sw.pool.acquire(info.nbytes, dev)
             # At the host memory limit, pageable memory: the copy up then blocks until it is read.
             source = staging[: info.nbytes] if staging is not None else dev.host_empty(info.nbytes, pinned=False)
@@ -331,7 +332,7 @@ class Restorer:
             hsize = item.header.header_nbytes
             payload = dev.empty(item.moved - hsize, lanes.h2d)
             landed = lanes.copy_in([payload], [host[hsize: item.moved]])
-            y = lanes.alloc_in(info.nbytes, info.dtype, shape, stream=lanes.codec)
+            y = lanes.alloc_in(info.nbytes, info.dtype, shape, stream=lanes.codec, lead=item.lead)
             y_bytes, verdict = flat_bytes(y), dev.empty(16, lanes.codec)
             codec, header, config = codecs.get(item.codec), item.header, sw.codec_configs.get(item.codec)
 
@@ -346,7 +347,7 @@ class Restorer:
                                       verdict=verdict, host_verdict=host[item.tail + 8: item.tail + 24], timing=timing)
             item.verdict_pending = True
         else:
-            y = lanes.alloc_in(info.nbytes, info.dtype, shape)
+            y = lanes.alloc_in(info.nbytes, info.dtype, shape, lead=item.lead)
             done = lanes.copy_in([y], [sw.pool.view(host, info.dtype, shape, item.offset)],  # (typed: a kept view)
                                  timing=timing and not sw.checksum)
             if sw.checksum:

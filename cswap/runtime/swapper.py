@@ -56,6 +56,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from typing import Callable
 
@@ -114,9 +115,10 @@ def _offloadable_dtype(dtype: torch.dtype) -> bool:
 
 
 def held_for_backward(t: torch.Tensor) -> bool:
-    """A saved tensor the device keeps only for backward: not a parameter (nor a view of one)."""
+    """A saved tensor the device keeps only for backward: not a parameter (nor a view of
+    one), nor a ZeroTensor (autograd's zeros without memory)."""
     base = t._base if t._is_view() and t._base is not None else t
-    return not (base.is_leaf and base.requires_grad)
+    return not (base.is_leaf and base.requires_grad) and not t._is_zerotensor()
 
 
 def _check_codec_configs(configs) -> None:
@@ -392,7 +394,7 @@ class Swapper:
             entry = self._live_entry(t, t._version)
             if type(entry) is Item and self.memory_limit is None and not entry.device.observes and \
                     not self.capturing(entry.device):
-                handle = Handle(entry, self._pass, self)
+                handle = Handle(entry, self._pass, self, entry.view)
                 if handle.item is not None:  # (else every save of it died meanwhile: offloaded anew below)
                     self.stats.add("deduplicated")  # saved again (the next op's input): on its way already
                     return handle
@@ -444,9 +446,10 @@ class Swapper:
         op = self._candidate_op(t, dev, caller)
         if op is None:
             return t.detach(), t._version
-        saved, view, perm = t, None, dense_permutation(t)
+        saved, view, perm, key = t, None, dense_permutation(t), t
         if perm is None:  # (q, k, v of one projection; padded rows): sent as a dense tensor it lies in
             t, view, perm = self._dense_whole(t)
+            key = t if t is saved._base else saved  # (a span is made anew for each save: its dedup key)
         if self._pass is None:
             self._pass = Pass()
         if "cpu" not in self._warned and emulator.is_default(dev):
@@ -460,14 +463,16 @@ class Swapper:
         pass_.candidates += 1
         codec = self._choose_codec(info)
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
-            self._seen[id(t)] = KeptByPolicy(t)
+            self._seen[id(key)] = KeptByPolicy(key)
             if observer is not None and observer.current is not None:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return saved.detach(), saved._version
         item = Item(t, info, codec, perm, len(pass_.items), dev)
+        if key is not t:
+            item.weak, item.view = weakref.ref(key), view
         item.footprint, item.pass_number = self.offloader.footprint(item), self._passes
         if self.memory_limit is not None and item.footprint > info.nbytes:
-            # What sending it allocates (a payload, a gathered copy) is allocated on the worker,
+            # What sending it allocates (a payload) is allocated on the worker,
             # some time after this save: room for it is made now, and counted until it is issued.
             limit = self.memory_limit(tick)
             if limit is not None:
@@ -480,7 +485,7 @@ class Swapper:
         # each host copy on its own).
         self.offloader.offload(item, grouped=at is None and self.memory_limit is None and self.mode != "vdnnpp")
         pass_.items.append(item)
-        self._seen[id(t)] = item
+        self._seen[id(key)] = item
         if observer is not None and observer.current is not None:  # (a pass it observes)
             observer.on_pack(item.key, t, info, dev, at=at)
         return Handle(item, pass_, self, view)
@@ -495,7 +500,8 @@ class Swapper:
         more than t's storage, which t kept on the device."""
         if t._is_view():
             base = t._base
-            perm = dense_permutation(base) if movable(base) else None
+            # (of t's dtype: z.real, z.imag view a complex z in floats)
+            perm = dense_permutation(base) if movable(base) and base.dtype == t.dtype else None
             if perm is not None:
                 return base, (tuple(t.shape), t.stride(), t.storage_offset() - base.storage_offset()), perm
         # (t is not empty: an empty tensor is no candidate)
@@ -600,7 +606,7 @@ class Swapper:
         if entry is not None:
             if type(entry) is KeptByPolicy:
                 return t.detach(), t._version
-            handle = Handle(entry, self._pass, self)
+            handle = Handle(entry, self._pass, self, entry.view)  # (a span's: t's place in it)
             if handle.item is not None:  # (else its saves died since the lookup: offloaded anew)
                 return handle
         base = t._base if t._is_view() else None
