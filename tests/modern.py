@@ -234,6 +234,28 @@ def llama_masked(seq: int = 16):
 MODELS["llama_masked"] = llama_masked
 
 
+def llama_padded(seq: int = 16):
+    """A Llama given a batch whose first sequence is padded (its last quarter masked out):
+    SDPA gets a boolean mask."""
+    model, inputs = llama(seq)
+    mask = torch.ones_like(inputs.kwargs["input_ids"])
+    mask[0, seq - seq // 4:] = 0
+    return model, Inputs((), {**inputs.kwargs, "attention_mask": mask})
+
+
+def mistral_sliding(seq: int = 16):
+    """Mistral with a sliding window of a quarter of the sequence: SDPA gets a boolean mask."""
+    tf = _hf()
+    config = tf.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=max(seq, 64),
+                              sliding_window=max(seq // 4, 1), bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return tf.MistralForCausalLM(config), _tokens(2, seq)
+
+
+MODELS["llama_padded"] = llama_padded
+MODELS["mistral_sliding"] = mistral_sliding
+
+
 def largest_saved(model, inputs) -> int:
     """The largest storage autograd saves in one step of the model: how far a budgeted step
     may exceed its budget (docs/budget.md, limits)."""

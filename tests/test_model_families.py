@@ -5,7 +5,9 @@ LayerDrop) and vision models (ViT, Swin, ConvNeXt, DINOv2) bring what decoders d
 fused q/k/v projection split into views with gaps (ModernBERT), blocks that pass a bias
 on to the next (T5), layers skipped at random (LayerDrop), convolution outputs permuted
 for a LayerNorm (ConvNeXt), a loss that picks the labelled rows (DeBERTa). A sweep of
-them found four faults (CHANGELOG, 2026-12-03): these keep them found. Every model is
+them found four faults (CHANGELOG, 2026-12-03): these keep them found. DeepSeek-V2
+(latent attention, rotary embeddings as complex numbers, experts), Mamba-2 (a state-space
+model) and Whisper (audio) joined after a second sweep, which found no fault in them. Every model is
 predicted eager and compiled in bf16, and trained through cswap bit-exact on the
 emulated device.
 """
@@ -62,6 +64,19 @@ MODELS = {
         num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=2))),
     "dinov2": lambda: _image(T.Dinov2ForImageClassification(T.Dinov2Config(**_SMALL, image_size=32, patch_size=8,
                                                                           num_labels=2))),
+    "deepseek-v2": lambda: _text(T.DeepseekV2ForCausalLM(T.DeepseekV2Config(
+        **_SMALL, **_IDS, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1))),
+    "mamba2": lambda: _text(T.Mamba2ForCausalLM(T.Mamba2Config(
+        hidden_size=64, num_hidden_layers=2, state_size=8, num_heads=8, head_dim=16, n_groups=1, chunk_size=8,
+        **_IDS))),
+    "whisper": lambda: (T.WhisperForConditionalGeneration(T.WhisperConfig(
+        d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=16,
+        decoder_start_token_id=1, **_IDS)),
+        {"input_features": torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(0)),
+         "labels": torch.randint(1, 100, (2, 8), generator=torch.Generator().manual_seed(0))}),
 }
 
 

@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarnin
               pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
 
 STEPS = 3
-MODELS = [n for n in modern.MODELS if n not in ("attention", "prenorm_transformer", "llama_masked", "padded_rows")]
+MODELS = [n for n in modern.MODELS if n not in ("attention", "prenorm_transformer", "llama_masked", "llama_padded",
+                                                 "mistral_sliding", "padded_rows")]
 
 
 def train(model, inputs, device=None) -> list[list[torch.Tensor]]:
@@ -221,11 +222,13 @@ def test_attention_at_long_sequences_is_predicted_as_run(name, seq):
 
 
 @pytest.mark.parametrize("seq", [512, pytest.param(2048, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", ["llama_checkpointed", "llama_masked"])
+@pytest.mark.parametrize("name", ["llama_checkpointed", "llama_masked", "llama_padded", "mistral_sliding"])
 def test_masks_are_traced_as_a_real_step_builds_them(name, seq):
     """transformers counts a FakeTensor as tracing and would build the L x L causal mask
     (packed sequences, padding) where a real step passes is_causal=True (cswap.plan.hf_masks):
-    a checkpointed Llama's peak was 11% over at L=512, 37% at 2048."""
+    a checkpointed Llama's peak was 11% over at L=512, 37% at 2048. Where a real step does
+    pass a boolean mask (padding, a sliding window), SDPA saves it as a float bias: Mistral's
+    peak was 24% under at L=512."""
     trace, real = _traced_and_real(name, seq=seq)
     assert trace.peak_bytes == pytest.approx(real, rel=0.10)
 

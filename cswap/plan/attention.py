@@ -22,8 +22,9 @@ and saves what flash does; a process that forces another backend
 (torch.nn.attention.sdpa_kernel) is not seen. Assumed, not measured.
 
 The target "cpu" follows the CPU dispatcher instead (sdp_utils_cpp.cpp: flash for
-any floating dtype, masks and grouped queries allowed, no dropout): what a real
-CPU step saves, which the tests check the trace against.
+any floating dtype, masks and grouped queries allowed, no dropout; a boolean mask
+becomes a float bias first, which it saves): what a real CPU step saves, which the
+tests check the trace against.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def fused_attention_mode(target, counts: Counter):
             chosen = backend(target, q.dtype, q.shape, k.shape, v.shape, masked=mask is not None,
                              is_causal=is_causal, gqa=gqa, dropout=dropout_p > 0)
             counts[chosen] += 1
+            if chosen in ("flash-cpu", "efficient") and mask is not None and mask.dtype == torch.bool:
+                # As SDPA does before these kernels (where(~mask, -inf, 0): the negated mask and
+                # the bias, no third tensor): a float bias, which they save for backward.
+                mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
             if chosen == "flash-cpu":
                 return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
                                                                         attn_mask=mask, scale=scale)[0]
@@ -92,9 +97,6 @@ def fused_attention_mode(target, counts: Counter):
                 return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
                                                                 scale=scale)[0]
             if chosen == "efficient":
-                if mask is not None and mask.dtype == torch.bool:  # as SDPA does before the kernel
-                    mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-                        ~mask, float("-inf"))
                 if mask is not None:
                     mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
                 return aten._scaled_dot_product_efficient_attention(
