@@ -173,6 +173,28 @@ def attention(seq: int = 16):
 MODELS["attention"] = attention
 
 
+class BiasedAttention(Attention):
+    """Attention with a learned bias as its mask (a relative position bias: MaxViT, CoAtNet),
+    which needs a gradient: the CPU takes the math path for it."""
+
+    def __init__(self, seq: int, hidden: int = 64, heads: int = 4):
+        super().__init__(hidden, heads)
+        self.bias = torch.nn.Parameter(torch.randn(heads, seq, seq) * 0.02)
+
+    def forward(self, x):
+        b, n, h = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+        return self.out(y.transpose(1, 2).reshape(b, n, h))
+
+
+def attention_bias(seq: int = 16):
+    return BiasedAttention(seq), Inputs((torch.randn(2, seq, 64, generator=torch.Generator().manual_seed(0)),))
+
+
+MODELS["attention_bias"] = attention_bias
+
+
 class PaddedRows(torch.nn.Module):
     """Two layers whose outputs are laid out in padded rows (a wider stride than their
     width, as torch.empty_strided makes them) and saved so: activations not dense in

@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*saves no memory:RuntimeWarnin
               pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning")]
 
 STEPS = 3
-MODELS = [n for n in modern.MODELS if n not in ("attention", "prenorm_transformer", "llama_masked", "llama_padded",
-                                                 "mistral_sliding", "padded_rows")]
+MODELS = [n for n in modern.MODELS if n not in ("attention", "attention_bias", "prenorm_transformer", "llama_masked",
+                                                 "llama_padded", "mistral_sliding", "padded_rows")]
 
 
 def train(model, inputs, device=None) -> list[list[torch.Tensor]]:
@@ -206,16 +206,18 @@ def test_predicted_peak_within_10_percent_of_a_cpu_step(name):
     assert trace.peak_bytes == pytest.approx(real, rel=0.10)
 
 
-LONG = ["attention", "llama", "llama_bf16", "llama_lora", "gpt2", "bert"]
+LONG = ["attention", "attention_bias", "llama", "llama_bf16", "llama_lora", "gpt2", "bert"]
 
 
 @pytest.mark.parametrize("seq", [512, pytest.param(2048, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", [n if n in ("attention", "llama", "bert") else pytest.param(n, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name", [n if n in ("attention", "attention_bias", "llama", "bert")
+                                  else pytest.param(n, marks=pytest.mark.slow)
                                   for n in LONG])  # the quick set: flash, the math path with dropout, a bare SDPA
 def test_attention_at_long_sequences_is_predicted_as_run(name, seq):
     """The fake device runs SDPA as the target would (here the CPU: flash attention saves
     the output and logsumexp; with dropout, GPT-2 and BERT take the math path and save
-    the L x L probabilities), not always as the math fallback."""
+    the L x L probabilities, and so does a learned bias as the mask, which the CPU's flash
+    kernel cannot give a gradient: tracing one failed), not always as the math fallback."""
     trace, real = _traced_and_real(name, seq=seq)
     assert trace.peak_bytes == pytest.approx(real, rel=0.10)
     assert sum(trace.attention.values()) > 0
@@ -249,6 +251,10 @@ def test_backend_follows_the_cuda_dispatcher(arch, dtype, expect):
                              dropout=False) == "flash"
     assert attention.backend(attention.CPU, torch.float32, shape, shape, shape, masked=True, is_causal=False,
                              gqa=False, dropout=True) == "math"
+    # the CPU's flash kernel takes a mask, but gives it no gradient
+    for learned, expect in ((False, "flash-cpu"), (True, "math")):
+        assert attention.backend(attention.CPU, torch.float32, shape, shape, shape, masked=True, is_causal=False,
+                                 gqa=False, dropout=False, learned_mask=learned) == expect
 
 
 def test_predict_takes_keyword_inputs_uses_the_models_loss_and_names_its_attention():

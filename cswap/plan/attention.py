@@ -22,9 +22,9 @@ and saves what flash does; a process that forces another backend
 (torch.nn.attention.sdpa_kernel) is not seen. Assumed, not measured.
 
 The target "cpu" follows the CPU dispatcher instead (sdp_utils_cpp.cpp: flash for
-any floating dtype, masks and grouped queries allowed, no dropout; a boolean mask
-becomes a float bias first, which it saves): what a real CPU step saves, which the
-tests check the trace against.
+any floating dtype, masks and grouped queries allowed, no dropout, no mask that needs
+a gradient, as a real CPU step shows; a boolean mask becomes a float bias first, which
+it saves): what a real CPU step saves, which the tests check the trace against.
 """
 
 from __future__ import annotations
@@ -41,12 +41,14 @@ CPU = "cpu"
 
 
 def backend(target, dtype: torch.dtype, q_shape, k_shape, v_shape, *, masked: bool, is_causal: bool,
-            gqa: bool, dropout: bool) -> str:
+            gqa: bool, dropout: bool, learned_mask: bool = False) -> str:
     """The SDPA backend for this call on a GPU of compute capability `target` (90 for
-    9.0), or on the CPU (target "cpu")."""
+    9.0), or on the CPU (target "cpu"). `learned_mask`: the mask needs a gradient (a
+    relative position bias: MaxViT, CoAtNet), which the CPU's flash kernel cannot give."""
     head, head_k, head_v = q_shape[-1], k_shape[-1], v_shape[-1]
     if target == CPU:
-        return "flash-cpu" if not dropout and head == head_k == head_v and dtype.is_floating_point else "math"
+        return "flash-cpu" if not dropout and not learned_mask and head == head_k == head_v \
+            and dtype.is_floating_point else "math"
     arch = int(target)
     sixteen_bit = dtype in (torch.float16, torch.bfloat16)
     same_heads = q_shape[-3] == k_shape[-3] == v_shape[-3] if len(q_shape) >= 3 else True
@@ -84,7 +86,8 @@ def fused_attention_mode(target, counts: Counter):
                 counts["math"] += 1
                 return func(*args, **kwargs)
             chosen = backend(target, q.dtype, q.shape, k.shape, v.shape, masked=mask is not None,
-                             is_causal=is_causal, gqa=gqa, dropout=dropout_p > 0)
+                             is_causal=is_causal, gqa=gqa, dropout=dropout_p > 0,
+                             learned_mask=mask is not None and mask.requires_grad)
             counts[chosen] += 1
             if chosen in ("flash-cpu", "efficient") and mask is not None and mask.dtype == torch.bool:
                 # As SDPA does before these kernels (where(~mask, -inf, 0): the negated mask and

@@ -195,9 +195,9 @@ class Item:
     __slots__ = ("info", "codec", "device", "src", "counter", "weak", "version", "perm", "stride", "index",
                  "phase", "issued", "ready", "encoded", "sizes", "pending", "sent", "header", "lease", "offset",
                  "host_view", "moved", "tail", "host_blob", "busy", "d2h_done", "fallback", "failure",
-                 "footprint", "room", "lead", "view", "restored", "h2d_done", "verdict_pending", "verdict_unread", "prefetch_counted",
-                 "error", "expected_sum", "handles", "unpacked", "round", "prefetched_round", "freed", "pass_number",
-                 "__weakref__")
+                 "footprint", "room", "lead", "view", "restored", "h2d_done", "verdict_pending", "verdict_unread",
+                 "prefetch_counted", "error", "expected_sum", "handles", "unpacked", "round", "prefetched_round",
+                 "freed", "pass_number", "__weakref__")
 
     # Slots, not a dict: pack makes one per offloaded tensor, and each dict is one more
     # object for the garbage collector to count and trace.
