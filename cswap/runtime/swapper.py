@@ -115,10 +115,9 @@ def _offloadable_dtype(dtype: torch.dtype) -> bool:
 
 
 def held_for_backward(t: torch.Tensor) -> bool:
-    """A saved tensor the device keeps only for backward: not a parameter (nor a view of
-    one), nor a ZeroTensor (autograd's zeros without memory)."""
+    """A saved tensor the device keeps only for backward: not a parameter (nor a view of one)."""
     base = t._base if t._is_view() and t._base is not None else t
-    return not (base.is_leaf and base.requires_grad) and not t._is_zerotensor()
+    return not (base.is_leaf and base.requires_grad)
 
 
 def _check_codec_configs(configs) -> None:
