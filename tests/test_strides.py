@@ -332,3 +332,38 @@ def test_real_views_of_complex_tensors_come_back_as_they_were(mode, device):
         assert stats["kept_unmovable"] == 2 * 2 and stats["offloaded_tensors"] > 0
     finally:
         cswap.unpatch(model)
+
+
+class ComplexViewOfAnOffloadedTensor(nn.Module):
+    """A float tensor saved (and offloaded), then a complex view of it saved too."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1, 1, 24).reshape(4, 6))
+
+    def forward(self, x):
+        f = torch.stack([x * self.w, x - self.w], -1)  # (4, 6, 2): its own base
+        c = torch.view_as_complex(f)
+        return StridesIntoGradient.apply(f).sum() + (StridesIntoGradient.apply(c) * (1 + 2j)).real.sum()
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+@pytest.mark.parametrize("mode", ["vdnn", "sc"])
+def test_a_view_in_another_dtype_is_not_served_from_its_bases_copy(mode, device):
+    """view_as_complex(f) of an offloaded float f came back as f's floats, laid out with the
+    complex view's strides: wrong values and dtype, and gradients that differed silently."""
+    x = torch.randn(4, 6).relu()
+    expected, seen = _grads(ComplexViewOfAnOffloadedTensor(), x)
+    model = cswap.patch(ComplexViewOfAnOffloadedTensor(), mode=mode, candidates="all", min_bytes=0)
+    try:
+        for _ in range(2):
+            if device == "emulated":
+                with cswap.testing.emulated_device() as dev:
+                    got, seen_now = _grads(model, x)
+                assert dev.hazards == []
+            else:
+                got, seen_now = _grads(model, x)
+            assert seen_now == seen and torch.equal(got, expected)
+        assert cswap.stats(model)["offloaded_tensors"] > 0
+    finally:
+        cswap.unpatch(model)

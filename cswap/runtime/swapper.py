@@ -608,7 +608,10 @@ class Swapper:
             handle = Handle(entry, self._pass, self, entry.view)  # (a span's: t's place in it)
             if handle.item is not None:  # (else its saves died since the lookup: offloaded anew)
                 return handle
+        # (a view of another dtype, view_as_complex(x) of a float x, cannot be served from x's copy)
         base = t._base if t._is_view() else None
+        if base is not None and base.dtype != t.dtype:
+            base = None
         entry = self._live_entry(base, t._version) if base is not None else None  # (a view shares its version)
         if entry is not None:  # (every entry is of a dense tensor: Swapper._dense_whole)
             if type(entry) is KeptByPolicy:
