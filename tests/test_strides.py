@@ -69,6 +69,20 @@ def _grads(model, x):
     return model.w.grad.clone(), StridesIntoGradient.seen
 
 
+def _patched_steps(model, x, device, grads=_grads) -> list:
+    """`grads(model, x)` of each of two steps of a patched model (the second restores as
+    the first did), on the CPU default or on the emulated device, which must find no hazard."""
+    results = []
+    for _ in range(2):
+        if device == "emulated":
+            with cswap.testing.emulated_device() as dev:
+                results.append(grads(model, x))
+            assert dev.hazards == []
+        else:
+            results.append(grads(model, x))
+    return results
+
+
 @pytest.mark.parametrize("device", ["cpu", "emulated"])
 @pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -79,13 +93,7 @@ def test_restored_tensors_keep_their_strides(layout, mode, device):
     assert seen == [stride] * SAVES
     model = cswap.patch(Net(size, stride), mode=mode, candidates="all", min_bytes=0, prefetch_bytes=1 << 20)
     try:
-        for _ in range(2):
-            if device == "emulated":
-                with cswap.testing.emulated_device() as dev:
-                    got, seen = _grads(model, x)
-                assert dev.hazards == []
-            else:
-                got, seen = _grads(model, x)
+        for got, seen in _patched_steps(model, x, device):
             assert seen == [stride] * SAVES and torch.equal(got, expected)
         assert cswap.stats(model)["offloaded_tensors"] > 0
         assert cswap.stats(model)["prefetched"] > 0  # (restored in a group, raw, or one by one)
@@ -120,13 +128,7 @@ def test_views_with_gaps_come_back_with_their_strides_sent_once_as_their_base(mo
     assert seen == [(36, 1, 12), (36, 12, 1), (36, 12, 1)]  # (backward: v, k, q)
     model = cswap.patch(FusedViews(), mode=mode, candidates="all", min_bytes=0)
     try:
-        for _ in range(2):
-            if device == "emulated":
-                with cswap.testing.emulated_device() as dev:
-                    got, seen_now = _grads(model, x)
-                assert dev.hazards == []
-            else:
-                got, seen_now = _grads(model, x)
+        for got, seen_now in _patched_steps(model, x, device):
             assert seen_now == seen and torch.equal(got, expected)
         stats = cswap.stats(model)
         # (each step: the base once, its 72 floats, and k and v found in it)
@@ -193,13 +195,7 @@ def test_a_span_saved_twice_is_sent_once(mode, device):
     expected, seen = _grads(SpanSavedTwice(size, stride), x)
     model = cswap.patch(SpanSavedTwice(size, stride), mode=mode, candidates="all", min_bytes=0)
     try:
-        for _ in range(2):
-            if device == "emulated":
-                with cswap.testing.emulated_device() as dev:
-                    got, seen_now = _grads(model, x)
-                assert dev.hazards == []
-            else:
-                got, seen_now = _grads(model, x)
+        for got, seen_now in _patched_steps(model, x, device):
             assert seen_now == seen == [stride] * 2 and torch.equal(got, expected)
         stats = cswap.stats(model)
         span = 1 + sum((n - 1) * s for n, s in zip(size, stride))
@@ -265,13 +261,7 @@ def test_restored_tensors_start_at_their_address_modulo_the_allocators_alignment
     assert made == seen == [10, 12, 4]  # (the test's own premise: CPU tensors start at 64 bytes)
     model = cswap.patch(OffsetSaves(), mode=mode, candidates="all", min_bytes=0)
     try:
-        for _ in range(2):
-            if device == "emulated":
-                with cswap.testing.emulated_device() as dev:
-                    got, made, seen = _address_grads(model, x)
-                assert dev.hazards == []
-            else:
-                got, made, seen = _address_grads(model, x)
+        for got, made, seen in _patched_steps(model, x, device, _address_grads):
             assert seen == made and torch.equal(got, expected)
         assert cswap.stats(model)["offloaded_tensors"] == 2 * 3
     finally:
@@ -320,13 +310,7 @@ def test_real_views_of_complex_tensors_come_back_as_they_were(mode, device):
     expected, seen = _grads(ComplexViews(), x)
     model = cswap.patch(ComplexViews(), mode=mode, candidates="all", min_bytes=0)
     try:
-        for _ in range(2):
-            if device == "emulated":
-                with cswap.testing.emulated_device() as dev:
-                    got, seen_now = _grads(model, x)
-                assert dev.hazards == []
-            else:
-                got, seen_now = _grads(model, x)
+        for got, seen_now in _patched_steps(model, x, device):
             assert seen_now == seen and torch.equal(got, expected)
         stats = cswap.stats(model)  # (each step: the neg bit and the zeros kept)
         assert stats["kept_unmovable"] == 2 * 2 and stats["offloaded_tensors"] > 0
@@ -356,13 +340,7 @@ def test_a_view_in_another_dtype_is_not_served_from_its_bases_copy(mode, device)
     expected, seen = _grads(ComplexViewOfAnOffloadedTensor(), x)
     model = cswap.patch(ComplexViewOfAnOffloadedTensor(), mode=mode, candidates="all", min_bytes=0)
     try:
-        for _ in range(2):
-            if device == "emulated":
-                with cswap.testing.emulated_device() as dev:
-                    got, seen_now = _grads(model, x)
-                assert dev.hazards == []
-            else:
-                got, seen_now = _grads(model, x)
+        for got, seen_now in _patched_steps(model, x, device):
             assert seen_now == seen and torch.equal(got, expected)
         assert cswap.stats(model)["offloaded_tensors"] > 0
     finally:
