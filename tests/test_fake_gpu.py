@@ -204,3 +204,74 @@ def test_a_module_skipped_at_random_is_traced_as_run():
 
     assert saved_in(0.0, 0.0) == saved_in(0.5, 0.5) == {"inner", "outer"}
     assert saved_in(1.0, 0.0) == {"outer"} and saved_in(0.0, 1.0) == {"inner"}  # (a share of 1 always skips)
+
+
+class _Scan(nn.Module):
+    """A recurrence over the slices of one projection: 2 x 64 gradients accumulate into its buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, x):
+        a = self.proj(x)
+        h = torch.zeros_like(a[:, 0])
+        for i in range(a.shape[1]):
+            h = a[:, i] * h + a[:, i]
+        return h
+
+
+class _Tied(nn.Module):
+    """A weight used twice (tied embeddings): its second gradient meets the first, a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(4000, 64)
+        self.body = nn.Linear(64, 64)
+
+    def forward(self, ids):
+        return torch.nn.functional.linear(torch.relu(self.body(self.embed(ids))), self.embed.weight)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+@pytest.mark.parametrize("model, x", [(_Scan(), torch.randn(8, 64, 32)),
+                                     (_Tied(), torch.randint(0, 4000, (2, 16)))], ids=["scan", "tied"])
+def test_gradients_accumulate_in_place_where_autograd_adds_them_in_place(model, x):
+    """Autograd's engine adds a second gradient into a tensor's buffer in place when it holds
+    the buffer's last reference, but never under a Python dispatch mode, which the trace runs
+    under: the scan was traced 19% over a real step (one more gradient of the projection's
+    size). A buffer that is a view (the tied weight's first gradient, a transpose) is added
+    out of place by the engine too, and stays so."""
+    trace = fake_gpu.trace_step(model, x)
+    assert trace.peak_bytes == pytest.approx(cpu_step_peak(model, x), rel=0.01)
+    assert max(op.live_bytes for op in trace.ops) == trace.peak_bytes
+
+
+class _Reentrant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(32, 64)
+        self.block = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        # (no RNG state kept: on a CPU it is 5 KB of the step's memory, on a GPU host memory)
+        return self.head(torch.utils.checkpoint.checkpoint(self.block, h, use_reentrant=True,
+                                                           preserve_rng_state=False))
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_a_reentrant_checkpoint_is_traced_with_its_recompute_left_to_autograd():
+    """A reentrant checkpoint runs its region again inside backward, where the runtime leaves
+    what it saves to autograd (cswap.runtime.hook_context): the trace records what forward
+    saved, and counts the recompute's memory. Its trace failed ("saved different tensors
+    in two traces"): the recompute's saves went through the trace's own hooks."""
+    model, x = _Reentrant(), torch.randn(64, 32)
+    trace = fake_gpu.trace_step(model, x)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        value = copy.deepcopy(model)(x).mean()
+    value.backward()
+    assert [r.shape for r in trace.saved] == [tuple(s) for s in saved]
+    assert trace.peak_bytes == pytest.approx(cpu_step_peak(model, x), rel=0.01)

@@ -19,7 +19,9 @@ float mask (CUDA: a bool mask, a quarter of the bytes).
 
 Activation checkpointing (torch.utils.checkpoint, non-reentrant) is traced as
 it runs: the region's inputs are saved, and its forward runs again in backward,
-where its ops and memory count.
+where its ops and memory count. A reentrant one's region runs again inside
+backward too, where the runtime leaves what it saves to autograd: that counts in
+memory and is not recorded as saved.
 
 Private PyTorch surfaces, pinned here and nowhere else (checked on 2.11-2.15):
 `torch._subclasses.fake_tensor.FakeTensorMode`,
@@ -52,6 +54,7 @@ from torch import nn
 from ..runtime.candidates import op_name, producer
 from ..runtime.layers import LayerTracker
 from . import grouped_mm, optimizers, random_skips
+from .accumulation import InPlaceAccumulation
 from .attention import fused_attention_mode
 from .compiled import replay_blocks, running as compiled_running
 from .hf_masks import as_in_a_real_step
@@ -85,10 +88,13 @@ class _Recorder:
         self._numbers = itertools.count()
         self.phase = "forward"
         self.paused = False
+        self.accumulation = None  # an InPlaceAccumulation, in a trace's backward
         recorder = self
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                accumulation = recorder.accumulation if recorder.phase == "backward" else None
+                in_place = accumulation.before(func, args, kwargs) if accumulation is not None else None
                 kwargs = kwargs or {}
                 out = random_skips.as_run(func, grouped_mm.run_as_cuda(func, args, kwargs))
                 outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
@@ -118,6 +124,8 @@ class _Recorder:
                             "writes": () if func.is_view else tuple(recorder.storage(t) for t in outs)}
                 ops.append(OpRecord(len(ops), func._overloadpacket.__name__, recorder.phase, flops, moved,
                                     floating, where[0], live_bytes(), **flow))
+                if in_place is not None:
+                    accumulation.after(in_place, args[0], out, len(ops) - 1)
                 return out
 
         self.mode = Mode()
@@ -610,6 +618,8 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
             return storages[st], st.nbytes()
 
         def pack(t):
+            if torch._C._current_graph_task_id() != -1:  # a reentrant checkpoint's recompute, in backward,
+                return None, t                              # which the runtime leaves to autograd (hook_context)
             index = len(records)
             made_by = producer(t)
             kind = kind_of(t, params, buffers, input_ids)
@@ -626,6 +636,8 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
 
         def unpack(packed):
             index, t = packed
+            if index is None:
+                return t
             if index not in saved_by:  # the node running backward now holds it
                 node = torch._C._current_autograd_node()
                 saved_by[index] = op_name(_VERSION.sub("", node.name())) if node is not None else ""
@@ -654,8 +666,12 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
                     value = loss(inputs(fake))
                     in_forward = dict(attention)
                     recorder.phase = "backward"
+                    recorder.accumulation = InPlaceAccumulation(memory, ops, _live_bytes(memory))
+                    recorder.accumulation.watch(value.grad_fn)
                     _backward(value)
                     del value
+                    recorder.accumulation.close()
+                    recorder.accumulation = None
                 recorder.phase = "optimizer"
                 if not in_backward:  # (else each parameter's step ran in backward)
                     opts[0].step()
