@@ -106,3 +106,23 @@ def test_paged_state_beyond_what_the_gpu_has_left_crosses_the_link_each_step(lla
     link = roomy.gpu.link_bytes_per_s * 0.8  # (the assumed link: LINK_EFFICIENCY of its rate)
     assert mode.paging_seconds == pytest.approx(2 * (paged - paged // 2) / link, rel=1e-6)
     assert mode.step_seconds == pytest.approx(roomy.step_seconds("none") + mode.paging_seconds)
+
+
+def test_a_parameter_without_a_gradient_has_no_paged_state_and_is_named():
+    """A head the step never calls gets no gradient, so no state, paged or not."""
+    import cswap
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = torch.nn.Linear(512, 512), torch.nn.Linear(512, 512)
+
+        def forward(self, x):
+            return self.used(x)
+
+    model = Model()
+    assert optimizers.paged_bytes("paged_adamw", model) == 2 * 8 * 512 * 512
+    assert optimizers.paged_bytes("paged_adamw", model, ("unused.weight", "unused.bias")) == 8 * 512 * 512
+    p = cswap.predict(model, torch.randn(4, 512), "a100-80gb", optimizer="paged_adamw", recompute=False)
+    assert p.paged_bytes == 8 * 512 * 512
+    assert "2 trainable parameters get no gradient in this step (unused.weight, unused.bias" in p.summary()

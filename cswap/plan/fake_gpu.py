@@ -360,6 +360,8 @@ class StepTrace:
     ops: list[OpRecord] = field(default_factory=list)
     offloaded_peak_bytes: int | None = None
     attention: dict[str, int] = field(default_factory=dict)  # SDPA backend -> calls in forward
+    # trainable parameters the step gives no gradient (unused, or used under no_grad): no optimizer state
+    idle_parameters: tuple[str, ...] = ()
 
     def activations(self) -> list[SavedRecord]:
         return [r for r in self.saved if r.kind == "activation"]
@@ -442,11 +444,15 @@ def trace_step(model: nn.Module, example_inputs, loss=None, optimizer: str = "sg
         captured = _capture(model, example_inputs, dtypes, autocast, sdpa_arch) if compile else None
         kept = _trace(model, example_inputs, loss, stepping, dtypes, autocast, sdpa_arch, drop=False,
                       compiled=captured)
+        idle = kept.idle_parameters
+        if idle:  # traced again without their optimizer state, which a real step never makes
+            kept = _trace(model, example_inputs, loss, stepping, dtypes, autocast, sdpa_arch, drop=False,
+                          compiled=captured, idle=idle)
         if not drops:
             gc.collect()
             return kept
         dropped = _trace(model, example_inputs, loss, stepping, dtypes, autocast, sdpa_arch, drop=True,
-                         compiled=captured)
+                         compiled=captured, idle=idle)
     if [(r.shape, r.storage) for r in kept.saved] != [(r.shape, r.storage) for r in dropped.saved]:
         raise RuntimeError("cswap.plan.fake_gpu: the model saved different tensors in two traces of the same "
                            "step (is its forward data-dependent or random in structure?)")
@@ -495,12 +501,13 @@ def _live_bytes(memory):
     return lambda: sum(snap.get(_TOTAL_KEY, 0) for snap in memory._curr_mem_snap.values())
 
 
-def _steady_state(opt: torch.optim.Optimizer) -> None:
+def _steady_state(opt: torch.optim.Optimizer, idle: set[int]) -> None:
     """Give the optimizer its state (momentum, Adam's moments) as after a first step:
-    a step in steady state holds it from start to end."""
+    a step in steady state holds it from start to end. idle: ids of the parameters
+    that get no gradient, so never any state (a frozen one neither)."""
     for group in opt.param_groups:
         for p in group["params"]:
-            if p.requires_grad:  # (a frozen one never gets a gradient, so never any state)
+            if p.requires_grad and id(p) not in idle:
                 p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -575,7 +582,7 @@ def _capture(model: nn.Module, example_inputs, dtypes, autocast, sdpa_arch):
 
 
 def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], dtypes, autocast, sdpa_arch,
-           drop: bool, compiled=None) -> StepTrace:
+           drop: bool, compiled=None, idle: tuple[str, ...] = ()) -> StepTrace:
     device = torch.device(DEVICE)
     loss = loss or default_loss
     mode = _fake_mode()
@@ -604,8 +611,13 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
         params = {id(p) for p in fake.parameters()}
         name, in_backward = stepping  # (the optimizer, and whether it steps in backward)
         opts = optimizers.in_backward(name, fake) if in_backward else [optimizers.make(name, fake.parameters())]
+        trainable = {id(p): n for n, p in fake.named_parameters() if p.requires_grad}
         for opt in opts:
-            _steady_state(opt)
+            _steady_state(opt, {i for i, n in trainable.items() if n in idle})
+        graded = set()
+        for p in fake.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda p: graded.add(id(p)))
         buffers = {id(b) for b in fake.buffers()}
 
         def storage_of(t) -> tuple[int, int]:
@@ -685,7 +697,8 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
             by_kind[name] = by_kind.get(name, 0) + int(nbytes)
     saved = [replace(r, use=uses.get(r.index), saved_by=saved_by.get(r.index, ""), used_at=used_at.get(r.index),
                      dropped_at=dropped_at.get(r.storage)) for r in records]
-    return StepTrace(saved, by_kind.pop("total", 0), by_kind, list(ops), attention=in_forward)
+    return StepTrace(saved, by_kind.pop("total", 0), by_kind, list(ops), attention=in_forward,
+                     idle_parameters=tuple(n for i, n in trainable.items() if i not in graded))
 
 
 def _backward(value: torch.Tensor) -> None:

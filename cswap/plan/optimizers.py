@@ -100,9 +100,10 @@ def make(name: str, params) -> torch.optim.Optimizer:
     raise ValueError(f"cswap.plan: optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
-def paged_bytes(name: str, model: nn.Module) -> int:
-    """Bytes of optimizer state a paged optimizer keeps in unified memory (0 if not paged)."""
-    return sum(_paged_state_bytes(name, p) for p in model.parameters() if p.requires_grad)
+def paged_bytes(name: str, model: nn.Module, idle: tuple[str, ...] = ()) -> int:
+    """Bytes of optimizer state a paged optimizer keeps in unified memory (0 if not paged).
+    idle: names of trainable parameters that get no gradient, so no state."""
+    return sum(_paged_state_bytes(name, p) for n, p in model.named_parameters() if p.requires_grad and n not in idle)
 
 
 def in_backward(name: str, model: nn.Module) -> list[torch.optim.Optimizer]:

@@ -651,7 +651,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     x = inputs.map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
     trace = trace_for(model, x, precision, optimizer, loss, arch=g.arch, optimizer_in_backward=optimizer_in_backward,
                       compile=compile, adapter_dtype=adapter_dtype)
-    paged = paged_bytes(optimizer, model)
+    paged = paged_bytes(optimizer, model, trace.idle_parameters)
     model_of_time, model_source = time_model(g)
     op_s = op_times(trace.ops, g, precision, model_of_time)
     rate = ("torch.matmul's rate measured on it (cswap.plan.gpus.MATMUL_DB)" if g.matmul_flops else
@@ -735,6 +735,11 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
             if adapter_dtype == "float32" else
             f"assumed: peft's {count / 1e6:.1f} M adapter weights cast to {precision} with the model (as torchtune "
             f"holds them; peft's default keeps them in float32: adapter_dtype='float32')")
+    if trace.idle_parameters:
+        idle = trace.idle_parameters
+        sources["unused"] = (f"traced: {len(idle)} trainable parameters get no gradient in this step "
+                             f"({', '.join(idle[:3])}{', ...' if len(idle) > 3 else ''}: unused, or used under "
+                             f"no_grad), so neither a gradient nor optimizer state is counted for them")
     if trace.attention:
         calls = ", ".join(f"{n} {b}" for b, n in sorted(trace.attention.items()))
         sources["attention"] = (f"assumed: scaled_dot_product_attention as PyTorch's dispatcher picks it on compute "
