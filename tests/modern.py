@@ -278,6 +278,17 @@ MODELS["llama_padded"] = llama_padded
 MODELS["mistral_sliding"] = mistral_sliding
 
 
+def torch_encoder(seq: int = 16):
+    """PyTorch's own transformer layers (nn.TransformerEncoderLayer, whose nn.MultiheadAttention
+    calls SDPA from inside F.multi_head_attention_forward, as torchvision's ViT does)."""
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    return model, Inputs((torch.randn(2, seq, 64, generator=torch.Generator().manual_seed(0)),))
+
+
+MODELS["torch_encoder"] = torch_encoder
+
+
 def largest_saved(model, inputs) -> int:
     """The largest storage autograd saves in one step of the model: how far a budgeted step
     may exceed its budget (docs/budget.md, limits)."""

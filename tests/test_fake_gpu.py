@@ -312,3 +312,35 @@ def test_parameters_without_a_gradient_hold_no_optimizer_state():
     busy = fake_gpu.trace_step(model.body, x, optimizer="adam", optimizer_in_backward=True, drops=False)
     assert in_backward.idle_parameters == idle and busy.idle_parameters == ()
     assert in_backward.peak_by_kind["opt"] == busy.peak_by_kind["opt"] > 2 * momentum
+
+
+def test_a_torch_function_mode_sees_what_a_python_torch_function_calls_inside():
+    """cswap.plan.nested: a mode handles a call with itself off, so it missed the calls inside
+    F.multi_head_attention_forward (SDPA, the projections); with call_seen it sees them, and a
+    Tensor method written in Python (handing its work to the C method, which reports it
+    again) is still seen once."""
+    from torch.overrides import TorchFunctionMode
+
+    from cswap.plan.nested import call_seen
+
+    class Names(TorchFunctionMode):
+        def __init__(self, seen: bool):
+            super().__init__()
+            self.seen, self.names = seen, []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", ""))
+            return call_seen(self, func, args, kwargs) if self.seen else func(*args, **(kwargs or {}))
+
+    attention, x = nn.MultiheadAttention(16, 2, batch_first=True), torch.randn(2, 4, 16)
+    expected = attention(x, x, x, need_weights=False)[0]
+    for seen in (False, True):
+        with Names(seen) as mode:
+            out = attention(x, x, x, need_weights=False)[0]
+        assert torch.equal(out, expected)
+        assert ("scaled_dot_product_attention" in mode.names) == seen
+        assert ("linear" in mode.names) == seen
+        t = torch.randn(2, 6)
+        with Names(seen) as mode:
+            t.unflatten(1, (2, 3))
+        assert mode.names == ["unflatten"]

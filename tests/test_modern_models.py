@@ -206,11 +206,11 @@ def test_predicted_peak_within_10_percent_of_a_cpu_step(name):
     assert trace.peak_bytes == pytest.approx(real, rel=0.10)
 
 
-LONG = ["attention", "attention_bias", "llama", "llama_bf16", "llama_lora", "gpt2", "bert"]
+LONG = ["attention", "attention_bias", "torch_encoder", "llama", "llama_bf16", "llama_lora", "gpt2", "bert"]
 
 
 @pytest.mark.parametrize("seq", [512, pytest.param(2048, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", [n if n in ("attention", "attention_bias", "llama", "bert")
+@pytest.mark.parametrize("name", [n if n in ("attention", "attention_bias", "torch_encoder", "llama", "bert")
                                   else pytest.param(n, marks=pytest.mark.slow)
                                   for n in LONG])  # the quick set: flash, the math path with dropout, a bare SDPA
 def test_attention_at_long_sequences_is_predicted_as_run(name, seq):
@@ -233,6 +233,18 @@ def test_masks_are_traced_as_a_real_step_builds_them(name, seq):
     peak was 24% under at L=512."""
     trace, real = _traced_and_real(name, seq=seq)
     assert trace.peak_bytes == pytest.approx(real, rel=0.10)
+
+
+def test_attention_called_from_inside_pytorchs_own_layers_runs_as_the_target_runs_it():
+    """nn.MultiheadAttention calls SDPA from inside F.multi_head_attention_forward, a torch
+    function written in Python, which a torch function mode handles with itself off: the
+    trace ran the math path there (saving L x L probabilities, 20-25% over a real CPU step
+    at L=32) and left its projections in float32 under the emulated autocast."""
+    model, inputs = modern.build("torch_encoder")
+    trace = fake_gpu.trace_step(model, inputs, sdpa_arch=90, autocast=torch.bfloat16, drops=False)
+    assert trace.attention == {"flash": 2}
+    projected = [r for r in trace.activations() if r.module.endswith("self_attn") and r.saved_by in ("mm", "addmm")]
+    assert projected and all(r.dtype == torch.bfloat16 for r in projected), projected
 
 
 @pytest.mark.parametrize("arch, dtype, expect", [(90, torch.bfloat16, "flash"), (90, torch.float32, "efficient"),

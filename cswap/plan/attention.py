@@ -34,6 +34,8 @@ from collections import Counter
 import torch
 from torch.nn import functional as F
 
+from .nested import call_seen
+
 __all__ = ["BACKENDS", "backend", "fused_attention_mode"]
 
 BACKENDS = ("flash", "efficient", "flash-cpu", "math")
@@ -80,7 +82,7 @@ def fused_attention_mode(target, counts: Counter):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is not F.scaled_dot_product_attention:
-                return func(*args, **kwargs)
+                return call_seen(self, func, args, kwargs)  # (nn.MultiheadAttention calls it from inside)
             q, k, v, mask, dropout_p, is_causal, scale, gqa = _sdpa_args(*args, **kwargs)
             if q.dim() != 4:
                 counts["math"] += 1

@@ -23,14 +23,16 @@ where its ops and memory count. A reentrant one's region runs again inside
 backward too, where the runtime leaves what it saves to autograd: that counts in
 memory and is not recorded as saved.
 
-Private PyTorch surfaces, pinned here and nowhere else (checked on 2.11-2.15):
+Private PyTorch surfaces, pinned here and in `accumulation.py` and `nested.py`
+(checked on 2.11-2.15):
 `torch._subclasses.fake_tensor.FakeTensorMode`,
 `torch.distributed._tools.mem_tracker.MemTracker`, its grad-hook table and its
 peak update (a torch without them raises FakeGPUUnavailable naming what is
 missing), a TorchDispatchMode from `torch.utils._python_dispatch` (which module
 made a tensor), `torch._C._current_autograd_node` (the op whose backward first
-reads a saved tensor) and autograd's `Variable._execution_engine` (backward
-under torch function modes).
+reads a saved tensor), `torch._C._current_graph_task_id` (a save made inside
+backward) and autograd's `Variable._execution_engine` (backward under torch
+function modes).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .attention import fused_attention_mode
 from .compiled import replay_blocks, running as compiled_running
 from .hf_masks import as_in_a_real_step
 from .inputs import Inputs, default_loss
+from .nested import call_seen
 from .optimizers import OPTIMIZERS
 
 __all__ = ["DEVICE", "FakeGPUUnavailable", "OpRecord", "SavedRecord", "StepTrace", "adapter_parameters", "kind_of",
@@ -214,9 +217,10 @@ def _autocast_mode(low: torch.dtype):
             kwargs = kwargs or {}
             now = _MODEL_AUTOCAST[-1] if _MODEL_AUTOCAST else low
             dtype = None if now is None else now if func in lower else torch.float32 if func in fp32 else None
-            if dtype is not None:
-                args = tuple(cast(a, dtype) for a in args)
-                kwargs = {k: cast(v, dtype) for k, v in kwargs.items()}
+            if dtype is None:  # (CUDA's autocast sees the ops a torch function written in Python calls)
+                return call_seen(self, func, args, kwargs)
+            args = tuple(cast(a, dtype) for a in args)
+            kwargs = {k: cast(v, dtype) for k, v in kwargs.items()}
             return func(*args, **kwargs)
 
     return Autocast()
