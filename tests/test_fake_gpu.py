@@ -344,3 +344,25 @@ def test_a_torch_function_mode_sees_what_a_python_torch_function_calls_inside():
         with Names(seen) as mode:
             t.unflatten(1, (2, 3))
         assert mode.names == ["unflatten"]
+
+
+def test_a_fake_tensors_storage_reference_lives_as_long_as_the_tensor():
+    """What cswap.plan.accumulation reads a buffer's death from: a weak reference to its
+    storage's Python object, alive while any tensor uses the storage (torch keeps the
+    object with the storage), dead once none does."""
+    import gc
+    import weakref
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        t = torch.empty(4, 8, device="meta")
+        ref = weakref.ref(t.untyped_storage())
+        gc.collect()
+        assert ref() is not None
+        view = t[1:]
+        del t
+        gc.collect()
+        assert ref() is not None  # (a view still uses it)
+        del view
+        assert ref() is None
