@@ -83,22 +83,29 @@ def _patched_steps(model, x, device, grads=_grads) -> list:
     return results
 
 
+def _exact_steps(make, x, mode, device, **options) -> tuple[dict, list]:
+    """Two steps of the patched model make() against an unpatched one: the same gradients and
+    the same strides seen in backward at each. cswap's stats after them, and those strides."""
+    expected, seen = _grads(make(), x)
+    model = cswap.patch(make(), mode=mode, candidates="all", min_bytes=0, **options)
+    try:
+        for got, seen_now in _patched_steps(model, x, device):
+            assert seen_now == seen and torch.equal(got, expected)
+        return dict(cswap.stats(model)), seen
+    finally:
+        cswap.unpatch(model)
+
+
 @pytest.mark.parametrize("device", ["cpu", "emulated"])
 @pytest.mark.parametrize("mode", ["vdnn", "sc", "cswap"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_restored_tensors_keep_their_strides(layout, mode, device):
     size, stride = LAYOUTS[layout]
     x = torch.randn(size).relu()  # zeros: the codecs have something to compress
-    expected, seen = _grads(Net(size, stride), x)
+    stats, seen = _exact_steps(lambda: Net(size, stride), x, mode, device, prefetch_bytes=1 << 20)
     assert seen == [stride] * SAVES
-    model = cswap.patch(Net(size, stride), mode=mode, candidates="all", min_bytes=0, prefetch_bytes=1 << 20)
-    try:
-        for got, seen in _patched_steps(model, x, device):
-            assert seen == [stride] * SAVES and torch.equal(got, expected)
-        assert cswap.stats(model)["offloaded_tensors"] > 0
-        assert cswap.stats(model)["prefetched"] > 0  # (restored in a group, raw, or one by one)
-    finally:
-        cswap.unpatch(model)
+    assert stats["offloaded_tensors"] > 0
+    assert stats["prefetched"] > 0  # (restored in a group, raw, or one by one)
 
 
 class FusedViews(nn.Module):
@@ -124,18 +131,11 @@ def test_views_with_gaps_come_back_with_their_strides_sent_once_as_their_base(mo
     rounding) by strides. Gathered and restored contiguous, ModernBERT's gradients
     differed in the last bit."""
     x = torch.randn(6, 4).relu()
-    expected, seen = _grads(FusedViews(), x)
+    stats, seen = _exact_steps(FusedViews, x, mode, device)
     assert seen == [(36, 1, 12), (36, 12, 1), (36, 12, 1)]  # (backward: v, k, q)
-    model = cswap.patch(FusedViews(), mode=mode, candidates="all", min_bytes=0)
-    try:
-        for got, seen_now in _patched_steps(model, x, device):
-            assert seen_now == seen and torch.equal(got, expected)
-        stats = cswap.stats(model)
-        # (each step: the base once, its 72 floats, and k and v found in it)
-        assert stats["offloaded_tensors"] == 2 and stats["deduplicated"] == 4
-        assert stats["offloaded_bytes"] == 2 * 72 * 4
-    finally:
-        cswap.unpatch(model)
+    # (each step: the base once, its 72 floats, and k and v found in it)
+    assert stats["offloaded_tensors"] == 2 and stats["deduplicated"] == 4
+    assert stats["offloaded_bytes"] == 2 * 72 * 4
 
 
 @pytest.mark.parametrize("mode", ["vdnn", "sc"])
@@ -192,18 +192,12 @@ def test_a_span_saved_twice_is_sent_once(mode, device):
     strides."""
     size, stride = LAYOUTS["padded-rows"]
     x = torch.randn(size).relu()
-    expected, seen = _grads(SpanSavedTwice(size, stride), x)
-    model = cswap.patch(SpanSavedTwice(size, stride), mode=mode, candidates="all", min_bytes=0)
-    try:
-        for got, seen_now in _patched_steps(model, x, device):
-            assert seen_now == seen == [stride] * 2 and torch.equal(got, expected)
-        stats = cswap.stats(model)
-        span = 1 + sum((n - 1) * s for n, s in zip(size, stride))
-        assert stats["offloaded_tensors"] == 2 and stats["deduplicated"] == 2
-        if mode == "vdnn":
-            assert stats["offloaded_bytes"] == 2 * span * 4
-    finally:
-        cswap.unpatch(model)
+    stats, seen = _exact_steps(lambda: SpanSavedTwice(size, stride), x, mode, device)
+    assert seen == [stride] * 2
+    span = 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    assert stats["offloaded_tensors"] == 2 and stats["deduplicated"] == 2
+    if mode == "vdnn":
+        assert stats["offloaded_bytes"] == 2 * span * 4
 
 
 class AddressIntoGradient(torch.autograd.Function):
@@ -307,15 +301,8 @@ def test_real_views_of_complex_tensors_come_back_as_they_were(mode, device):
     copy of its bytes failed, and could abort the process), and so does a ZeroTensor
     (the emulated device failed on it)."""
     x = torch.randn(4, 6).relu()
-    expected, seen = _grads(ComplexViews(), x)
-    model = cswap.patch(ComplexViews(), mode=mode, candidates="all", min_bytes=0)
-    try:
-        for got, seen_now in _patched_steps(model, x, device):
-            assert seen_now == seen and torch.equal(got, expected)
-        stats = cswap.stats(model)  # (each step: the neg bit and the zeros kept)
-        assert stats["kept_unmovable"] == 2 * 2 and stats["offloaded_tensors"] > 0
-    finally:
-        cswap.unpatch(model)
+    stats, _ = _exact_steps(ComplexViews, x, mode, device)
+    assert stats["kept_unmovable"] == 2 * 2 and stats["offloaded_tensors"] > 0  # (each step: neg bit, zeros)
 
 
 class ComplexViewOfAnOffloadedTensor(nn.Module):
@@ -337,11 +324,5 @@ def test_a_view_in_another_dtype_is_not_served_from_its_bases_copy(mode, device)
     """view_as_complex(f) of an offloaded float f came back as f's floats, laid out with the
     complex view's strides: wrong values and dtype, and gradients that differed silently."""
     x = torch.randn(4, 6).relu()
-    expected, seen = _grads(ComplexViewOfAnOffloadedTensor(), x)
-    model = cswap.patch(ComplexViewOfAnOffloadedTensor(), mode=mode, candidates="all", min_bytes=0)
-    try:
-        for got, seen_now in _patched_steps(model, x, device):
-            assert seen_now == seen and torch.equal(got, expected)
-        assert cswap.stats(model)["offloaded_tensors"] > 0
-    finally:
-        cswap.unpatch(model)
+    stats, _ = _exact_steps(ComplexViewOfAnOffloadedTensor, x, mode, device)
+    assert stats["offloaded_tensors"] > 0

@@ -28,19 +28,11 @@ from dataclasses import replace
 
 import torch
 
+from ..runtime.items import dense_permutation
+
 __all__ = ["InPlaceAccumulation"]
 
 _ADD = torch.ops.aten.add.Tensor
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense (any order of dimensions), as the engine requires."""
-    expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 class InPlaceAccumulation:
@@ -86,7 +78,7 @@ class InPlaceAccumulation:
             return None
         buffer = args[0]
         # (a view shares its storage with its base: its storage's use count is not 1)
-        if buffer._is_view() or not _dense(buffer) or buffer._is_zerotensor() or buffer.is_nested:
+        if buffer._is_view() or buffer._is_zerotensor() or buffer.is_nested or dense_permutation(buffer) is None:
             return None
         peak = ({d: n for d, n in self._memory._peak_mem.items()},
                 {d: dict(s) for d, s in self._memory._peak_mem_snap.items()})

@@ -30,9 +30,9 @@ Private PyTorch surfaces, pinned here and in `accumulation.py` and `nested.py`
 peak update (a torch without them raises FakeGPUUnavailable naming what is
 missing), a TorchDispatchMode from `torch.utils._python_dispatch` (which module
 made a tensor), `torch._C._current_autograd_node` (the op whose backward first
-reads a saved tensor), `torch._C._current_graph_task_id` (a save made inside
-backward) and autograd's `Variable._execution_engine` (backward under torch
-function modes).
+reads a saved tensor) and autograd's `Variable._execution_engine` (backward under torch
+function modes); a save made inside backward is found as the runtime finds it
+(`cswap.runtime.hook_context.in_backward`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 from ..runtime.candidates import op_name, producer
+from ..runtime import hook_context
 from ..runtime.layers import LayerTracker
 from . import grouped_mm, optimizers, random_skips
 from .accumulation import InPlaceAccumulation
@@ -634,8 +635,8 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
             return storages[st], st.nbytes()
 
         def pack(t):
-            if torch._C._current_graph_task_id() != -1:  # a reentrant checkpoint's recompute, in backward,
-                return None, t                              # which the runtime leaves to autograd (hook_context)
+            if hook_context.in_backward():  # a reentrant checkpoint's recompute: left to autograd, as the runtime does
+                return None, t
             index = len(records)
             made_by = producer(t)
             kind = kind_of(t, params, buffers, input_ids)

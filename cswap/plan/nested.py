@@ -25,7 +25,14 @@ __all__ = ["call_seen"]
 
 _CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
 _MODULES = ("torch.nn.functional", "torch.functional")
-_RUNNING = threading.local()  # the functions whose copies run now, on this thread
+
+
+class _Running(threading.local):
+    def __init__(self):
+        self.functions: set = set()  # the functions whose copies run now, on this thread
+
+
+_RUNNING = _Running()
 
 
 def _never(*args, **kwargs) -> bool:
@@ -52,7 +59,7 @@ def call_seen(mode, func, args=(), kwargs=None):
     torch functions it calls."""
     kwargs = kwargs or {}
     body = _unchecked(func)
-    running = _RUNNING.__dict__.setdefault("functions", set())
+    running = _RUNNING.functions
     if body is None or func in running:  # (a function calling itself: the mode has seen it once)
         return func(*args, **kwargs)
     running.add(func)

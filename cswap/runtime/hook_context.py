@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["hooks_turned_off", "keeps_graph", "mark", "why_not_ours"]
+__all__ = ["hooks_turned_off", "in_backward", "keeps_graph", "mark", "why_not_ours"]
 
 _OWN = "_cswap_own_hooks"
 
@@ -41,6 +41,12 @@ def mark(pack):
     return pack
 
 
+def in_backward() -> bool:
+    """Running inside a backward: a forward here is a reentrant checkpoint's recomputation,
+    whose saves that backward reads at once (left to autograd)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def hooks_turned_off() -> bool:
     """PyTorch refuses saved-tensor hooks here, and with them non-reentrant checkpoint."""
     return torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() is not None
@@ -53,7 +59,7 @@ def why_not_ours(what: str) -> str | None:
         return (f"cswap: {what} where PyTorch turns saved-tensor hooks off (inside torch.func.grad, vjp, jacrev "
                 f"or hessian, or torch.autograd.graph.disable_saved_tensors_hooks), so what it saves for backward "
                 f"there stays on the device; outside, cswap offloads as before")
-    if torch._C._current_graph_task_id() != -1:  # inside a backward: a reentrant checkpoint's recomputation
+    if in_backward():
         return ""
     top = torch._C._autograd._top_saved_tensors_default_hooks(False)
     if top is None or getattr(top[0], _OWN, False):
