@@ -554,7 +554,7 @@ def _choices(mode: str, groups: list[_Group], decisions) -> dict:
     if mode == "sc":
         return {g.storage: "zvc" for g in candidates}
     if mode == "cswap":
-        return {g.storage: decisions[g.key].codec for g in candidates}
+        return {g.storage: decisions[g.key].codec for g in candidates if not decisions[g.key].keep}
     return {}
 
 
@@ -678,7 +678,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     sparsity_of = {r.index: sparsity.of(k, math.prod(r.shape), r.op) for r, k in zip(acts, keys)}
     zans_of = {r.index: sparsity.zans_bits_of(k, r.dtype) for r, k in zip(acts, keys)}
     groups = _groups(trace, sparsity_of, zans_of)
-    decisions = Advisor(link).decide(_iteration(groups, starts, phase_s)) if groups else {}
+    advisor = Advisor(link)
+    decisions = advisor.decide(_iteration(groups, starts, phase_s)) if groups else {}  # sizes, why: every storage
+    if candidates := _candidates(groups):  # as the runtime decides: among the tensors it offloads
+        decisions.update(advisor.decide(_iteration(candidates, starts, phase_s)))
     sizes = {grp.storage: decisions[grp.key].sizes for grp in groups}
 
     plans = {m: _choices(m, groups, decisions) for m in MODES}
@@ -800,6 +803,8 @@ def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, pla
                 why = f"under {MIN_BYTES >> 20} MiB: kept; " + why
             elif grp.storage not in plans["vdnn"]:
                 why = "not a ReLU/pooling output: vdnn, sc and cswap keep it; " + why
+            elif d.keep:
+                why = "backward asks for it before its copy out could end: cswap keeps it; " + why
         out.append(TensorPrediction(r.index, r.made_in, r.made_in_type, r.op, r.saved_by, key[2], r.shape,
                                     dtype_name(r.dtype), r.nbytes, s, runs, decided, why,
                                     zans_of[r.index]))

@@ -463,6 +463,7 @@ class Swapper:
         codec = self._choose_codec(info)
         if codec == KEEP:  # the plan keeps it on the device (its sparsity is still sampled)
             self._seen[id(key)] = KeptByPolicy(key)
+            self.stats.add("kept_by_plan")
             if observer is not None and observer.current is not None:
                 observer.on_pack(info.key, t, info, dev, offloaded=False, at=at)
             return saved.detach(), saved._version
