@@ -12,7 +12,6 @@ import cswap
 from cswap.plan.advisor import (SM_SHARE, Advisor, Decision, IterationProfile, SimResult, TensorProfile, compressed_size,
                            simulate)
 from cswap.codecs.container import header_size
-from cswap.runtime.candidates import KEEP
 from cswap.kernels import rle as krle
 from cswap.tune.profile import DEFAULT_PROFILE, read_profile
 from cswap.tune.synthetic import make_tensor
@@ -529,37 +528,6 @@ def test_a_forward_that_outruns_the_link_waits_at_the_stash():
     assert sim.per_tensor_stall_s == pytest.approx({"a": 0.1, "b": 0.0, "c": 0.1})
     # a's memory is gone by c's save at the latest (the wait), b's and c's by forward's end
     assert sim.freed_by_save == {"a": 2, "b": 3, "c": 3}
-
-
-def test_a_tensor_backward_asks_for_before_it_could_leave_is_kept():
-    """The last tensor saved (a loss's log-softmax) is read at once by backward, before its
-    0.1 s copy out could end: the runtime would serve it from the device and hold it until
-    that copy ends, so the advisor keeps it; the ones already gone are still moved."""
-    profile = FakeProfile(bw=1e9)
-    a = tensor(key="a", shape=(25_000_000,), sparsity=0.0, save_s=0.0, use_s=0.5)
-    b = tensor(key="b", shape=(25_000_000,), sparsity=0.0, save_s=0.5, use_s=0.3)
-    c = tensor(key="c", shape=(25_000_000,), sparsity=0.0, save_s=0.95, use_s=0.0)
-    it = iteration(a, b, c, forward_s=1.0)
-    assert simulate(it, {}, profile).served == {"c"}
-    for mode in ("independent", "timeline"):
-        advisor = Advisor(profile, mode=mode)
-        decisions = advisor.decide(it)
-        assert [decisions[k].keep for k in "abc"] == [False, False, True]
-        assert decisions["c"].codec is None and decisions["c"].choice == KEEP  # eq. 1-4 still says raw
-        assert advisor.policy(decisions)("c") == KEEP and advisor.policy(decisions)("a") is None
-
-
-def test_a_tensor_is_not_kept_where_that_would_leave_an_older_one_served():
-    """Three 0.1 s copies saved together at the end of forward: the stash holds two, so the
-    third waits for the first, which is gone when backward starts; the other two are served
-    from the device. Keeping either of those would end that wait, and the first would be
-    served too (held until its copy ends): nothing is kept."""
-    profile = FakeProfile(bw=1e9)
-    ts = [tensor(key=k, shape=(25_000_000,), sparsity=0.0, save_s=0.95, use_s=0.0) for k in "abc"]
-    it = iteration(*ts, forward_s=1.0)
-    assert simulate(it, {}, profile).served == {"b", "c"}
-    assert simulate(iteration(ts[0], ts[1], forward_s=1.0), {}, profile).served == {"a", "b"}
-    assert not any(d.keep for d in Advisor(profile).decide(it).values())
 
 
 def test_under_a_memory_budget_one_tensor_in_flight_is_enough_to_wait():

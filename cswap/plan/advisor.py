@@ -4,8 +4,7 @@ Inputs are what the tensor profiler measured for one iteration (`IterationProfil
 one `TensorProfile` per offloaded tensor, in save order) and a device profile
 (`cswap.tune.profile.Profile`, or any object with `bw_d2h`, `bw_h2d` in bytes/s,
 `codecs` and `seconds(codec, direction, size, sparsity)`). The output is one
-`Decision` per tensor: a codec, or None for "offload uncompressed", and whether to keep it
-on the device instead.
+`Decision` per tensor: a codec, or None for "offload uncompressed".
 
 Compressed sizes
 ----------------
@@ -104,16 +103,6 @@ all-uncompressed or the independent choices. Decisions in timeline mode still
 report T' and T_c from equations 1-4; only `codec` (and `t_best`) follow the
 greedy choice.
 
-Keeping what cannot leave in time (both modes)
-----------------------------------------------
-With the codecs chosen, the iteration is replayed as the runtime runs it (served from the
-device); a tensor backward asks for before its copy out ends is marked `keep`
-(Decision.choice KEEP): moved, it would stay on the device until that copy ends, past its
-last use, and load the link for nothing. A kept tensor no longer fills the stash window,
-so a forward that waited there for an older copy may not wait: tensors are kept one at a
-time, the last saved first, each only if no tensor outside the first replay's served set
-becomes served (`Advisor._served`).
-
 All input errors are ValueErrors prefixed ``cswap.plan.advisor:``.
 """
 
@@ -131,7 +120,6 @@ from ..kernels import lz4 as _lz4
 from ..kernels import rle as _rle
 from ..kernels import zans as _zans
 from ..kernels import zvc as _zvc
-from ..runtime.candidates import KEEP
 
 __all__ = ["TensorProfile", "IterationProfile", "Decision", "SimResult", "Advisor", "compressed_size",
            "simulate"]
@@ -290,10 +278,6 @@ class Decision:
     the exposed swap time without compression (s). t_best: T of the chosen
     codec (eq. 2-4), or t_prime when codec is None. t_codec: T per codec
     considered. sizes: predicted compressed bytes per codec (header included).
-    keep: leave it on the device: backward asks for it before its copy out could
-    end (in the timeline model with `codec`), so the runtime would serve it from
-    the device anyway and hold it until that copy ends; `codec` is still the
-    verdict of eq. 1-4.
     """
 
     key: str
@@ -302,12 +286,6 @@ class Decision:
     t_best: float
     t_codec: dict[str, float] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
-    keep: bool = False
-
-    @property
-    def choice(self) -> str | None:
-        """What the runtime does with it: KEEP ("keep"), None (offload raw) or the codec."""
-        return KEEP if self.keep else self.codec
 
 
 @dataclass(frozen=True)
@@ -327,8 +305,6 @@ class SimResult:
     # per tensor, the index of the tensor at whose save its device memory is gone at the latest
     # (the forward waits there for its copy out; len(tensors): by the end of forward)
     freed_by_save: dict[str, int] = field(default_factory=dict)
-    # the tensors backward asked for before their copy out ended (served from the device)
-    served: frozenset[str] = frozenset()
 
 
 # -- compressed sizes -------------------------------------------------------------------------------------
@@ -582,7 +558,6 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     ahead: list[int] = []
     order = list(range(n - 1, -1, -1))
     issued = 0  # restores issued, in `order`
-    served: set[str] = set()
 
     def restore(i: int, at: float) -> None:
         nonlocal h2d, decode, back
@@ -590,7 +565,6 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
         issued_at[tensors[i].key] = at
         if served_from_device and offload_end[i] > at:  # not yet released: served from the device
             restore_start[tensors[i].key] = ready_at[i] = at
-            served.add(tensors[i].key)
             return
         start = restore_start[tensors[i].key] = max(at, h2d, offload_end[i])
         h2d = end = start + c.size[k] / bw_h2d
@@ -634,7 +608,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
                      per_tensor_stall_s=per, offload_end_s={t.key: e for t, e in zip(tensors, offload_end)},
                      restore_start_s=restore_start, use_at_s=used, restore_issued_s=issued_at,
                      restored_s={tensors[i].key: e for i, e in ready_at.items()},
-                     freed_by_save={t.key: f for t, f in zip(tensors, freed_by)}, served=frozenset(served))
+                     freed_by_save={t.key: f for t, f in zip(tensors, freed_by)})
 
 
 def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], profile,
@@ -721,33 +695,9 @@ class Advisor:
         chosen = independent
         if self.mode == "timeline":
             chosen = self._greedy(iteration, costs, independent)
-        kept = self._served(iteration, chosen, costs)
         return {t.key: Decision(key=t.key, codec=k, t_prime=tp, t_best=tc[k] if k is not None else tp,
-                                t_codec=tc, sizes={name: c.size[name] for name in self.codecs}, keep=i in kept)
-                for i, (t, c, k, tp, tc) in enumerate(zip(tensors, costs, chosen, t_primes, t_codecs))}
-
-    def _served(self, iteration: IterationProfile, options: list[str | None], costs: list[_Costs]) -> set[int]:
-        """The tensors to keep: those backward asks for before their copy out ends, in the
-        timeline model as the runtime runs it (typically the last saved, such as a loss's
-        log-softmax, which backward reads first). The runtime would serve them from the
-        device and hold them until their copy ends, past their last use: moving them costs
-        link time and memory, and saves none. But a kept tensor no longer fills the stash
-        window, and a forward that waited there for an older copy out may now end before it:
-        one is kept (the last saved first) only if that leaves no other tensor served."""
-        tensors = iteration.tensors
-
-        def served_without(kept: set[int]) -> set[int]:
-            rest = [i for i in range(len(tensors)) if i not in kept]
-            sub = IterationProfile(iteration.forward_s, iteration.backward_s, tuple(tensors[i] for i in rest))
-            sim = _timeline(sub, [options[i] for i in rest], [costs[i] for i in rest], self.bw_d2h, self.bw_h2d)
-            return {i for i in rest if tensors[i].key in sim.served}
-
-        served = served_without(set())
-        kept: set[int] = set()
-        for i in sorted(served, reverse=True):
-            if served_without(kept | {i}) <= served:
-                kept.add(i)
-        return kept
+                                t_codec=tc, sizes={name: c.size[name] for name in self.codecs})
+                for t, c, k, tp, tc in zip(tensors, costs, chosen, t_primes, t_codecs)}
 
     def _score(self, iteration, options, costs) -> tuple[float, int]:
         """(exposed time, the kernels' included, bytes moved): at equal time, the option that
@@ -776,11 +726,10 @@ class Advisor:
         return options
 
     def policy(self, decisions: Mapping[str, Decision]) -> Callable:
-        """f(key) -> Decision.choice: a codec, None (raw; also for keys without a
-        decision) or KEEP. f also
+        """f(key) -> codec or None (None for keys without a decision). f also
         accepts an object with a `.key` (a cswap.SwapInfo), so it can be passed
         as `cswap.patch(model, policy=...)`."""
-        table = {key: d.choice for key, d in decisions.items()}
+        table = {key: d.codec for key, d in decisions.items()}
 
         def codec_for(key):
             return table.get(getattr(key, "key", key))

@@ -89,9 +89,8 @@ class Controller:
 
     def policy(self, info: SwapInfo) -> str | None:
         """The user's policy, else the budget plan's choice (KEEP, None or a codec), else
-        the advisor's choice for this tensor (None, i.e. uncompressed, until the first
-        iteration has been profiled; KEEP where backward would ask for it before its copy
-        out could end). Asked in every save: it only looks up what decide()
+        the advisor's codec for this tensor (None, i.e. uncompressed, until the first
+        iteration has been profiled). Asked in every save: it only looks up what decide()
         chose when the profiled iteration completed (at the next forward's start)."""
         if self.budget is not None and self.budget.waiting_for_oom:
             return KEEP  # passive mode: as unpatched until a forward runs out of memory
@@ -101,7 +100,7 @@ class Controller:
         if self.budget is not None:
             return self.budget.choice(info.key)
         decision = self.decisions.get(info.key)
-        return decision.choice if decision is not None else None
+        return decision.codec if decision is not None else None
 
     def out_of_memory(self, message: str) -> None:
         """Passive mode: a forward ran out of device memory. Its retry offloads every
@@ -170,7 +169,7 @@ class Controller:
         if self.budget is not None:
             return self.budget.choice(key)
         d = self.decisions.get(key)
-        return d.choice if d is not None else None
+        return d.codec if d is not None else None
 
     def _rows(self, decisions: dict[str, Decision]) -> list[TensorRow]:
         iteration = self.profiler.latest()

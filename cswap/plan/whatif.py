@@ -554,7 +554,7 @@ def _choices(mode: str, groups: list[_Group], decisions) -> dict:
     if mode == "sc":
         return {g.storage: "zvc" for g in candidates}
     if mode == "cswap":
-        return {g.storage: decisions[g.key].codec for g in candidates if not decisions[g.key].keep}
+        return {g.storage: decisions[g.key].codec for g in candidates}
     return {}
 
 
@@ -803,8 +803,6 @@ def _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, pla
                 why = f"under {MIN_BYTES >> 20} MiB: kept; " + why
             elif grp.storage not in plans["vdnn"]:
                 why = "not a ReLU/pooling output: vdnn, sc and cswap keep it; " + why
-            elif d.keep:
-                why = "backward asks for it before its copy out could end: cswap keeps it; " + why
         out.append(TensorPrediction(r.index, r.made_in, r.made_in_type, r.op, r.saved_by, key[2], r.shape,
                                     dtype_name(r.dtype), r.nbytes, s, runs, decided, why,
                                     zans_of[r.index]))

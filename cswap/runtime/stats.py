@@ -18,8 +18,7 @@ _FIELDS = {
     "host_compressed_tensors": "vdnnpp: host copies compressed on the CPU after the transfer",
     "deduplicated": "saves of an already offloaded tensor (served by its first copy)",
     "kept_on_gpu": "candidates left on the device because host memory ran out (max_host_bytes)",
-    "kept_by_plan": "candidates a plan left on the device (KEEP: a policy's, a budget's, or the advisor's where "
-                    "backward would ask for them before their copy out could end)",
+    "kept_by_plan": "candidates a plan left on the device (a policy or a budget's plan said KEEP)",
     "kept_unmovable": "saved tensors cswap cannot move (sparse, nested, quantized, meta, tensor subclasses such as "
                       "DTensor), left where they are",
     "restored_tensors": "tensors brought back for backward",
