@@ -477,14 +477,25 @@ def _explain_data_dependent_shapes():
     except RuntimeError as exc:
         if type(exc).__name__ not in ("DynamicOutputShapeException", "DataDependentOutputException"):
             raise
-        where = _callers_line(exc.__traceback__)
+        where = _callers_line(exc.__traceback__) or _in_backward(exc.__traceback__)
         raise ValueError(
             f"cswap.plan.fake_gpu: the step calls {getattr(exc, 'func', 'an op')}{where}, whose output depends on "
             f"tensor values, which a step traced without data does not have. A Hugging Face Mixture-of-Experts "
             f"model does so with experts_implementation='eager' (a loop over the experts that received tokens; its "
-            f"default, 'grouped_mm', and 'batched_mm' can be traced), and a loss that picks the labelled rows "
+            f"default, 'grouped_mm', and 'batched_mm' can be traced); a loss that picks the labelled rows "
             f"(DeBERTa's classifiers: (labels >= 0).nonzero()): predict without labels, with loss=lambda out: "
-            f"F.cross_entropy(out.logits, labels.to(out.logits.device))") from None
+            f"F.cross_entropy(out.logits, labels.to(out.logits.device)); and a boolean mask as an index, "
+            f"x[mask] = v, whose backward gathers the masked rows (Wav2Vec2's and HuBERT's SpecAugment in training: "
+            f"predict with the config's mask_time_prob=0 and mask_feature_prob=0; the mask writes in place, so the "
+            f"memory is the same)") from None
+
+
+def _in_backward(tb) -> str:
+    """' in backward' where `tb` runs through the trace's backward (no frame of the model's), else ''."""
+    import traceback
+
+    return " in backward" if any(f.filename == __file__ and f.name == "_backward"
+                                 for f in traceback.extract_tb(tb)) else ""
 
 
 def _callers_line(tb) -> str:
