@@ -1,6 +1,14 @@
 import os
+import sys
+from pathlib import Path
 
-import torch
+# `python -m pytest` in the repository puts its root on sys.path, where kernels/ (installed as
+# cswap.kernels) would be found as Hugging Face's `kernels` package, which transformers imports
+# (5.25: hub_kernels). cswap runs installed, so the root is not needed there.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _ROOT]
+
+import torch  # noqa: E402
 
 # Without CUDA, Triton kernels run in its CPU interpreter; this must be set
 # before triton (imported by cswap) is first imported.

@@ -214,7 +214,7 @@ def capture(model: nn.Module, inputs, arch: int | None = None) -> Captured:
         torch.nn.functional.scaled_dot_product_attention = _fused_sdpa(arch)
     try:
         compiled = torch.compile(model, backend=backend_, fullgraph=True, dynamic=False)
-        with masks, _tokens_inside():
+        with masks, _tokens_inside(), _checkpoint_side_effects_not_replayed():
             out = inputs(compiled)
         default_loss(out).backward()
         leaves, spec = tree_flatten(out)
@@ -267,6 +267,19 @@ def _tokens_inside():
     from torch._functorch import config  # (unlift_effect_tokens: torch 2.11-2.15 have it)
 
     return config.patch(unlift_effect_tokens=True)
+
+
+def _checkpoint_side_effects_not_replayed():
+    """transformers 5.25 with Hugging Face's `kernels` package sets a context variable in each
+    attention forward (the kernels it may swap in), which dynamo refuses inside a checkpointed
+    region, whose backward would not replay it: each checkpointed layer graph-breaks. The
+    capture runs as dynamo advises for that case, skipping the replay (bookkeeping, no math);
+    a torch without the option captures as before."""
+    from torch._dynamo import config
+
+    if not hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        return contextlib.nullcontext()
+    return config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True)
 
 
 def _as_plain_calls(gm: torch.fx.GraphModule) -> None:
