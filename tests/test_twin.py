@@ -76,6 +76,20 @@ def test_work_on_a_stream_runs_in_order_after_the_events_it_waits_for(dev):
     assert other.start < first.end and other.stream == "h2d"
 
 
+def test_a_copy_to_the_host_on_any_stream_waits_for_the_copy_engine(dev):
+    """As on the H200: an encode's sizes, read back on the codec's stream, came back only
+    once the tensor sent before them had crossed the link."""
+    d2h, codec, h2d = dev.side_stream("d2h"), dev.side_stream("codec"), dev.side_stream("h2d")
+    big, pinned = dev.empty(2_000_000, codec), dev.host_empty(2_000_000, pinned=True)
+    sizes, slot = dev.empty(8, codec), dev.host_empty(8, pinned=True)
+    dev.copy(pinned, big, d2h)
+    dev.copy(slot, sizes, codec)        # the other stream's copy out queues behind the first
+    dev.copy(big[:8], slot, h2d)        # a copy in takes the other engine
+    send, readback, copy_in = [s for s in dev.spans if s.what == "copy"]
+    assert readback.stream == "codec" and readback.start == pytest.approx(send.end)
+    assert copy_in.start < send.end
+
+
 def test_compute_waiting_for_a_copy_does_not_hold_the_host(dev):
     compute, h2d = dev.compute_stream(), dev.side_stream("h2d")
     x = torch.zeros(10_000_000, dtype=torch.uint8)  # 10 ms on the link

@@ -260,7 +260,7 @@ class TimedDevice(EmulatedDevice):
         self._local = threading.local()
         self._main = self._clock           # the training thread's (the one that makes the device)
         self.held_too_long = 0             # background threads let go before the training thread caught up
-        self._tails: dict[int, float] = {}       # id(stream) -> when its queued work ends
+        self._tails: dict = {}  # id(stream), or a copy engine ("d2h", "h2d") -> when its queued work ends
         self.spans: deque[Span] = deque(maxlen=1_000_000 if log else 0)
         self.busy_s: Counter = Counter()         # stream name -> virtual seconds of work queued on it
         self.blocked_s: Counter = Counter()      # thread name -> virtual seconds it waited for the device
@@ -347,12 +347,18 @@ class TimedDevice(EmulatedDevice):
     def _tail(self, stream) -> float:
         return self._tails.get(id(stream), 0.0)
 
-    def _queue(self, stream, seconds: float, h: float, what: str, nbytes: int = 0) -> float:
-        """Work of `seconds` queued on `stream` at host time h: when it ends."""
+    def _queue(self, stream, seconds: float, h: float, what: str, nbytes: int = 0, engine: str | None = None) -> float:
+        """Work of `seconds` queued on `stream` at host time h: when it ends. A copy between
+        host and device also waits for the copy engine of its direction (`engine`: "d2h" or
+        "h2d"), whichever stream queued the copies before it: on the H200 an encode's few
+        bytes of sizes, read back on the codec's stream, waited for the tensor being sent
+        (benchmarks/results/nvidia-h200/trace/, 2026-12-04)."""
         with self._lock:
-            start = max(self._tails.get(id(stream), 0.0), h)
+            start = max(self._tails.get(id(stream), 0.0), h, self._tails.get(engine, 0.0))
             end = start + seconds
             self._tails[id(stream)] = end
+            if engine is not None:
+                self._tails[engine] = end
             self.busy_s[stream.name] += seconds
             self.spans.append(Span(stream.name, what, h, start, end, nbytes, threading.current_thread().name))
         return end
@@ -381,14 +387,20 @@ class TimedDevice(EmulatedDevice):
 
     # -- durations ---------------------------------------------------------------------------------
 
-    def _copy_seconds(self, stream, nbytes: int) -> float:
+    def _engine(self, dst: torch.Tensor, src: torch.Tensor, stream) -> str | None:
+        """The copy engine a copy from src to dst on `stream` takes: "d2h", "h2d", or None (on
+        the device). A tensor that is no host buffer of this device's counts as the device's,
+        except on the link's own streams, whose copies all cross it."""
+        to_host, from_host = self.is_host_buffer(dst), self.is_host_buffer(src)
+        if to_host != from_host:
+            return "d2h" if to_host else "h2d"
+        return stream.name if stream.name in ("d2h", "h2d") else None
+
+    def _copy_seconds(self, engine: str | None, nbytes: int) -> float:
         spec = self.spec
-        if stream.name == "d2h":
-            rate = spec.d2h_bytes_per_s
-        elif stream.name == "h2d":
-            rate = spec.h2d_bytes_per_s
-        else:  # on the device: read and write
+        if engine is None:  # on the device: read and write
             return 2 * nbytes * spec.scale / spec.gpu.hbm_bytes_per_s
+        rate = spec.d2h_bytes_per_s if engine == "d2h" else spec.h2d_bytes_per_s
         return spec.link_latency_s + nbytes * spec.scale / rate
 
     def _work_seconds(self, work: Work | None, reads) -> float:
@@ -517,11 +529,15 @@ class TimedDevice(EmulatedDevice):
         finally:
             self._leave(clock)
 
+    def _queue_copy(self, dst: torch.Tensor, src: torch.Tensor, stream, h: float) -> None:
+        nbytes = dst.numel() * dst.element_size()
+        engine = self._engine(dst, src, stream)
+        self._queue(stream, self._copy_seconds(engine, nbytes), h, "copy", int(nbytes * self.spec.scale), engine)
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor, stream) -> None:
         clock = self._enter(CALL_S["copy"])
         try:
-            nbytes = dst.numel() * dst.element_size()
-            self._queue(stream, self._copy_seconds(stream, nbytes), clock.t, "copy", int(nbytes * self.spec.scale))
+            self._queue_copy(dst, src, stream, clock.t)
             super().copy(dst, src, stream)
         finally:
             self._leave(clock)
@@ -530,8 +546,7 @@ class TimedDevice(EmulatedDevice):
         clock = self._enter(CALL_S["copy"])  # one call on CUDA (a foreach copy): one call's cost
         try:
             for dst, src in zip(dsts, srcs):
-                nbytes = dst.numel() * dst.element_size()
-                self._queue(stream, self._copy_seconds(stream, nbytes), clock.t, "copy", int(nbytes * self.spec.scale))
+                self._queue_copy(dst, src, stream, clock.t)
                 EmulatedDevice.copy(self, dst, src, stream)
         finally:
             self._leave(clock)
