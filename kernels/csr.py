@@ -254,7 +254,7 @@ def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: Launc
                                       num_warps=warps, maxnreg=max_registers(warps))
     else:  # no elements: every row is empty (and there may be rows, e.g. shape (3, 0))
         crow.zero_()
-    crow[rows] = nnz
+    crow[rows].fill_(nnz)  # (not `crow[rows] = nnz`: on CUDA, torch 2.11 copies the int from pageable memory)
     return nnz
 
 

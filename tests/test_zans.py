@@ -26,6 +26,7 @@ from bitdata import (
 )
 from cswap.kernels import zans as kz
 from cswap.kernels.launch import LaunchConfig, interpreting
+from syncs import cuda_syncs
 
 import cswap
 
@@ -597,22 +598,6 @@ def test_container_id_is_stable():
     from cswap.codecs.container import CODEC_IDS
     assert CODEC_IDS["zans"] == 5 and ZANS.compress(torch.ones(3)).data[5] == 5
     assert math.isclose(kz.PROB_SCALE, 4096) and kz.LANES == 32 and kz.STATE_LOW == 1 << 16
-
-
-def cuda_syncs(fn) -> tuple[object, list[str]]:
-    """fn()'s result and the host syncs it made, as torch.cuda's sync debug mode reports them."""
-    import warnings
-
-    torch.cuda.synchronize()
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = fn()
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-    return result, [str(w.message) for w in caught if "synchroniz" in str(w.message)]
 
 
 @pytest.mark.gpu

@@ -201,7 +201,7 @@ def decompress_block(block: torch.Tensor, uncompressed_size: int, backend: str |
     size = block.numel()
     off_blocks, total = kernels.layout(1, size)
     payload = torch.zeros(total, dtype=torch.uint8, device=block.device)
-    payload[:16].view(torch.int64)[1] = size
+    payload[:16].view(torch.int64)[1].fill_(size)  # (fill_: no copy from pageable memory on CUDA)
     payload[off_blocks:] = block
     if backend == "triton":
         out, status = kernels.lz4_decompress(payload, n, n, 1, size, config)

@@ -338,9 +338,7 @@ class Restorer:
 
             def decode():
                 check = codec.decode(payload, header, out=y_bytes, config=config)[1]
-                words = verdict.view(torch.int64)
-                words[0] = check.bad
-                words[1] = integrity.checksum(payload) if sw.checksum else 0
+                write_verdict(verdict, check.bad, integrity.checksum(payload) if sw.checksum else None)
 
             done = lanes.decode_after(landed, decode, reads=[payload], writes=[y_bytes, verdict],
                                       work=Work("decode", item.codec, info.nbytes, info.dtype.itemsize),
@@ -354,9 +352,7 @@ class Restorer:
                 y_bytes, verdict = flat_bytes(y), dev.empty(16, lanes.h2d)
 
                 def check():
-                    words = verdict.view(torch.int64)
-                    words[0] = 0
-                    words[1] = integrity.checksum(y_bytes)
+                    write_verdict(verdict, None, integrity.checksum(y_bytes))
 
                 done = lanes.check_after(lanes.h2d, check, reads=[y_bytes], writes=[verdict], verdict=verdict,
                                          host_verdict=host[item.tail + 8: item.tail + 24], timing=timing)
@@ -484,3 +480,16 @@ def restore_footprint(item: Item) -> int:
     payload until decoded."""
     payload = item.moved if item.header is not None else 0
     return item.info.nbytes + payload
+
+
+def write_verdict(verdict: torch.Tensor, bad: torch.Tensor | None, total: torch.Tensor | None) -> None:
+    """A restore's verdict, two int64 words on the device: whether the decoder found the payload
+    inconsistent and the restored bytes' checksum (0 where not computed). Device tensors and
+    `fill_` only: on CUDA, torch 2.11 copies a Python number assigned to an element
+    (`words[1] = 0`) from pageable host memory, which waits for the stream; on the H200 that
+    held autograd's thread in every decode until the restore had landed (2026-12-04)."""
+    for word, value in zip(verdict.view(torch.int64), (bad, total)):
+        if value is None:
+            word.fill_(0)
+        else:
+            word.copy_(value)
