@@ -240,18 +240,20 @@ def fit_time_model(progress=print):
 # -- predicting ----------------------------------------------------------------------------------------------
 
 
-# The H200's VGG16 runs (benchmarks/results/nvidia-h200/: session-final.log's train.py table at
-# CIFAR shape, runtime.csv at ImageNet shape), fp32, measured on commit c01d24c's runtime:
-# step ms and peak MiB (max_memory_allocated) per mode. Both runs trained with plain SGD.
+# The H200's VGG16 runs (benchmarks/results/nvidia-h200/headline.csv: benchmarks/twin.py --gpu,
+# 2026-12-04, commit 8c7f6ba), fp32, plain SGD: step ms (median of 3 after 2 warm-up steps) and
+# peak MiB (max_memory_allocated) per mode. That runtime's decode still waited for each compressed
+# restore (fixed in 138c7ca; benchmarks/twin.py --pageable-verdict replays it), which the sc and
+# cswap steps carry. The first measurement (2026-11-26, commit c01d24c) is in that folder's README.
 H200 = {
-    "vgg16-cifar10-b2560": {"dataset": "cifar10", "batch": 2560, "step_ms": {"none": 41.3, "vdnn": 122.6, "sc": 117.3,
-                                                                           "cswap": 117.1},
-                            "peak_mib": {"none": 3933, "vdnn": 3672, "sc": 3414, "cswap": 3415},
-                            "source": "benchmarks/results/nvidia-h200/session-final.log (train.py, 5 timed steps)"},
-    "vgg16-imagenet-b64": {"dataset": "imagenet", "batch": 64, "step_ms": {"none": 47.64, "vdnn": 142.76, "sc": 146.71,
-                                                                         "cswap": 139.76},
-                           "peak_mib": {"none": 5714.7, "vdnn": 5286.6, "sc": 5082.6, "cswap": 5082.1},
-                           "source": "benchmarks/results/nvidia-h200/runtime.csv"},
+    "vgg16-cifar10-b2560": {"dataset": "cifar10", "batch": 2560, "step_ms": {"none": 41.3, "vdnn": 111.6, "sc": 117.0,
+                                                                           "cswap": 107.0},
+                            "peak_mib": {"none": 3933.3, "vdnn": 3952.4, "sc": 3416.9, "cswap": 3416.9},
+                            "source": "benchmarks/results/nvidia-h200/headline.csv (twin.py --gpu, 3 timed steps)"},
+    "vgg16-imagenet-b64": {"dataset": "imagenet", "batch": 64, "step_ms": {"none": 47.6, "vdnn": 133.5, "sc": 126.6,
+                                                                         "cswap": 117.7},
+                           "peak_mib": {"none": 5716.3, "vdnn": 5729.7, "sc": 5083.6, "cswap": 5083.6},
+                           "source": "benchmarks/results/nvidia-h200/headline.csv (twin.py --gpu, 3 timed steps)"},
 }
 # The same runs on the timed twin of today's runtime (benchmarks/results/twin/): what saved
 # activations and cswap's buffers held at most, which cswap-plan's curve must reproduce.
@@ -415,7 +417,7 @@ def main(argv=None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"what": "cswap-plan's predictions (nothing measured here) against published single-GPU runs, in a "
                    "calibration set (what the time model is fitted on) and an evaluation set kept apart; and against "
-                   "the H200's VGG16 runs measured by this project (on commit c01d24c's runtime)",
+                   "the H200's VGG16 runs measured by this project (2026-12-04, on commit 8c7f6ba's runtime)",
            "command": "python benchmarks/plan_accuracy.py", "time_model": time_model()[1], "sets": sets,
            "rows": rows, "h200": h200}
     (args.out / "accuracy.json").write_text(json.dumps(doc, indent=1))

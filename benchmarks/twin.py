@@ -51,28 +51,30 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "twin"
 H200 = ROOT / "benchmarks" / "results" / "nvidia-h200"
 TABLE = ROOT / "cswap" / "data" / "twin-nvidia-h200.json"
+SWEEP = H200 / "gpu-2026-12-04" / "codecs"  # the codec sweep the table is made from (the kernels of 8c7f6ba)
 MODES = ("none", "vdnn", "sc", "cswap")
 
-# What the H200 measured, ms per step (benchmarks/results/nvidia-h200/: the cifar rows are
-# benchmarks/train.py's table in session-final.log, lines 94-98, at commit c01d24c; the
-# imagenet rows runtime.csv, at 8439791, whose runtime is c01d24c's but for the CUDA seam).
+# What the H200 measured, ms per step: benchmarks/results/nvidia-h200/headline.csv (this
+# script's --gpu, 2026-12-04, at commit 8c7f6ba, whose decode still made the host sync
+# --pageable-verdict replays). The first measurement (2026-11-26, commits c01d24c and 8439791:
+# cifar 41.3 / 122.6 / 117.3 / 117.1 ms, imagenet 47.64 / 47.66 / 142.76 / 146.71 / 139.76)
+# is in that folder's README.
 RUNS = {
-    "cifar": dict(model="vgg16", dataset="cifar10", batch=2560, scale=80, measured_commit="c01d24c",
-                  measured_ms={"unpatched": 41.3, "vdnn": 122.6, "sc": 117.3, "cswap": 117.1}),
-    "imagenet": dict(model="vgg16", dataset="imagenet", batch=64, scale=32, measured_commit="8439791",
-                     measured_ms={"unpatched": 47.64, "none": 47.66, "vdnn": 142.76, "sc": 146.71,
-                                  "cswap": 139.76}),
+    "cifar": dict(model="vgg16", dataset="cifar10", batch=2560, scale=80, measured_commit="8c7f6ba",
+                  measured_ms={"unpatched": 41.3, "none": 41.3, "vdnn": 111.6, "sc": 117.0, "cswap": 107.0}),
+    "imagenet": dict(model="vgg16", dataset="imagenet", batch=64, scale=32, measured_commit="8c7f6ba",
+                     measured_ms={"unpatched": 47.5, "none": 47.6, "vdnn": 133.5, "sc": 126.6, "cswap": 117.7}),
 }
 
 
 def make_table(out: Path = TABLE) -> dict:
-    """The twin's figures for the H200 from its measured codec sweep: the pinned link's
-    bandwidth and latency (a line through the copies timed at the smallest and largest
-    size) and each codec's compress and decompress times (fp32 and bf16, blocky zeros;
-    CSR's low-sparsity points, which the sweep missed, from csr-check/)."""
-    rows = list(csv.DictReader(open(H200 / "codecs.csv")))
-    rows += [r for r in csv.DictReader(open(H200 / "csr-check" / "codecs.csv"))]
-    env = json.loads((H200 / "codecs.json").read_text())["environment"]
+    """The twin's figures for the H200 from its latest measured codec sweep (SWEEP): the
+    pinned link's bandwidth and latency (a line through the copies timed at the smallest and
+    largest size) and each codec's compress and decompress times (fp32 and bf16, blocky
+    zeros), compress on the runtime's path (`launch_ms`: no size read back) where the codec
+    has one."""
+    rows = list(csv.DictReader(open(SWEEP / "codecs.csv")))
+    env = json.loads((SWEEP / "codecs.json").read_text())["environment"]
     good = [r for r in rows if not r.get("error") and r.get("compress_ms")]
     link = {}
     for direction in ("d2h", "h2d"):
@@ -85,12 +87,13 @@ def make_table(out: Path = TABLE) -> dict:
     link["latency_s"] = round(statistics.mean(link["latency_s"]), 9)
     codecs = [{"codec": r["provider"], "itemsize": 2 if r["dtype"] == "bf16" else 4, "pattern": r["pattern"],
                "sparsity": float(r["sparsity"]), "bytes": int(r["bytes"]),
-               "compress_ms": float(r["compress_ms"]), "decompress_ms": float(r["decompress_ms"])}
+               "compress_ms": float(r.get("launch_ms") or r["compress_ms"]), "decompress_ms": float(r["decompress_ms"])}
               for r in good]
     doc = {"what": "the timed twin's figures for this GPU (cswap.runtime.twin.TwinSpec.measured)",
            "gpu": "h200", "device": env["device"], "date": env["date"][:10],
            "versions": {k: env[k] for k in ("torch", "triton", "cuda")},
-           "source": "benchmarks/results/nvidia-h200/codecs.csv and csr-check/codecs.csv, by benchmarks/twin.py --table",
+           "source": f"{SWEEP.relative_to(ROOT)}/codecs.csv (compress: launch_ms where measured), by "
+                     "benchmarks/twin.py --table",
            "link": link, "codecs": codecs}
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"# wrote {out}: link {link}, {len(codecs)} codec rows")
@@ -414,6 +417,21 @@ def replay(args) -> list[dict]:
     return rows
 
 
+def _wait_for_every_decode() -> None:
+    """The restore's thread waits for each decode it queues, as torch 2.11 on CUDA made it
+    before 138c7ca (`words[1] = 0`: a copy from pageable memory on the codec stream)."""
+    from cswap.runtime.lanes import Lanes
+
+    decode_after = Lanes.decode_after
+
+    def waiting(self, *args, **kwargs):
+        done = decode_after(self, *args, **kwargs)
+        self.dev.event_synchronize(done, at=None)
+        return done
+
+    Lanes.decode_after = waiting
+
+
 def extract(commit: str, into: Path) -> Path:
     """The commit's cswap laid out as installed (kernels and models inside it), with this
     tree's emulator, seam, twin, the twin's table and the roofline it times ops by put in."""
@@ -449,6 +467,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--commit", help="replay this commit's runtime instead of this tree's")
     p.add_argument("--no-plan", dest="plan", action="store_false",
                    help="skip cswap-plan's prediction of each mode (cswap.predict) beside the twin's")
+    p.add_argument("--pageable-verdict", action="store_true",
+                   help="replay the host sync every decode made on CUDA before 138c7ca (torch 2.11 copied the "
+                        "verdict's Python 0 from pageable memory and waited for the codec stream), as measured")
     p.add_argument("--label", help="results file name (default: 'today' or the commit)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--table", action="store_true", help="rebuild cswap/data/twin-nvidia-h200.json and stop")
@@ -493,6 +514,8 @@ def main(argv=None) -> list[dict]:
         from cswap.runtime import emulator  # before 29afc0c encoded and decoded on streams of their own
 
         emulator.SIDE_STREAMS = (*emulator.SIDE_STREAMS, "compress", "decode")
+    if args.pageable_verdict:
+        _wait_for_every_decode()
     global TABLE_IN_TREE
     TABLE_IN_TREE = Path(cswap.__file__).parent / "data" / "twin-nvidia-h200.json"
     print(f"# the timed twin of the H200 (predicted, not measured) on {cswap.__file__}; torch {torch.__version__}")

@@ -222,9 +222,10 @@ def test_the_h200_table_says_what_was_measured_there():
     spec = TwinSpec.measured()
     assert spec.gpu.label == "NVIDIA H200 SXM 141GB"
     assert 54e9 < spec.d2h_bytes_per_s < 57e9 and 5e-6 < spec.link_latency_s < 12e-6
+    # gpu-2026-12-04/codecs/codecs.csv: fp32, blocky, 80% zeros, 256 MiB, on the runtime's path (launch_ms)
     zvc = spec.codec_seconds("zvc", "compress", 256 * MiB, 0.8)
-    assert zvc == pytest.approx(0.5928e-3, rel=1e-6)  # codecs.csv: fp32, blocky, 80% zeros, 256 MiB
-    assert spec.codec_seconds("lz4", "compress", 256 * MiB, 0.8) > 50e-3  # LZ4's encoder: 3-4 GB/s
+    assert zvc == pytest.approx(0.4679e-3, rel=1e-3)
+    assert spec.codec_seconds("lz4", "compress", 256 * MiB, 0.8) > 20e-3  # LZ4's encoder: about 11 GB/s
 
 
 def _mlp(width=256, depth=4) -> nn.Module:
