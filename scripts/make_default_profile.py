@@ -1,71 +1,67 @@
 """Write cswap/data/default_profile.json: the generic profile used before any tuning.
 
-It is not a measurement of your machine. Its figures are conservative, chosen so
-that the advisor compresses only clearly sparse tensors until cswap-tune has
-measured the machine, and no faster than cswap's kernels ran on an H200
-(benchmarks/results/nvidia-h200/codecs.json):
-
-    PCIe            25 GB/s each way (a PCIe 4.0 x16 link as training jobs see it;
-                    H100 on PCIe 5.0 reaches about 55 GB/s)
-    ZVC, RLE, CSR   about 400 / 300 / 250 GB/s of input
-    LZ4             3 GB/s compress (a sequential walk per chunk: the H200 measured 3-4),
-                    40 GB/s decompress
-    ZANS            about 100 GB/s compress (histogram, rANS, copy), 120 GB/s decompress
-    per call        the fixed time the H200 measured (host syncs, launches, Python):
-                    0.11-0.2 ms for ZVC, RLE and CSR, 0.4 / 0.18 ms for LZ4, over 1 ms for ZANS
+It is not a measurement of your machine. Its codec times are what cswap's kernels measured on an
+NVIDIA H200 (benchmarks/results/nvidia-h200/gpu-2026-12-04/codecs/codecs.csv: 1, 16 and 256 MiB,
+20/50/80% blocky zeros, fp32 and bf16; compress on the runtime's path, which reads no size back,
+where a codec has one), fitted with cswap-tune's time model; a slower GPU runs them slower, so
+cswap-tune on it is worth its minutes. The link is assumed, conservatively, at 25 GB/s each way
+(a PCIe 4.0 x16 link as training jobs see it; the H200's measured 55), so that the advisor
+compresses only where that pays.
 
     python scripts/make_default_profile.py
 """
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import numpy as np
 
 import cswap
-from cswap.plan.whatif import CODEC_FIXED_S
 from cswap.tune.profile import DEFAULT_PROFILE, SCHEMA_VERSION, validate
-from cswap.tune.timemodel import SPARSITY_RANGE, TimeModel
+from cswap.tune.timemodel import TimeModel
 
-GBPS = 1e9
-# codec: (compress, decompress) as (GB/s over all bytes read, GB/s over non-zero bytes moved); the
-# fixed time per call is the what-if's, measured on the H200 (one source for both)
-THROUGHPUT = {
-    "zvc": ((400, 800), (500, 800)),
-    "rle": ((300, 600), (300, 600)),
-    "csr": ((250, 500), (300, 500)),
-    "lz4": ((3, 200), (40, 200)),
-    "zans": ((100, 300), (120, 300)),
-}
+SWEEP = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "nvidia-h200" / "gpu-2026-12-04" / "codecs"
+CODECS = ("zvc", "rle", "csr", "lz4", "zans")
 
 
-def law(size, sparsity, call_s, scan_gbps, nonzero_gbps):
-    return call_s + size / (scan_gbps * GBPS) + size * (1 - sparsity) / (nonzero_gbps * GBPS)
+def measured(codec: str, direction: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bytes, sparsity, seconds) of the sweep's rows for `codec`: compress on the runtime's path
+    (launch_ms) where measured, else with its size read back (compress_ms)."""
+    rows = [r for r in csv.DictReader(open(SWEEP / "codecs.csv")) if r["provider"] == codec and not r.get("error")]
+    column = "decompress_ms" if direction == "decompress" else None
+    ms = [float(r[column] if column else (r.get("launch_ms") or r["compress_ms"])) for r in rows]
+    return (np.array([float(r["bytes"]) for r in rows]), np.array([float(r["sparsity"]) for r in rows]),
+            np.array(ms) / 1e3)
 
 
 def main() -> None:
-    rng = np.random.default_rng(0)
-    sizes = np.exp(rng.uniform(np.log(20e6), np.log(2e9), 64))
-    sparsities = rng.uniform(*SPARSITY_RANGE, 64)
+    env = json.loads((SWEEP / "codecs.json").read_text())["environment"]
     codecs = {}
-    for name, directions in THROUGHPUT.items():
+    for name in CODECS:
         entry = {"backend": "triton", "config": {"grid": 528, "block": 128}, "rae": {}}
-        for direction, rates, call_s in zip(("compress", "decompress"), directions, CODEC_FIXED_S[name]):
-            entry[direction] = TimeModel(3).fit(sizes, sparsities, law(sizes, sparsities, call_s, *rates)).to_dict()
-            entry["rae"][direction] = {}
+        for direction in ("compress", "decompress"):
+            sizes, sparsities, seconds = measured(name, direction)
+            model = TimeModel(3).fit(sizes, sparsities, seconds)
+            entry[direction] = model.to_dict()
+            miss = np.abs(model.predict(sizes, sparsities) - seconds).sum()
+            # (relative absolute error on the rows it was fitted on, in cswap-tune's format)
+            entry["rae"][direction] = {"linear": float(miss / np.abs(seconds - seconds.mean()).sum())}
         codecs[name] = entry
+    measured_on = f"{env['device']}, {env['date'][:10]}, torch {env['torch']}, triton {env['triton']}"
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "device": {"name": "generic (not measured)", "type": "cuda", "compute_capability": None,
-                   "sm_count": None},
+        "device": {"name": f"generic: codec times measured on {measured_on}; link assumed", "type": "cuda",
+                   "compute_capability": None, "sm_count": None},
         "versions": {"torch": "", "triton": "", "cswap": cswap.__version__},
-        "created": "2026-11-26T00:00:00+00:00",
+        "created": "2026-12-04T00:00:00+00:00",
         "quick": False,
         "bandwidth": {"d2h_gbps": 25.0, "h2d_gbps": 25.0, "pinned": True, "samples": []},
         "codecs": codecs,
-        "tuning": {"wall_s": 0.0, "method": "none (generic defaults)", "per_codec": {}, "comparison": None},
+        "tuning": {"wall_s": 0.0, "method": f"none: {SWEEP.relative_to(SWEEP.parents[4])}/codecs.csv fitted "
+                   "(scripts/make_default_profile.py)", "per_codec": {}, "comparison": None},
     }
     validate(doc, "default profile")
     Path(DEFAULT_PROFILE).write_text(json.dumps(doc, indent=1) + "\n")
