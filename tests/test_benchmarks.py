@@ -423,7 +423,7 @@ def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path)
     assert doc["sets"] == {} and "op-class time model" in doc["time_model"]
     assert json.loads((tmp_path / "accuracy.json").read_text()) == json.loads(json.dumps(doc))
     h200 = {(r["run"], r["mode"]): r for r in doc["h200"]}
-    assert len(h200) == 8 and h200[("vgg16-imagenet-b64", "none")]["measured_step_ms"] == 47.64
+    assert len(h200) == 8 and h200[("vgg16-imagenet-b64", "none")]["measured_step_ms"] == 47.6
     assert all(r["predicted_step_ms"] > 0 and r["predicted_peak_mib"] > 0 for r in h200.values())
 
 
