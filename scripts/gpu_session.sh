@@ -8,7 +8,8 @@
 #   bash scripts/gpu_session.sh wheels                 # here, once: .whl/ for Python 3.12 x86-64
 #   bash scripts/gpu_session.sh tests                  # there: the gpu-marked tests
 #   bash scripts/gpu_session.sh tests:150 overhead:60 codecs:90   # several stages, each with a time limit (s)
-#   bash scripts/gpu_session.sh headline:150 trace:150        # first, whenever a GPU is lent (issue 38: 5 min)
+#   bash scripts/gpu_session.sh headline:130 trace:120 codecs:180   # first, whenever a GPU is lent (on the
+#                                   H200 on 2026-12-04: about 1, 1 and 2.5 minutes, with the codecs at 1-256 MiB)
 #   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs runtime soak tune tune-quick train
 #           sanitize
 #   overhead-ab: the overhead benchmark on the GPU, alternating between this tree's cswap and the one in
