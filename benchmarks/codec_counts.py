@@ -110,9 +110,14 @@ def count_commit(commit: str, args) -> list[dict]:
 # -- the static model ---------------------------------------------------------------------------
 
 
-def measured_rows() -> list[dict]:
-    with open(H200_CODECS) as f:
+def measured_rows(path: Path = H200_CODECS) -> list[dict]:
+    with open(path) as f:
         return [r for r in csv.DictReader(f) if r["compress_ms"] and r["pattern"] == "blocky"]
+
+
+# A counted path and the column of benchmarks/codecs.py that timed it (launch_ms: the runtime's
+# compression, no size read back; a sweep before 2026-12-04 has no such column)
+TIMED = {"compress": "compress_ms", "decompress": "decompress_ms", "launch_into": "launch_ms"}
 
 
 def _features(counted: dict, size_bytes: float) -> np.ndarray:
@@ -120,18 +125,18 @@ def _features(counted: dict, size_bytes: float) -> np.ndarray:
     return np.array([counted["launches"], counted["syncs"], moved])
 
 
-def fit(counts: list[dict]) -> dict:
+def fit(counts: list[dict], measured: Path = H200_CODECS) -> dict:
     """L (s per launch), S (s per host sync) and B (bytes/s) by non-negative least squares
     of the relative error, on the H200's ZVC, RLE and CSR rows; and every row's error."""
     from scipy.optimize import nnls
 
     index = {(r["codec"], r["dtype"], r["sparsity"], r["path"]): r for r in counts}
     samples = []
-    for m in measured_rows():
-        for path in ("compress", "decompress"):
+    for m in measured_rows(measured):
+        for path, column in TIMED.items():
             counted = index.get((m["provider"], m["dtype"], float(m["sparsity"]), path))
-            if counted is not None:
-                samples.append((m, path, _features(counted, float(m["bytes"])), float(m[f"{path}_ms"]) / 1e3))
+            if counted is not None and m.get(column):
+                samples.append((m, path, _features(counted, float(m["bytes"])), float(m[column]) / 1e3))
     fitting = [s for s in samples if s[0]["provider"] in FIT_CODECS]
     a = np.array([f / t for _, _, f, t in fitting])
     coef, _ = nnls(a, np.ones(len(fitting)))
@@ -189,7 +194,10 @@ def main(argv=None) -> dict:
     p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
     p.add_argument("--sparsities", type=float, nargs="+", default=[0.2, 0.5, 0.8])
     p.add_argument("--mib", type=float, default=0.25, help="tensor size counted (the interpreter is slow)")
-    p.add_argument("--measured", default=MEASURED_COMMIT, help="the commit whose codecs the H200 measured")
+    p.add_argument("--measured", default=MEASURED_COMMIT,
+                   help="the commit whose codecs the H200 measured ('this': this tree's, counted once)")
+    p.add_argument("--measured-csv", type=Path, default=H200_CODECS,
+                   help="the H200's codec sweep of that commit (benchmarks/codecs.py's codecs.csv)")
     p.add_argument("--no-fit", dest="fit", action="store_false", help="count this tree only")
     p.add_argument("--no-builds", dest="builds", action="store_false", help="skip the sm_90 builds")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -207,17 +215,17 @@ def main(argv=None) -> dict:
     doc["counts"] = count_rows(args.codecs, args.dtypes, args.sparsities, args.mib)
     _print_counts(doc["counts"], "this tree")
     if args.fit:
-        doc["measured_commit"] = args.measured
-        doc["measured_counts"] = count_commit(args.measured, args)
+        doc["measured_commit"], doc["measured_csv"] = args.measured, os.path.relpath(args.measured_csv, ROOT)
+        doc["measured_counts"] = doc["counts"] if args.measured == "this" else count_commit(args.measured, args)
         _print_counts(doc["measured_counts"], f"the code the H200 measured ({args.measured})")
-        doc["model"] = model = fit(doc["measured_counts"])
+        doc["model"] = model = fit(doc["measured_counts"], args.measured_csv)
         print(f"\n## The static model, fitted on the H200's {', '.join(FIT_CODECS)} rows\n")
         print(f"per launch {model['launch_us']:.1f} us, per host sync (with the call's Python) "
               f"{model['sync_us']:.1f} us, bytes at {model['bandwidth_gbps']:.0f} GB/s")
         print("\n| codec | path | mean abs. error (fitted on) | at 256 MiB fp32 80%: measured / predicted ms |")
         print("|---|---|---|---|")
         for codec in args.codecs:
-            for path in ("compress", "decompress"):
+            for path in TIMED:
                 mine = [r for r in model["rows"] if r["codec"] == codec and r["path"] == path]
                 if not mine:
                     continue

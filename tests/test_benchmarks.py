@@ -64,6 +64,20 @@ def test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200(tmp_path, ca
     assert "static model" in capsys.readouterr().out
 
 
+def test_codec_counts_benchmark_fits_this_tree_on_a_later_sweep(tmp_path):
+    """--measured this: the sweep timed this tree's kernels; the runtime's compress path
+    (launch_ms, 2026-12-04 on) is fitted on beside compress and decompress."""
+    bench = _load(BENCHMARKS / "codec_counts.py")
+    sweep = BENCHMARKS / "results" / "nvidia-h200" / "gpu-2026-12-04" / "codecs" / "codecs.csv"
+    doc = bench.main(["--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.8", "--mib", "0.0625",
+                      "--no-builds", "--measured", "this", "--measured-csv", str(sweep), "--out", str(tmp_path)])
+    assert doc["measured_counts"] is doc["counts"] and doc["measured_csv"].endswith("codecs.csv")
+    rows = doc["model"]["rows"]
+    assert {r["path"] for r in rows} == {"compress", "decompress", "launch_into"} and len(rows) == 3 * 3
+    launch = [r for r in rows if r["path"] == "launch_into" and r["size_mib"] == 256][0]
+    assert launch["measured_ms"] == pytest.approx(0.4679, rel=1e-3)  # the H200's runtime path at 256 MiB
+
+
 def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
     bench = _load(BENCHMARKS / "runtime.py")
     rows = bench.main(["--quick", "--batch", "2", "--warmup", "2", "--iters", "1", "--check-decisions", "1",
