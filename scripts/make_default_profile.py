@@ -23,7 +23,8 @@ import cswap
 from cswap.tune.profile import DEFAULT_PROFILE, SCHEMA_VERSION, validate
 from cswap.tune.timemodel import TimeModel
 
-SWEEP = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "nvidia-h200" / "gpu-2026-12-04" / "codecs"
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "benchmarks" / "results" / "nvidia-h200" / "gpu-2026-12-04" / "codecs"
 CODECS = ("zvc", "rle", "csr", "lz4", "zans")
 
 
@@ -31,10 +32,9 @@ def measured(codec: str, direction: str) -> tuple[np.ndarray, np.ndarray, np.nda
     """(bytes, sparsity, seconds) of the sweep's rows for `codec`: compress on the runtime's path
     (launch_ms) where measured, else with its size read back (compress_ms)."""
     rows = [r for r in csv.DictReader(open(SWEEP / "codecs.csv")) if r["provider"] == codec and not r.get("error")]
-    column = "decompress_ms" if direction == "decompress" else None
-    ms = [float(r[column] if column else (r.get("launch_ms") or r["compress_ms"])) for r in rows]
+    ms = [r["decompress_ms"] if direction == "decompress" else r.get("launch_ms") or r["compress_ms"] for r in rows]
     return (np.array([float(r["bytes"]) for r in rows]), np.array([float(r["sparsity"]) for r in rows]),
-            np.array(ms) / 1e3)
+            np.array(ms, dtype=float) / 1e3)
 
 
 def main() -> None:
@@ -60,7 +60,7 @@ def main() -> None:
         "quick": False,
         "bandwidth": {"d2h_gbps": 25.0, "h2d_gbps": 25.0, "pinned": True, "samples": []},
         "codecs": codecs,
-        "tuning": {"wall_s": 0.0, "method": f"none: {SWEEP.relative_to(SWEEP.parents[4])}/codecs.csv fitted "
+        "tuning": {"wall_s": 0.0, "method": f"none: {SWEEP.relative_to(ROOT)}/codecs.csv fitted "
                    "(scripts/make_default_profile.py)", "per_codec": {}, "comparison": None},
     }
     validate(doc, "default profile")
