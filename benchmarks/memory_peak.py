@@ -12,9 +12,11 @@ which cswap-plan puts 20-26% under the H200's measurement.
     python benchmarks/memory_peak.py benchmarks/results/<device>/trace/memory-*.pickle.gz
 
 Where there are several allocation times at the same peak bytes, the first is reported.
-A block counts from its `alloc` to its `free_completed` (a block freed while another
-stream may still read it stays allocated until then, as torch.cuda.max_memory_allocated
-counts it).
+A block counts from its `alloc` to its `free_requested`, as torch.cuda.max_memory_allocated
+counts it (the caching allocator takes a block off its allocated bytes in `free`, before
+it waits for the streams that still use it). With `--until-completed` it counts to its
+`free_completed`: a block freed while another stream may still read it (record_stream)
+cannot be reused until then, so that peak is what the allocator must hold.
 """
 
 from __future__ import annotations
@@ -48,19 +50,22 @@ def where(frames: list[dict]) -> str:
     return f"{Path(f['filename']).name}:{f['name']}"
 
 
-def replay(snapshot: dict, device: int = 0) -> dict:
+def replay(snapshot: dict, device: int = 0, until_completed: bool = False) -> dict:
     """The peak of the allocated bytes over the device's trace, and the blocks live there by
     group: {"peak_mib", "at_event" (-1: before the history's first event), "events", "groups":
-    [{"where", "mib", "blocks", "largest_mib"}]}, groups largest first."""
+    [{"where", "mib", "blocks", "largest_mib"}]}, groups largest first. A block counts until
+    its free is requested (max_memory_allocated), or with `until_completed` until it completes."""
     trace = snapshot["device_traces"][device]
+    end = "free_completed" if until_completed else "free_requested"
+    held = {"active_allocated", "active_pending_free"} if until_completed else {"active_allocated"}
     # What is allocated when the snapshot was taken; walking the trace backwards from there
     # gives what was allocated before each event, blocks from before the history included.
     live = {b["address"]: (b["size"], BEFORE) for seg in snapshot["segments"] if seg.get("device", device) == device
-            for b in _blocks(seg) if b["state"] != "inactive"}
+            for b in _blocks(seg) if b["state"] in held}
     for e in reversed(trace):
         if e["action"] == "alloc":
             live.pop(e["addr"], None)
-        elif e["action"] == "free_completed":
+        elif e["action"] == end:
             live[e["addr"]] = (e["size"], BEFORE)
     # Forward again: each alloc names its block; the peak is where the sum is largest.
     total = sum(size for size, _ in live.values())
@@ -71,7 +76,7 @@ def replay(snapshot: dict, device: int = 0) -> dict:
             total += e["size"]
             if total > peak:
                 peak, at, at_peak = total, i, dict(live)
-        elif e["action"] == "free_completed" and e["addr"] in live:
+        elif e["action"] == end and e["addr"] in live:
             total -= live.pop(e["addr"])[0]
     groups = defaultdict(list)
     for size, group in at_peak.values():
@@ -109,10 +114,12 @@ def load(path: Path) -> dict:
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("snapshots", nargs="+", type=Path, help="memory-<run>-<mode>.pickle(.gz) from benchmarks/trace.py")
+    p.add_argument("--until-completed", action="store_true",
+                   help="count a block until its free completes (its streams done), not until it is requested")
     args = p.parse_args(argv)
     results = []
     for path in args.snapshots:
-        result = replay(load(path))
+        result = replay(load(path), until_completed=args.until_completed)
         print(report(result, f"{path.name}: "))
         results.append({"snapshot": path.name, **result})
     return results

@@ -48,7 +48,11 @@ def test_modes_step_times_and_peaks_are_consistent(small, prediction):
     p = prediction
     assert set(p.modes) == {"none", "vdnn", "sc", "cswap", "budget"}
     trace = fake_gpu.trace_step(small, torch.empty(16, *CIFAR))
-    assert p.peak_bytes("none") == trace.peak_bytes
+    workspaces = [op.workspace for op in trace.ops]
+    assert any(workspaces)  # (its 3x3 convolutions take cuDNN workspaces: cswap.plan.workspaces)
+    assert p.peak_bytes("none") == max(op.live_bytes + op.workspace for op in trace.ops) > trace.peak_bytes
+    # the workspaces are in no saved figure (the emulated device and the twin count none)
+    assert p.saved_peak_bytes("none") == max(op.live_bytes - b for op, b in zip(trace.ops, p.besides_saved_bytes))
     none = p.modes["none"]
     assert none.exposed_seconds == 0 and none.pcie_bytes == 0 and p.step_seconds("none") == none.compute_seconds
     for mode in ("vdnn", "sc", "cswap"):
@@ -130,7 +134,7 @@ def test_memory_model_meets_the_traced_offload_floor(small):
     trace, starts, phase, groups = _step(small)
     sizes = {g.storage: {} for g in groups}
     every = whatif._mode("all", trace, groups, {g.storage: None for g in groups}, InstantLink(), starts, phase,
-                         sizes)
+                         sizes, room=0)  # (room=0: no workspace on top, as the traced floor has none)
     assert every.peak_bytes == trace.offloaded_peak_bytes
     assert every.exposed_seconds == 0
 
@@ -174,7 +178,8 @@ def test_a_compressed_payload_is_held_as_the_runtime_holds_it(small):
     assert room < largest
     for mode, codec, held in (("sc", "zvc", room), ("sc", "lz4", largest), ("budget", "zvc", size)):
         scratch = cswap.codecs.get(codec).encode_scratch_bytes(numel, itemsize)
-        m = whatif._mode(mode, trace, [g], {g.storage: codec}, SlowLink(), starts, phase, {g.storage: {codec: size}})
+        m = whatif._mode(mode, trace, [g], {g.storage: codec}, SlowLink(), starts, phase, {g.storage: {codec: size}},
+                         room=0)  # (no workspaces: the payload alone over live)
         extra = np.array(m.curve_bytes) - live
         assert extra[g.saved_at] == held + scratch
         sent = extra[g.saved_at + 1:]
@@ -191,7 +196,7 @@ def test_a_restored_payload_goes_once_decoded(small):
     first, second = next((a, b) for a, b in zip(groups, groups[1:]) if a.used_at > b.used_at + 1)
     sizes = {g.storage: {"zvc": g.nbytes // 3} for g in (first, second)}
     m = whatif._mode("sc", trace, [first, second], {first.storage: "zvc", second.storage: "zvc"}, InstantLink(),
-                     starts, phase, sizes)
+                     starts, phase, sizes, room=0)  # (no workspaces: the payloads alone over live)
     extra = np.array(m.curve_bytes) - np.array([op.live_bytes for op in trace.ops])
     # the first is restored (prefetched) as the second is used, and decoded at once
     assert extra[second.used_at] == sizes[first.storage]["zvc"]
@@ -206,7 +211,7 @@ def test_a_tensor_served_from_the_device_never_left_and_stays_until_its_copy_end
     link = SlowLink()
     ends = phase["forward"] + 0.9 * phase["backward"]  # (its copy out ends late in backward)
     link.bw_d2h = last.nbytes / (ends - starts[last.saved_at])
-    m = whatif._mode("vdnn", trace, [last], {last.storage: None}, link, starts, phase, {last.storage: {}})
+    m = whatif._mode("vdnn", trace, [last], {last.storage: None}, link, starts, phase, {last.storage: {}}, room=0)
     extra = np.array(m.curve_bytes) - np.array([op.live_bytes for op in trace.ops])
     after = max(r.used_at for r in last.records) + 1
     assert not extra[:after].any()

@@ -84,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", default="digits", help="data for --sparsity auto: digits, synthetic, an .npz file "
                                                      "or a folder (as cswap-train)")
     p.add_argument("--reserve", default=f"{RESERVE_BYTES / 2**30:g}GiB",
-                   help="memory kept for the CUDA context and workspaces (default %(default)s)")
+                   help="memory kept for the CUDA context and cuBLAS's workspace (default %(default)s)")
     p.add_argument("--no-largest-batch", action="store_true",
                    help="skip the search for the largest batch (always skipped with --hf-config)")
     p.add_argument("--tensors", type=int, default=20, help="saved activations to list (largest first; 0: all)")

@@ -56,7 +56,7 @@ from torch import nn
 from ..runtime.candidates import op_name, producer
 from ..runtime import hook_context
 from ..runtime.layers import LayerTracker
-from . import grouped_mm, optimizers, random_skips
+from . import grouped_mm, optimizers, random_skips, workspaces
 from .accumulation import InPlaceAccumulation
 from .attention import fused_attention_mode
 from .compiled import replay_blocks, running as compiled_running
@@ -126,8 +126,9 @@ class _Recorder:
                 if compiled_running():
                     flow = {"compiled": True, "reads": tuple(recorder.storage(t) for t in ins),
                             "writes": () if func.is_view else tuple(recorder.storage(t) for t in outs)}
-                ops.append(OpRecord(len(ops), func._overloadpacket.__name__, recorder.phase, flops, moved,
-                                    floating, where[0], live_bytes(), **flow))
+                name = func._overloadpacket.__name__
+                ops.append(OpRecord(len(ops), name, recorder.phase, flops, moved, floating, where[0], live_bytes(),
+                                    workspace=workspaces.workspace_bytes(name, args, out), **flow))
                 if in_place is not None:
                     accumulation.after(in_place, args[0], out, len(ops) - 1)
                 return out
@@ -317,6 +318,7 @@ class OpRecord:
     reads: tuple = ()
     writes: tuple = ()
     compiled: bool = False
+    workspace: int = 0        # transient bytes it takes beside live_bytes (cuDNN's: cswap.plan.workspaces)
 
 
 @dataclass(frozen=True)

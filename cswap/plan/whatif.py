@@ -59,6 +59,7 @@ import torch
 from torch import nn
 
 from .. import codecs
+from . import workspaces
 from .advisor import Advisor, IterationProfile, TensorProfile, host_seconds, simulate
 from .budget import KEEP, Instance, parse_bytes, plan_budget
 from .recompute import RECOMPUTE, Block, inside, plan_with_recompute, resolve
@@ -74,8 +75,9 @@ __all__ = ["AssumedProfile", "LINK_EFFICIENCY", "MIN_BYTES", "MODES", "RESERVE_B
 MODES = ("none", "vdnn", "sc", "cswap")
 BUDGETED = ("budget", "recompute")  # the modes that run under a memory budget (its windows)
 MIN_BYTES = 1 << 20  # the runtime's default min_bytes on CUDA
-# The CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation, which no trace
-# of tensors sees: about 0.5-1 GiB on recent GPUs with PyTorch. Assumed.
+# The CUDA context, cuBLAS's workspace and allocator fragmentation, which no trace of
+# tensors sees: about 0.5-1 GiB on recent GPUs with PyTorch. Assumed. (cuDNN's convolution
+# workspaces are on the curve: cswap.plan.workspaces.)
 RESERVE_BYTES = 1 << 30
 # Pinned cudaMemcpyAsync reaches about this fraction of the link's theoretical rate. Assumed.
 LINK_EFFICIENCY = 0.8
@@ -152,6 +154,7 @@ class ModePrediction:
     curve_bytes: list[int] = field(default_factory=list)
     host_seconds: float = 0.0  # the training thread's time for the offloaded tensors (in step_seconds)
     paging_seconds: float = 0.0  # a paged optimizer's state moved over the host link (in step_seconds)
+    workspace_bytes: list[int] = field(default_factory=list)  # per op: cuDNN's workspace (in curve_bytes)
 
 
 @dataclass
@@ -188,8 +191,11 @@ class Prediction:
         """The peak of what saved activations and cswap's buffers alone hold on the device
         (weights, gradients and the step's other tensors aside): the figure the emulated
         device and the timed twin count (cswap.runtime.emulator), to check the plan on."""
-        curve = np.array(self._mode(mode).curve_bytes, dtype=np.int64)
-        return int((curve - np.array(self.besides_saved_bytes, dtype=np.int64)).max(initial=0))
+        mp = self._mode(mode)
+        curve = np.array(mp.curve_bytes, dtype=np.int64) - np.array(self.besides_saved_bytes, dtype=np.int64)
+        if mp.workspace_bytes:
+            curve -= np.array(mp.workspace_bytes, dtype=np.int64)
+        return int(curve.max(initial=0))
 
     def step_seconds(self, mode: str = "none") -> float:
         return self._mode(mode).step_seconds
@@ -398,14 +404,15 @@ def _step_clock(starts: np.ndarray, forward_end: int, moved: list[_Group], sim) 
     return starts + shift
 
 
-def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -> ModePrediction:
-    """One mode's peak, step time and curve, for `choices` (storage -> None raw / codec)."""
+def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes, room: float) -> ModePrediction:
+    """One mode's peak, step time and curve, for `choices` (storage -> None raw / codec),
+    cuDNN's workspaces on the curve as far as `room` (the step's device memory) holds them."""
     live = np.array([op.live_bytes for op in trace.ops], dtype=np.float64)
     compute = sum(phase_s.values())
     moved = [g for g in groups if g.storage in choices]
     if not moved:
-        return ModePrediction(name, int(live.max(initial=0)), compute, compute, 0.0, 0.0, 0, 0, 0,
-                              starts.tolist(), live.astype(np.int64).tolist())
+        return _with_workspaces(ModePrediction(name, 0, compute, compute, 0.0, 0.0, 0, 0, 0, starts.tolist()),
+                                trace, live, room)
     iteration = _iteration(moved, starts, phase_s)
     keyed = {g.key: choices[g.storage] for g in moved}
     sim = simulate(iteration, keyed, profile, {g.key: sizes[g.storage] for g in moved},
@@ -450,9 +457,18 @@ def _mode(name, trace, groups, choices: dict, profile, starts, phase_s, sizes) -
                 curve[back:min(max(decoded, back + 1), g.used_at)] += size
     host_s = host_seconds(profile) * len(moved)
     step = compute + sim.exposed_s + host_s  # (the kernels' time beside compute is in exposed_s)
-    return ModePrediction(name, int(curve.max()), step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),
-                          sum(1 for c in keyed.values() if c), starts.tolist(), curve.astype(np.int64).tolist(),
-                          host_s)
+    return _with_workspaces(ModePrediction(name, 0, step, compute, sim.exposed_s, codec_s, int(pcie), len(moved),
+                                           sum(1 for c in keyed.values() if c), starts.tolist(), host_seconds=host_s),
+                            trace, curve, room)
+
+
+def _with_workspaces(mp: ModePrediction, trace, curve: np.ndarray, room: float) -> ModePrediction:
+    """`mp` with `curve` and its peak, each op's cuDNN workspace on top where room holds it."""
+    workspace = np.array([op.workspace for op in trace.ops], dtype=np.float64)
+    full = workspaces.with_workspaces(curve, workspace, room) if workspace.any() else curve
+    taken = (full - curve).astype(np.int64)
+    return replace(mp, peak_bytes=int(full.max(initial=0)), curve_bytes=full.astype(np.int64).tolist(),
+                   workspace_bytes=taken.tolist() if taken.any() else [])
 
 
 def _budget_instance(trace, groups: list[_Group], starts, phase_s, link, sizes) -> tuple[Instance, list]:
@@ -471,14 +487,14 @@ def _budget_instance(trace, groups: list[_Group], starts, phase_s, link, sizes) 
             movable)
 
 
-def _budget_mode(trace, groups, starts, phase_s, link, sizes, capacity) -> tuple[ModePrediction, dict, Instance]:
+def _budget_mode(trace, groups, starts, phase_s, link, sizes, capacity, room) -> tuple[ModePrediction, dict, Instance]:
     """The planner's choice, checked on the full curve (late copies, compressed buffers)
     and planned again with the overshoot off the budget until it fits (or 4 tries)."""
     inst, movable = _budget_instance(trace, groups, starts, phase_s, link, sizes)
 
     def check(plan):
         choices = {g.storage: c for g, c in zip(movable, plan.choices) if c != KEEP}
-        return _mode("budget", trace, groups, choices, link, starts, phase_s, sizes), choices
+        return _mode("budget", trace, groups, choices, link, starts, phase_s, sizes, room), choices
 
     _, (mode, choices) = _replan_until_it_fits(capacity, lambda target: plan_budget(inst, target), check)
     return mode, choices, inst
@@ -522,14 +538,15 @@ def _blocks(names: list[str], trace, movable: list[_Group], op_s: np.ndarray) ->
     return blocks
 
 
-def _recompute_mode(trace, groups, starts, phase_s, link, sizes, capacity, blocks) -> tuple[ModePrediction, dict]:
+def _recompute_mode(trace, groups, starts, phase_s, link, sizes, capacity, room,
+                    blocks) -> tuple[ModePrediction, dict]:
     """The budget planner with recompute as a fourth choice (cswap.plan.recompute), checked on
     the full curve and planned again with any overshoot off the budget, as _budget_mode."""
     inst, movable = _budget_instance(trace, groups, starts, phase_s, link, sizes)
 
     def check(plan):
         choices = {g.storage: c for g, c in zip(movable, plan.choices) if c not in (KEEP, RECOMPUTE)}
-        mode = _mode("recompute", trace, groups, choices, link, starts, phase_s, sizes)
+        mode = _mode("recompute", trace, groups, choices, link, starts, phase_s, sizes, room)
         curve = np.array(mode.curve_bytes, dtype=np.float64)
         for i, c in enumerate(plan.choices):
             a, b = inst.windows[i]
@@ -685,12 +702,12 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     sizes = {grp.storage: decisions[grp.key].sizes for grp in groups}
 
     plans = {m: _choices(m, groups, decisions) for m in MODES}
-    modes = {m: _mode(m, trace, groups, plans[m], link, starts, phase_s, sizes) for m in MODES}
-    capacity = g.memory_bytes - reserve_bytes
+    room = capacity = g.memory_bytes - reserve_bytes  # (room: what cuDNN's workspaces may take, budget or not)
+    modes = {m: _mode(m, trace, groups, plans[m], link, starts, phase_s, sizes, room) for m in MODES}
     if budget_bytes is not None:
         capacity = min(budget_bytes, capacity)
     modes["budget"], plans["budget"], instance = _budget_mode(trace, groups, starts, phase_s, link, sizes,
-                                                              capacity)
+                                                              capacity, room)
     names = resolve(model, recompute) if recompute is not False else []
     blocks = []
     if names:
@@ -698,7 +715,7 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         blocks = _blocks(names, trace, movable, op_s)
         if any(b.members for b in blocks):
             modes["recompute"], plans["recompute"] = _recompute_mode(trace, groups, starts, phase_s, link, sizes,
-                                                                     capacity, blocks)
+                                                                     capacity, room, blocks)
     if paged:
         modes = {m: _paged(mp, paged, capacity, link) for m, mp in modes.items()}
     tensors = _tensor_predictions(acts, keys, sparsity_of, zans_of, groups, decisions, plans)
@@ -708,8 +725,10 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         "memory": f"predicted: one {optimizer} step{' (in backward, per parameter)' if optimizer_in_backward else ''} "
                   f"traced on a fake GPU (FakeTensorMode + MemTracker, torch {torch.__version__})"
                   + (", compiled: the graphs torch.compile's partitioner makes, replayed" if compile else "")
+                  + ("; cuDNN's convolution workspaces as the H200 took them (cswap.plan.workspaces)"
+                     if any(op.workspace for op in trace.ops) else "")
                   + f"; reserve "
-                  f"{reserve_bytes / 2**30:.2f} GiB assumed for the CUDA context and workspaces"
+                  f"{reserve_bytes / 2**30:.2f} GiB assumed for the CUDA context and cuBLAS's workspace"
                   + (f"; plus {paged / 2**30:.2f} GiB of paged optimizer state in unified memory, outside "
                      f"PyTorch's allocator (in no peak: what the GPU has left beside the peak holds part of it, "
                      f"the rest crosses the host link in and out each step, in the step time; assumed)"
