@@ -21,6 +21,8 @@ fused BERT) is predicted without that difference, marked so, and left out of bot
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import time
@@ -255,6 +257,12 @@ H200 = {
                            "peak_mib": {"none": 5716.3, "vdnn": 5729.7, "sc": 5083.6, "cswap": 5083.6},
                            "source": "benchmarks/results/nvidia-h200/headline.csv (twin.py --gpu, 3 timed steps)"},
 }
+# The peak of one profiled step of each (benchmarks/results/nvidia-h200/trace/, same commit and
+# day), replayed from its memory snapshot as max_memory_allocated counts (benchmarks/memory_peak.py):
+# where vdnn's timed steps peaked at about unpatched's (one of the three took 364 ms, not 112),
+# the profiled step peaked in backward, beside a convolution's cuDNN workspace.
+H200_PROFILED_PEAK_MIB = {"vgg16-cifar10-b2560": {"none": 3929, "vdnn": 3414, "sc": 3414, "cswap": 3414},
+                          "vgg16-imagenet-b64": {"none": 5712, "vdnn": 5080, "sc": 5080, "cswap": 5080}}
 # The same runs on the timed twin of today's runtime (benchmarks/results/twin/): what saved
 # activations and cswap's buffers held at most, which cswap-plan's curve must reproduce.
 TWIN = ROOT / "results" / "twin" / "twin-today.json"
@@ -264,7 +272,23 @@ TWIN_RUN = {"vgg16-cifar10-b2560": "cifar", "vgg16-imagenet-b64": "imagenet"}
 H200_SPARSITY = 0.47
 
 
+@contextlib.contextmanager
+def decode_waits():
+    """cswap-plan as the runtime the H200 measured ran: each decode waited for (advisor.simulate's
+    decode_waits; fixed in 138c7ca, as benchmarks/twin.py --pageable-verdict replays it)."""
+    from cswap.plan import whatif
+
+    simulate = whatif.simulate
+    whatif.simulate = functools.partial(simulate, decode_waits=True)
+    try:
+        yield
+    finally:
+        whatif.simulate = simulate
+
+
 def predict_h200(name: str, run: dict) -> list[dict]:
+    """cswap-plan's figures for the run as the H200 measured it (the decodes' waits replayed)
+    beside the measurement, and today's (the runtime without them) beside the timed twin's."""
     import torch
 
     import cswap
@@ -273,18 +297,27 @@ def predict_h200(name: str, run: dict) -> list[dict]:
 
     model = build("vgg16", dataset=run["dataset"])
     shape = (3, 32, 32) if run["dataset"] == "cifar10" else (3, 224, 224)
-    p = cswap.predict(model, torch.empty((run["batch"], *shape), device="meta"), "h200", precision="fp32", optimizer="sgd",
-                      sparsity=from_number(H200_SPARSITY), recompute=False)
+
+    def predict():
+        return cswap.predict(model, torch.empty((run["batch"], *shape), device="meta"), "h200", precision="fp32",
+                             optimizer="sgd", sparsity=from_number(H200_SPARSITY), recompute=False)
+
+    p = predict()
+    with decode_waits():
+        measured_runtime = predict()
     momentum = sum(q.numel() * q.element_size() for q in model.parameters())  # (plain SGD holds none)
     twin = {r["mode"]: r["peak_saved_mib"] for r in json.loads(TWIN.read_text())["rows"] if r["run"] == TWIN_RUN[name]}
+    profiled = H200_PROFILED_PEAK_MIB[name]
     rows = []
     for mode, measured_ms in run["step_ms"].items():
-        peak = (p.peak_bytes(mode) - momentum) / 2**20
-        step = p.step_seconds(mode) * 1e3
+        peak = (measured_runtime.peak_bytes(mode) - momentum) / 2**20
+        step = measured_runtime.step_seconds(mode) * 1e3
         rows.append({"run": name, "mode": mode, "set": CALIBRATION if mode == "none" else EVALUATION,
                      "predicted_step_ms": step, "measured_step_ms": measured_ms,
                      "step_error": step / measured_ms - 1, "predicted_peak_mib": peak,
                      "measured_peak_mib": run["peak_mib"][mode], "peak_error": peak / run["peak_mib"][mode] - 1,
+                     "profiled_peak_mib": profiled[mode], "profiled_peak_error": peak / profiled[mode] - 1,
+                     "today_step_ms": p.step_seconds(mode) * 1e3,
                      "predicted_saved_peak_mib": p.saved_peak_bytes(mode) / 2**20,
                      "twin_saved_peak_mib": twin[mode],
                      "saved_peak_vs_twin": p.saved_peak_bytes(mode) / 2**20 / twin[mode] - 1,
@@ -398,13 +431,15 @@ def main(argv=None) -> dict:
     h200 = []
     if args.h200:
         print(f"\n{'H200 run':<22} {'mode':<6} {'step ms':>8} {'measured':>8} {'error':>7} {'peak MiB':>8} "
-              f"{'measured':>8} {'error':>7} {'saved MiB':>9} {'twin':>6} {'error':>7}")
+              f"{'measured':>8} {'error':>7} {'profiled':>8} {'error':>7} {'today ms':>8} {'saved MiB':>9} "
+              f"{'twin':>6} {'error':>7}")
     for name in args.h200:
         for row in predict_h200(name, H200[name]):
             h200.append(row)
             print(f"{name:<22} {row['mode']:<6} {row['predicted_step_ms']:>8.1f} {row['measured_step_ms']:>8.1f} "
                   f"{_pct(row['step_error']):>7} {row['predicted_peak_mib']:>8.0f} {row['measured_peak_mib']:>8.0f} "
-                  f"{_pct(row['peak_error']):>7} {row['predicted_saved_peak_mib']:>9.0f} "
+                  f"{_pct(row['peak_error']):>7} {row['profiled_peak_mib']:>8.0f} {_pct(row['profiled_peak_error']):>7} "
+                  f"{row['today_step_ms']:>8.1f} {row['predicted_saved_peak_mib']:>9.0f} "
                   f"{row['twin_saved_peak_mib']:>6.0f} {_pct(row['saved_peak_vs_twin']):>7}", flush=True)
     sets = summary(rows)
     for which, s in sets.items():

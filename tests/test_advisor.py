@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import cswap
-from cswap.plan.advisor import (SM_SHARE, Advisor, Decision, IterationProfile, SimResult, TensorProfile, compressed_size,
-                           simulate)
+from cswap.plan.advisor import (SEND_S, SM_SHARE, SWITCH_S, Advisor, Decision, IterationProfile, SimResult,
+                           TensorProfile, compressed_size, simulate)
 from cswap.codecs.container import header_size
 from cswap.kernels import rle as krle
 from cswap.tune.profile import DEFAULT_PROFILE, read_profile
@@ -547,9 +547,10 @@ def test_kernel_times_in_the_timeline_by_hand():
     size = compressed_size("zvc", t.shape, 4, 0.8, t.runs)
     kernel = 1e-5 + 5e-12 * 1e8
     sim = simulate(iteration(t, forward_s=1.0), {"t": "zvc"}, profile)
-    # compressed beside forward's compute (which loses the kernel's time), then copied out;
-    # fetched on demand in backward: copy in, then decode, beside backward's compute
-    assert sim.offload_end_s["t"] == pytest.approx(kernel + size / 1e9, rel=1e-12)
+    # compressed beside forward's compute (which loses the kernel's time), then copied out by
+    # the sender, which has the GIL from forward's Python at the switch interval; fetched on
+    # demand in backward: copy in, then decode, beside backward's compute
+    assert sim.offload_end_s["t"] == pytest.approx(kernel + SWITCH_S + SEND_S + size / 1e9, rel=1e-12)
     assert sim.forward_stall_s == pytest.approx(SM_SHARE * kernel, rel=1e-12)
     assert sim.backward_stall_s == pytest.approx(SM_SHARE * kernel + size / 1e9 + kernel, rel=1e-12)
     late = tensor(key="t", shape=(25_000_000,), sparsity=0.8, save_s=1.0, use_s=0.01)
@@ -558,6 +559,42 @@ def test_kernel_times_in_the_timeline_by_hand():
     # backward asks for it: served from the device
     assert sim.exposed_s == pytest.approx(SM_SHARE * kernel)
     assert sim.restore_start_s["t"] == pytest.approx(1.01 + SM_SHARE * kernel)  # (backward moved on by it)
+
+
+def test_the_sender_copies_out_at_once_while_the_training_thread_waits():
+    """Three 100 MB tensors saved 1 ms apart: the third waits for the stash (two in flight).
+    While the training thread waits it holds no GIL, so the sender copies the first out
+    SEND_S after that wait began, and the second, encoded by then, SEND_S after it; the
+    single tensor above, whose sizes landed while forward ran, waited a switch interval."""
+    profile = FakeProfile(bw=1e9)
+    big = (25_000_000,)
+    a, b, c = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=0.5 - 0.1 * i)
+               for i, k in enumerate("abc"))
+    size = compressed_size("zvc", big, 4, 0.8, a.runs)
+    kernel = 1e-5 + 5e-12 * 1e8
+    sim = simulate(iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}, profile)
+    waits_from = c.save_s + 2 * SM_SHARE * kernel  # (c's save, after the two encodes forward yielded to)
+    assert sim.offload_end_s["a"] == pytest.approx(waits_from + SEND_S + size / 1e9, rel=1e-9)
+    assert sim.offload_end_s["b"] == pytest.approx(sim.offload_end_s["a"] + size / 1e9, rel=1e-9)
+    # forward lost the two encodes' kernels and c's wait for a
+    assert sim.forward_stall_s == pytest.approx(2 * SM_SHARE * kernel + sim.offload_end_s["a"] - waits_from)
+    # c goes raw, sent by pack at its save once the stash has room: behind b on the link
+    assert sim.offload_end_s["c"] == pytest.approx(sim.offload_end_s["b"] + c.nbytes / 1e9, rel=1e-9)
+
+
+def test_decode_waits_replays_the_runtime_whose_decodes_the_thread_waited_for():
+    """Before 138c7ca each decode made the thread that queued it wait: a tensor restored ahead
+    of its use stalls backward then, by its copy in and decode, instead of hiding behind compute."""
+    it, profile = contention()
+    choices = {"a": "zvc", "b": "zvc"}
+    ahead = simulate(it, choices, profile)
+    waited = simulate(it, choices, profile, decode_waits=True)
+    # b is asked for first, on demand (waited for either way); a is restored ahead, at b's use
+    assert ahead.per_tensor_stall_s["b"] == pytest.approx(waited.per_tensor_stall_s["b"])
+    wait = waited.restored_s["a"] - waited.use_at_s["b"]
+    assert wait > 0
+    assert waited.per_tensor_stall_s["a"] == pytest.approx(ahead.per_tensor_stall_s["a"] + wait)
+    assert waited.backward_stall_s == pytest.approx(ahead.backward_stall_s + wait)
 
 
 def contention():

@@ -69,9 +69,14 @@ profiled timings, not a measurement:
   where the size is read first) fit the stash window (an eighth of the pass, at least
   the largest) or fewer than two tensors are in flight; else forward waits for the
   oldest copy out to end, and every later save moves on by that wait.
-  Encodes run in order on the codec stream from the save (Time_c), copies in
-  order on the D2H link after their encode, or their save when raw (S_c / BW_d2h).
-  Forward stall = the sum of those waits, each charged to the tensor waited for.
+  Encodes run in order on the codec stream from the save (Time_c). Copies run on the
+  D2H link in the order they are issued (S_c / BW_d2h): a raw one at its save (pack
+  sends it); a compressed one by the runtime's sender thread once the encode's sizes
+  have landed (read back on the same link, behind the copies issued before the encode
+  ended) and the sender has the GIL: SEND_S later if the training thread is waiting
+  then, else when it next waits, or a switch interval (SWITCH_S) later at most, as the
+  H200's traces showed. Forward stall = the sum of the waits, each charged to the
+  tensor waited for.
   Under a memory budget (`budgeted`) one tensor in flight is enough to wait, and a
   payload holds its compressed size (the runtime reads it before copying out).
 - Backward starts when forward's compute ends; a tensor whose copy out has not ended
@@ -486,6 +491,15 @@ WINDOW_LEAST = 2     # and at least this many tensors in flight, the largest inc
 # compute yields them for about as long (assumed, as the timed twin assumes by default,
 # cswap.runtime.twin.TwinSpec.sm_share; not measured: a GPU trace will tell).
 SM_SHARE = 1.0
+# A compressed tensor's copy out is queued by the runtime's sender thread once its encode's
+# sizes have landed on the host (cswap.runtime.offload: send). The sender is Python: it needs
+# the GIL, which the training thread holds while it runs forward. On the H200 (the profiled
+# sc and cswap steps of benchmarks/results/nvidia-h200/trace/, 2026-12-04) a copy went out
+# 0.1-0.5 ms after its sizes landed when the training thread was waiting (median 0.4: SEND_S),
+# and 2.6-4.4 ms after when it had just resumed forward: when it next waited, or at Python's
+# switch interval (SWITCH_S, its default) at most.
+SEND_S = 0.4e-3
+SWITCH_S = 5e-3
 
 
 def _room(t: TensorProfile, codec: str, size: int) -> int:
@@ -495,7 +509,8 @@ def _room(t: TensorProfile, codec: str, size: int) -> int:
 
 
 def _timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
-              bw_h2d: float, served_from_device: bool = True, budgeted: bool = False) -> SimResult:
+              bw_h2d: float, served_from_device: bool = True, budgeted: bool = False,
+              decode_waits: bool = False) -> SimResult:
     tensors = iteration.tensors
     n = len(tensors)
     per = {t.key: 0.0 for t in tensors}
@@ -511,15 +526,53 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     least = 1 if budgeted else WINDOW_LEAST
     stash = max(max(footprint, default=0), sum(footprint) // WINDOW_FRACTION)
     # forward: pack admits a tensor while the footprints in flight fit the stash (two at least),
-    # else it waits for the oldest copy out; encodes run in order on the codec stream,
-    # copies in order on the D2H link, each after its encode (or, raw, its save)
+    # else it waits for the oldest copy out; encodes run in order on the codec stream, copies
+    # in order of issue on the D2H link: a raw one at its save (pack sends it), a compressed
+    # one when the sender has its sizes (read back on the link behind the copies issued
+    # before its encode ended) and the GIL (SEND_S, SWITCH_S)
     shift = compress = link = late = 0.0
-    offload_end = [0.0] * n
+    offload_end = [math.inf] * n  # (inf: not issued yet)
+    encoded = [0.0] * n
     freed_by = [n] * n
     inflight: list[int] = []
+    unsent: list[int] = []  # compressed, their copies not issued yet, in order
+    copies: list[tuple[float, float]] = []  # (issued at, ends) per copy out, in order of issue
+    sender = 0.0  # when the sender issued its last copy
+
+    def issue(j: int, at: float) -> None:
+        nonlocal link
+        link = offload_end[j] = max(at, link) + costs[j].size[options[j]] / bw_d2h
+        copies.append((at, link))
+
+    def landed(j: int) -> float:  # the sizes' copy waits for the copies issued before it was queued
+        for at, end in reversed(copies):  # (ends grow in order of issue: the last such is the latest)
+            if at <= encoded[j]:
+                return max(encoded[j], end)
+        return encoded[j]
+
+    def send_landed(until: float, blocked_from: float | None = None) -> None:
+        """Issue the sender's copies whose sizes have landed by `until`. While the training
+        thread runs (blocked_from None) the sender has the GIL only at the switch interval;
+        while it is blocked (from `blocked_from`), at once (sizes that land as it wakes,
+        behind the copy it waited for, lose the GIL to it)."""
+        nonlocal sender
+        while unsent:
+            at = landed(unsent[0])
+            if blocked_from is None:
+                if at + SWITCH_S > until:
+                    return
+                gil = at + SWITCH_S
+            else:
+                if at >= until:
+                    return
+                gil = max(at, blocked_from)
+            sender = max(sender, gil) + SEND_S
+            issue(unsent.pop(0), sender)
+
     for i, t in enumerate(tensors):
         c, k = costs[i], options[i]
         save = t.save_s + shift
+        send_landed(save)
         for j in inflight:
             if offload_end[j] <= save:  # (released by this save)
                 freed_by[j] = i
@@ -527,22 +580,29 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
         while len(inflight) >= least and sum(footprint[j] for j in inflight) + footprint[i] > stash:
             oldest = inflight.pop(0)
             freed_by[oldest] = i
+            while oldest in unsent:  # the training thread waits: the sender has the GIL
+                send_landed(max(save, landed(unsent[0])) + SEND_S, blocked_from=save)
             wait = offload_end[oldest] - save
             if wait > 0:
+                send_landed(save + wait, blocked_from=save)
                 per[tensors[oldest].key] += wait
                 shift += wait
                 save += wait
-        ready = save
         if k is not None:
             start = max(save, compress)
-            compress = ready = start + c.t_c[k]
+            compress = encoded[i] = start + c.t_c[k]
             if start < iteration.forward_s + shift:  # beside forward's compute, which yields the SMs
                 shift += SM_SHARE * c.t_c[k]
                 per[t.key] += SM_SHARE * c.t_c[k]
             else:  # beside backward's
                 late += SM_SHARE * c.t_c[k]
-        link = offload_end[i] = max(ready, link) + c.size[k] / bw_d2h
+            unsent.append(i)
+        else:
+            issue(i, save)
         inflight.append(i)
+    forward_end = iteration.forward_s + shift
+    send_landed(forward_end)  # (forward runs until its end; then autograd's engine, in C++)
+    send_landed(math.inf, blocked_from=forward_end)
     forward_stall = shift
     # backward starts at once: a tensor whose copy out has not ended when it is restored is
     # served from the device. Restores go ahead of use within the prefetch window (an eighth
@@ -602,6 +662,10 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
             if len(ahead) >= least and sum(held(a) for a in ahead) + held(j) > window:
                 break
             restore(j, use)
+            if decode_waits and options[j] is not None and ready_at[j] > use:  # (the thread waits for it)
+                per[tensors[j].key] += ready_at[j] - use
+                back += ready_at[j] - use
+                use = ready_at[j]
             ahead.append(j)
             issued += 1
     return SimResult(exposed_s=forward_stall + back, forward_stall_s=forward_stall, backward_stall_s=back,
@@ -613,7 +677,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
 
 def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], profile,
              codecs_sizes: Mapping[str, Mapping[str, int]] | None = None,
-             served_from_device: bool = True, budgeted: bool = False) -> SimResult:
+             served_from_device: bool = True, budgeted: bool = False, decode_waits: bool = False) -> SimResult:
     """Replay one iteration in the timeline model (module docstring) with each tensor's
     codec from `choices` (key -> codec or None; keys left out are offloaded
     uncompressed). codecs_sizes: optional key -> {codec: bytes} (e.g. Decision.sizes)
@@ -621,7 +685,10 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     ended when backward asks for it is served from the device, as the runtime does
     (False: it is waited for, as the advisor scores its options). budgeted: the runtime
     under a memory budget (windows admit one tensor at least, payloads held at their
-    size, with no room reserved). A model, not a measurement."""
+    size, with no room reserved). decode_waits: the thread that queues a decode waits for it,
+    as the runtime did before 138c7ca (torch 2.11 on CUDA copied each decode's verdict from
+    pageable memory and synchronized; benchmarks/twin.py --pageable-verdict replays the same):
+    for setting a GPU's measurement of that runtime beside the model. A model, not a measurement."""
     if not isinstance(iteration, IterationProfile):
         _fail(f"simulate needs an IterationProfile, got {type(iteration).__name__}")
     bw_d2h, bw_h2d, available = _check_profile(profile)
@@ -634,7 +701,7 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     options = [choices.get(t.key) for t in iteration.tensors]
     sizes = codecs_sizes or {}
     costs = [_costs(t, profile, [k] if k else [], sizes.get(t.key)) for t, k in zip(iteration.tensors, options)]
-    return _timeline(iteration, options, costs, bw_d2h, bw_h2d, served_from_device, budgeted)
+    return _timeline(iteration, options, costs, bw_d2h, bw_h2d, served_from_device, budgeted, decode_waits)
 
 
 # -- the advisor ------------------------------------------------------------------------------------------
