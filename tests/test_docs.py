@@ -57,6 +57,8 @@ COVERAGE = {
     "python benchmarks/trace.py": ("gpu", "profiles a GPU"),
     "python benchmarks/memory_peak.py benchmarks/results/<device>/trace/memory-*.pickle.gz":
         ("test", "tests/test_memory_peak.py"),
+    "python benchmarks/send_gaps.py benchmarks/results/<device>/trace/trace-*-sc.json.gz":
+        ("test", "tests/test_send_gaps.py"),
     "python benchmarks/soak.py": ("long", "1000 steps"),
     "python benchmarks/soak.py --quick": ("test", "tests/test_soak.py"),
     "python benchmarks/plan_paper.py": ("long", "3.5 min"),
