@@ -439,6 +439,12 @@ def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path)
     h200 = {(r["run"], r["mode"]): r for r in doc["h200"]}
     assert len(h200) == 8 and h200[("vgg16-imagenet-b64", "none")]["measured_step_ms"] == 47.6
     assert all(r["predicted_step_ms"] > 0 and r["predicted_peak_mib"] > 0 for r in h200.values())
+    # set against the runtime measured, whose decodes the thread waited for; today's has no wait
+    sc = h200[("vgg16-cifar10-b2560", "sc")]
+    assert sc["today_step_ms"] < sc["predicted_step_ms"]
+    assert h200[("vgg16-cifar10-b2560", "vdnn")]["today_step_ms"] == h200[("vgg16-cifar10-b2560", "vdnn")][
+        "predicted_step_ms"]  # (nothing to decode)
+    assert h200[("vgg16-cifar10-b2560", "vdnn")]["profiled_peak_mib"] == 3414
 
 
 def test_plan_accuracy_reads_each_peak_in_the_unit_its_source_prints():
