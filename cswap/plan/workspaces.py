@@ -37,8 +37,8 @@ def _nbytes(t) -> int:
 def workspace_bytes(name: str, args, out) -> int:
     """The workspace cuDNN asks for to run aten op `name` on `args` (returning `out`):
     0 for an op that is no convolution, a 1x1 or a grouped one (module docstring)."""
-    if name not in CONVOLUTIONS:
-        return 0
+    if name not in CONVOLUTIONS or len(args) < (9 if name == "convolution" else 10):
+        return 0  # (the dispatcher passes both ops every argument positionally)
     if name == "convolution":  # (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
         x, w, groups, y = args[0], args[1], args[8], out
     else:  # (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask)
