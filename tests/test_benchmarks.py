@@ -13,6 +13,7 @@ import cswap
 import pytest
 import torch
 
+from benchmark_module import load_benchmark
 from cswap.tune.host_cost import time_steps
 
 pytestmark = pytest.mark.slow  # the benchmarks' quick runs: CI runs them (pytest -m slow)
@@ -21,18 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def _load(path: Path):
-    if str(BENCHMARKS) not in sys.path:  # as when run as a script: siblings import (common.py)
-        sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (dataclasses look their module up there)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_codec_benchmark_quick_run_writes_results(tmp_path, capsys):
-    bench = _load(BENCHMARKS / "codecs.py")
+    bench = load_benchmark("codecs")
     rows = bench.main(["--quick", "--sizes-mib", "0.02", "--sparsities", "0.5", "--dtypes", "bf16",
                        "--repeats", "1", "--out", str(tmp_path)])
     assert [r["provider"] for r in rows] == list(cswap.codecs.names())
@@ -48,7 +39,7 @@ def test_codec_benchmark_quick_run_writes_results(tmp_path, capsys):
 
 
 def test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200(tmp_path, capsys):
-    bench = _load(BENCHMARKS / "codec_counts.py")
+    bench = load_benchmark("codec_counts")
     doc = bench.main(["--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.5", "0.8", "--mib", "0.0625",
                       "--no-builds", "--out", str(tmp_path)])
     now = {(r["sparsity"], r["path"]): r for r in doc["counts"]}
@@ -67,7 +58,7 @@ def test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200(tmp_path, ca
 def test_codec_counts_benchmark_fits_this_tree_on_a_later_sweep(tmp_path):
     """--measured this: the sweep timed this tree's kernels; the runtime's compress path
     (launch_ms, 2026-12-04 on) is fitted on beside compress and decompress."""
-    bench = _load(BENCHMARKS / "codec_counts.py")
+    bench = load_benchmark("codec_counts")
     sweep = BENCHMARKS / "results" / "nvidia-h200" / "gpu-2026-12-04" / "codecs" / "codecs.csv"
     doc = bench.main(["--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.8", "--mib", "0.0625",
                       "--no-builds", "--measured", "this", "--measured-csv", str(sweep), "--out", str(tmp_path)])
@@ -79,7 +70,7 @@ def test_codec_counts_benchmark_fits_this_tree_on_a_later_sweep(tmp_path):
 
 
 def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
-    bench = _load(BENCHMARKS / "runtime.py")
+    bench = load_benchmark("runtime")
     rows = bench.main(["--quick", "--batch", "2", "--warmup", "2", "--iters", "1", "--check-decisions", "1",
                        "--out", str(tmp_path)])
     by = {r["provider"]: r for r in rows}
@@ -109,14 +100,14 @@ def test_the_runtime_benchmarks_floor_is_static_state_plus_one_ops_working_set()
     """Issue 39 §2: VGG16 ImageNet batch 64 with plain SGD: parameters and gradients (2 x 528
     MiB) plus the largest op's backward (conv1_2: its input, its output's gradient and its
     input's gradient, 784 MiB each at 224x224x64, plus its temporaries): about 3445 MiB."""
-    bench = _load(BENCHMARKS / "runtime.py")
+    bench = load_benchmark("runtime")
     floor = bench.memory_floor(bench.parse_args(["--dataset", "imagenet", "--batch", "64"]))
     assert 2 * 528 + 3 * 784 <= floor["floor_mib"] < 3600, floor
     assert floor["floor_mib"] < 0.7 * floor["predicted_unpatched_mib"], floor
 
 
 def test_train_benchmark_quick_run_writes_results_and_readme(tmp_path, capsys):
-    bench = _load(BENCHMARKS / "train.py")
+    bench = load_benchmark("train")
     rows = bench.main(["--quick", "--batch", "2", "--out", str(tmp_path)])
     models = {r["model"] for r in rows}
     assert models == {"small_cnn", "resnet18"} and {r["dataset"] for r in rows} == {"cifar10"}
@@ -167,7 +158,7 @@ def test_codec_benchmark_static_figures_cover_every_codec_and_word_size():
 
 
 def test_overhead_benchmark_quick_run(tmp_path):
-    bench = _load(BENCHMARKS / "overhead.py")
+    bench = load_benchmark("overhead")
     rows = bench.main(["--quick", "--out", str(tmp_path)])
     devices = {r["device"] for r in rows}
     assert devices == {"cpu", "emulated", "lagging"}
@@ -194,7 +185,7 @@ def test_the_overhead_benchmark_lets_a_providers_background_work_finish_before_t
     """vdnnpp compresses host copies on threads of its own after its steps return; timed next,
     stock autograd took twice as long. common.settle, which overhead.py calls after each
     provider's steps, waits for that work and stops the threads."""
-    bench = _load(BENCHMARKS / "overhead.py")
+    bench = load_benchmark("overhead")
     model, context = bench.provider("vdnnpp", bench.chain(8, 64))
     try:
         time_steps(model, context, torch.randn(32, 64), 2)
@@ -222,7 +213,7 @@ def test_the_overhead_benchmark_lets_a_providers_background_work_finish_before_t
 def test_the_in_process_ab_lets_each_chains_background_work_finish():
     """ab_overhead.py settles each patched chain after its steps, through the package that
     patched it (the base commit's or the working tree's), as overhead.py does."""
-    ab = _load(BENCHMARKS / "ab_overhead.py")
+    ab = load_benchmark("ab_overhead")
     model = cswap.patch(ab.chain(8, 64), mode="vdnnpp", candidates="all", min_bytes=0)
     try:
         time_steps(model, contextlib.nullcontext, torch.randn(32, 64), 3)
@@ -235,7 +226,7 @@ def test_the_in_process_ab_lets_each_chains_background_work_finish():
 def test_the_minimal_offload_floor_really_offloads():
     """The benchmark's floor copies each activation out once and back once (a provider that
     copied nothing would make the floor, and cswap's distance to it, meaningless)."""
-    bench = _load(BENCHMARKS / "overhead.py")
+    bench = load_benchmark("overhead")
     x = torch.randn(8, 16)
     grads = []
     for hooks in (None, bench.MinimalOffload()):
@@ -256,7 +247,7 @@ def test_the_lean_sketch_really_offloads_and_releases():
     """The `lean` provider prices cswap's per-tensor mechanics: it must copy each activation out,
     release it once copied (memory gone, version counter kept), bring it back exactly and
     reuse the host buffers, or its figure would mean nothing."""
-    bench = _load(BENCHMARKS / "overhead.py")
+    bench = load_benchmark("overhead")
     x = torch.randn(8, 16)
     grads = []
     for hooks in (None, bench.LeanOffload()):
@@ -282,7 +273,7 @@ def test_the_lean_sketch_really_offloads_and_releases():
 def test_the_batched_sketch_really_offloads_in_groups():
     """The `batched` provider copies whole groups out with one foreach copy, releases them,
     and brings them back exactly, reusing the previous step's host tensors."""
-    bench = _load(BENCHMARKS / "overhead.py")
+    bench = load_benchmark("overhead")
     x = torch.randn(8, 16)
     grads = []
     for hooks in (None, bench.BatchedOffload(group=2)):
@@ -308,7 +299,7 @@ def test_the_overhead_benchmark_times_the_collector_over_long_runs(tmp_path):
     """--collector counts every generation's collections while each provider runs alone:
     cswap's records make some (a 100-layer step holds more than the 700 new objects that
     start one), stock autograd's steps next to none."""
-    bench = _load(BENCHMARKS / "overhead.py")
+    bench = load_benchmark("overhead")
     rows = bench.main(["--collector", "20", "--providers", "unpatched", "vdnn", "--warmup", "2",
                        "--out", str(tmp_path)])
     by = {r["provider"]: r for r in rows}
@@ -334,7 +325,7 @@ def test_the_in_process_ab_runs_a_commit_beside_the_working_tree():
 
 
 def test_twin_benchmark_replays_the_h200_runs(tmp_path):
-    bench = _load(BENCHMARKS / "twin.py")
+    bench = load_benchmark("twin")
     rows = bench.main(["--runs", "cifar", "--modes", "vdnn", "sc", "--warmup", "1", "--steps", "1",
                        "--out", str(tmp_path)])
     by = {r["mode"]: r for r in rows}
@@ -358,7 +349,7 @@ def test_twin_benchmark_can_replay_the_decodes_host_sync(monkeypatch):
     the H200 measured on 2026-12-04 did (fixed since); the replay is what the twin reproduces."""
     from cswap.runtime.lanes import Lanes
 
-    bench = _load(BENCHMARKS / "twin.py")
+    bench = load_benchmark("twin")
     monkeypatch.setattr(Lanes, "decode_after", lambda self, *args, **kwargs: "decoded")
     waited = []
 
@@ -378,7 +369,7 @@ def test_twin_benchmark_replays_the_runtime_the_h200_measured(tmp_path):
 
     if subprocess.run(["git", "cat-file", "-e", "c01d24c^{commit}"], cwd=BENCHMARKS.parent).returncode:
         pytest.skip("this checkout lacks commit c01d24c (a shallow clone)")
-    bench = _load(BENCHMARKS / "twin.py")
+    bench = load_benchmark("twin")
     bench.main(["--commit", "c01d24c", "--runs", "cifar", "--modes", "sc", "--warmup", "1", "--steps", "1",
                 "--no-plan", "--out", str(tmp_path)])
     rows = {r["mode"]: r for r in json.loads((tmp_path / "twin-c01d24c.json").read_text())["rows"]}
@@ -391,7 +382,7 @@ def test_twin_benchmark_headline_stage_runs_its_host_side_on_a_cpu(monkeypatch):
     """The GPU session's headline stage (twin.py --gpu) has never run on a GPU: everything but
     the measurement itself (the plan for the GPU torch names, the H200's and the twin's ratios
     beside each row) runs here, so a lent GPU's minutes are not lost to a mistake in it."""
-    bench = _load(BENCHMARKS / "twin.py")
+    bench = load_benchmark("twin")
     step_ms = {"unpatched": 40.0, "vdnn": 120.0, "sc": 90.0, "cswap": 85.0}
     measured = []
 
@@ -414,7 +405,7 @@ def test_twin_benchmark_headline_stage_runs_its_host_side_on_a_cpu(monkeypatch):
 
 
 def test_trace_benchmark_quick_run_writes_a_trace_per_mode(tmp_path):
-    bench = _load(BENCHMARKS / "trace.py")
+    bench = load_benchmark("trace")
     rows = bench.main(["--quick", "--runs", "cifar", "--modes", "unpatched", "sc", "--out", str(tmp_path)])
     assert [r["mode"] for r in rows] == ["unpatched", "sc"]
     assert rows[0]["ranges"] == [] and {"cswap.pack", "cswap.encode", "cswap.unpack"} <= set(rows[1]["ranges"])
@@ -426,7 +417,7 @@ def test_trace_benchmark_quick_run_writes_a_trace_per_mode(tmp_path):
 
 
 def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path):
-    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    bench = load_benchmark("plan_accuracy")
     doc = bench.main(["--runs", "bert-large-pretrain-512-amp", "--out", str(tmp_path)])
     (row,) = doc["rows"]
     assert row["published_tokens_per_s"] == 210 * 512  # (210 sequences/s of 512 tokens, as the source says)
@@ -450,7 +441,7 @@ def test_plan_accuracy_benchmark_predicts_a_published_run_and_cites_it(tmp_path)
 def test_plan_accuracy_reads_each_peak_in_the_unit_its_source_prints():
     """A published peak is compared in the unit its source prints (its citation says which):
     torchtune's 2024 table and Qwen's print GB, 1e9 bytes; torchtune's later ones GiB."""
-    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    bench = load_benchmark("plan_accuracy")
     draft = json.loads(bench.DRAFT.read_text())["rows"]
     runs = [r for r in bench.RUNS if r.peak]
     assert {r.peak_unit for r in runs} == {"GB", "GiB"}
@@ -460,7 +451,7 @@ def test_plan_accuracy_reads_each_peak_in_the_unit_its_source_prints():
 
 
 def test_plan_accuracy_counts_issue_40s_targets_per_set():
-    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    bench = load_benchmark("plan_accuracy")
     llm = lambda which, tokens, peak: {"set": which, "tokens_per_s_error": tokens, "peak_gib_error": peak}
     rows = [llm("evaluation", -0.149, 0.099), llm("evaluation", 0.151, -0.101), llm("evaluation", 0.0, None),
             {"set": "evaluation", "images_per_s_error": 0.3}, llm("calibration", 0.5, 0.5)]
@@ -473,7 +464,7 @@ def test_plan_accuracy_counts_issue_40s_targets_per_set():
 def test_plan_accuracy_sets_are_apart_and_span_gpus_and_families():
     """The evaluation set shares no run with the calibration set, and holds CNNs and LLMs on at
     least two GPUs each (issue 40); every run in a set is one cswap-plan can express."""
-    bench = _load(BENCHMARKS / "plan_accuracy.py")
+    bench = load_benchmark("plan_accuracy")
     runs = [(r.name, r.gpu, "llm", r.set, r.differs) for r in bench.RUNS]
     runs += [(name, p.gpu, "cnn", which, "") for name, p, which in bench.resnet50_runs()]
     evaluation = [r for r in runs if r[3] == bench.EVALUATION]

@@ -4,24 +4,17 @@ A snapshot comes only from a GPU, so these build one as torch.cuda.memory._snaps
 lays it out (segments of blocks, and the allocator's trace)."""
 
 import gzip
-import importlib.util
 import pickle
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_module import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 MIB = 2 ** 20
 
 
 @pytest.fixture(scope="module")
 def memory_peak():
-    spec = importlib.util.spec_from_file_location("bench_memory_peak", BENCHMARKS / "memory_peak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("memory_peak")
 
 
 def _frame(path, name):

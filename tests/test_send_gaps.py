@@ -3,23 +3,15 @@ from a Chrome trace of a profiled step (only a GPU makes one: these build one as
 profiler lays it out)."""
 
 import gzip
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmark_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def send_gaps():
-    spec = importlib.util.spec_from_file_location("bench_send_gaps", BENCHMARKS / "send_gaps.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("send_gaps")
 
 
 def _copy(ts_ms, dur_ms, nbytes):
