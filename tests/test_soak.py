@@ -14,11 +14,11 @@ import sys
 
 import pytest
 
-from test_benchmarks import BENCHMARKS, _load
+from benchmark_module import BENCHMARKS, load_benchmark
 
 pytestmark = pytest.mark.slow  # soak runs: CI runs them (pytest -m slow)
 
-soak = _load(BENCHMARKS / "soak.py")
+soak = load_benchmark("soak")
 
 CI_RUN = ["--samples", "512", "--batch-size", "16", "--epoch-every", "50", "--iterations", "300", "--every", "50",
           "--threads", "1"]
