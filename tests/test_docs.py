@@ -59,6 +59,7 @@ COVERAGE = {
         ("test", "tests/test_memory_peak.py"),
     "python benchmarks/send_gaps.py benchmarks/results/<device>/trace/trace-*-sc.json.gz":
         ("test", "tests/test_send_gaps.py"),
+    "python benchmarks/gil_wait.py": ("test", "tests/test_gil_wait.py"),
     "python benchmarks/soak.py": ("long", "1000 steps"),
     "python benchmarks/soak.py --quick": ("test", "tests/test_soak.py"),
     "python benchmarks/plan_paper.py": ("long", "3.5 min"),

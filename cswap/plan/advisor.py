@@ -74,8 +74,8 @@ profiled timings, not a measurement:
   sends it); a compressed one by the runtime's sender thread once the encode's sizes
   have landed (read back on the same link, behind the copies issued before the encode
   ended) and the sender has the GIL: SEND_S later if the training thread is waiting
-  then, else when it next waits, or a switch interval (SWITCH_S) later at most, as the
-  H200's traces showed. Forward stall = the sum of the waits, each charged to the
+  then, else when it next waits, or SWITCH_S later at most, as the H200's traces
+  showed. Forward stall = the sum of the waits, each charged to the
   tensor waited for.
   Under a memory budget (`budgeted`) one tensor in flight is enough to wait, and a
   payload holds its compressed size (the runtime reads it before copying out).
@@ -496,8 +496,10 @@ SM_SHARE = 1.0
 # the GIL, which the training thread holds while it runs forward. On the H200 (the profiled
 # sc and cswap steps of benchmarks/results/nvidia-h200/trace/, 2026-12-04) a copy went out
 # 0.1-0.5 ms after its sizes landed when the training thread was waiting (median 0.4: SEND_S),
-# and 2.6-4.4 ms after when it had just resumed forward: when it next waited, or at Python's
-# switch interval (SWITCH_S, its default) at most.
+# and 2.6-4.4 ms after when it had just resumed forward: when it next waited, or 5 ms later at
+# most (SWITCH_S, the largest wait seen, rounded up). Not Python's switch interval: each aten
+# call lets the GIL go and takes it back before a waiting thread runs, which restarts that
+# thread's interval; its wait is a race it wins sooner or later (benchmarks/gil_wait.py).
 SEND_S = 0.4e-3
 SWITCH_S = 5e-3
 
