@@ -711,14 +711,97 @@ def test_a_payload_that_outgrows_its_room_is_sent_raw_and_sizes_the_next_room(ro
                 got = gradients(model, x, y)
             assert dev.hazards == [] and exact(got, expected), step
             s = cswap.stats(model)
-            if step == 0:  # every payload outgrew its room: sent as it is
-                assert s["payload_overflow"] == s["offloaded_tensors"] > 0
-                assert s["compressed_tensors"] == 0 and s["transferred_bytes"] == s["offloaded_bytes"]
+            if step == 0:  # every payload outgrew its room: sent as it is, after the room copied at its encode
+                rooms = sum(item.room for item in swapper_of(model)._pass.items)
+                assert s["payload_overflow"] == s["offloaded_tensors"] > 0 and s["sent_at_encode"] == 0
+                assert s["compressed_tensors"] == 0 and s["transferred_bytes"] == s["offloaded_bytes"] + rooms
             else:
                 assert s["payload_overflow"] == 0 and s["compressed_tensors"] == s["offloaded_tensors"]
         assert all(payload <= item.room for item, _, payload in _compressed_items(model))
     finally:
         cswap.unpatch(model)
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_a_bounded_codecs_copy_out_is_queued_behind_its_encode(checksum, rooms_from_payloads):
+    """From the second pass on, ZVC's copy out is queued by the worker right behind the
+    encode, all of the room the pass before sized, the header written in front of it once
+    the sizes land: no wait for the sender thread (which needs the GIL) between the encode
+    and the link. The bytes moved are the rooms, where a room (and the header) is smaller
+    than the tensor; gradients stay exact, and no race is found. With checksum=True (a
+    checksum of the payload sent) the sender copies each."""
+    make, shape = NETS["small_cnn"]
+    stock, model = make(), cswap.patch(make(), mode="sc", min_bytes=0, checksum=checksum)
+    header = cswap.codecs.container.header_size
+    try:
+        x, y = nets.batches(shape, 1)[0]
+        expected = gradients(stock, x, y)
+        for step in range(3):
+            cswap.stats(model).reset()
+            with cswap.testing.emulated_device(**SLOW) as dev:
+                got = gradients(model, x, y)
+            assert dev.hazards == [] and exact(got, expected), step
+            s, items = cswap.stats(model), swapper_of(model)._pass.items
+            assert s["compressed_tensors"] == len(items) > 0
+            if step == 0 or checksum:  # (no room from a pass before; or the sender copies it)
+                assert s["sent_at_encode"] == 0
+            else:
+                early = [header(len(i.info.shape), 2) + i.room < i.info.nbytes for i in items]
+                assert s["sent_at_encode"] == sum(early) >= len(items) - 1  # (small_cnn's last: too small)
+                assert s["transferred_bytes"] == sum(i.header.header_nbytes + i.room if e else i.moved
+                                                     for i, e in zip(items, early))
+                assert all(i.early is None and i.moved == i.header.header_nbytes + i.header.payload_nbytes
+                           for i in items)
+    finally:
+        cswap.unpatch(model)
+
+
+def test_a_copy_queued_at_the_encode_of_a_tensor_whose_saves_died_holds_its_room_until_done(rooms_from_payloads,
+                                                                                           monkeypatch):
+    """The saves of a tensor whose copy was queued at its encode die before the sender takes
+    it: the copy is the item's until it completes (the room it reads, the tensor the encode
+    read, are not recycled before: the next pass's encodes reuse that memory, and no race
+    is found), its host buffer goes back to the pool then, and its bytes count as moved."""
+    from cswap.runtime.offload import Offloader
+    from cswap.runtime.swapper import Swapper
+
+    sw = Swapper(mode="sc", min_bytes=0)
+    x = (torch.rand(64, 256) - 0.5).requires_grad_()
+    go = threading.Event()
+    send = Offloader.send
+
+    def held_send(self, item):
+        go.wait(10)
+        send(self, item)
+
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=0.002) as dev:  # (16 KiB take 8 ms)
+            for step in range(3):
+                sw.begin_pass()
+                if step == 1:
+                    monkeypatch.setattr(Offloader, "send", held_send)
+                handle = sw.pack(x.relu())
+                item = handle.item
+                if step == 1:
+                    deadline = time.monotonic() + 10
+                    while item.early is None and time.monotonic() < deadline:  # (the worker queues it)
+                        time.sleep(0.001)
+                    host, copied = item.early
+                    moved = sw.stats["transferred_bytes"]
+                    handle = None  # every save died: the sender will find it freed
+                    go.set()
+                    monkeypatch.setattr(Offloader, "send", send)
+                sw.end_pass()
+                sw.synchronize()
+                if step == 1:
+                    assert item.freed and item.early is None and item.d2h_done is copied
+                    assert sw.stats["transferred_bytes"] == moved + item.room
+                    assert sw.pool.idle_bytes >= host.numel()
+                handle = None
+            assert dev.hazards == []
+    finally:
+        go.set()
+        sw.close()
 
 
 def test_kept_on_gpu_is_counted_and_reported_not_hidden():

@@ -9,7 +9,10 @@ every wait between them):
             encode (Codec.launch_into: into a device buffer reserved for the largest
             payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least
             64 KiB) more than the tensor's payload in the pass before; its sizes left
-            on the device and copied to a small pinned slot). Every item is a dense
+            on the device and copied to a small pinned slot). A bounded codec's encode
+            into a room sized from the pass before is copied out whole right behind it
+            (_copy_early), into a host buffer with its header's place left free, so the
+            link never waits for the sender's Python. Every item is a dense
             tensor (one that is not leaves as the dense tensor it views, or as the span
             of memory it covers: Swapper._dense_whole). Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
@@ -20,7 +23,9 @@ every wait between them):
             sizes to land (the one blocking read, on this thread only), makes the
             header, takes a host buffer from the pool (allocating outside any lock pack
             takes), writes the header there on the host and queues the copy out on D2H
-            after the encode; for a deferred codec it first runs the encode, waiting
+            after the encode (or, copied early, writes the header in front of what the
+            copy brings, or drops that copy where the payload outgrew its room or does
+            not shrink); for a deferred codec it first runs the encode, waiting
             for it. The item is then ISSUED (d2h_done).
   release   once its copy out has completed, the tensor's device memory goes (and the
             reserved payload's): at the training thread's next save while forward
@@ -62,6 +67,7 @@ import weakref
 import torch
 
 from .. import codecs
+from ..codecs.container import header_size
 from . import integrity
 from .device import Work
 from .host_pool import idle
@@ -148,6 +154,7 @@ def _strand(swapper_ref, left: list, stage: str, done: queue.SimpleQueue) -> Non
     for it in stranded:
         stopped = RuntimeError(f"cswap: the offload thread ({stage}) stopped before copying this tensor")
         if swapper is not None:
+            swapper.offloader._drop_early(it)
             swapper.fail(stopped, it)
             with swapper.lock:
                 it.failure = it.failure or stopped
@@ -492,7 +499,46 @@ class Offloader:
                 item.sizes, item.pending = slot, reserved
                 with sw.lock:
                     item.advance(Phase.LAUNCHED)
+                self._copy_early(item, codec, reserved)
                 return
+
+    def _copy_early(self, item: Item, codec, reserved: torch.Tensor) -> None:
+        """Queue the copy out of a bounded codec's whole room right behind its encode, into a
+        host buffer whose first bytes are left for the header (item.early). The sender makes
+        the header once the sizes land, in Python: on the H200 it got the GIL 2.6-4.4 ms after
+        them while forward ran, the link idle meanwhile (benchmarks/results/gil-wait/). This
+        moves the room's margin too (an eighth of the payload, at least 64 KiB): only where the
+        room, with the header, is smaller than the tensor (sized from the pass before); in
+        pinned memory (a pageable copy would block this thread until done); not with
+        checksum=True (the checksum is of the payload sent)."""
+        sw, dev = self.sw, item.device
+        hsize = header_size(len(item.info.shape), codec.n_meta)  # (known before the sizes: ndim and codec)
+        if not codec.bounded or sw.checksum or not sw.pool.pinned or hsize + reserved.numel() >= item.info.nbytes:
+            return
+        host = sw.pool.acquire(tail_offset(hsize + reserved.numel()) + _TAIL, dev)
+        if host is None:  # (host memory limit: the sender decides)
+            return
+        try:
+            done = lanes_of(dev).copy_out([host[hsize: hsize + reserved.numel()]], [reserved], item.encoded, True)
+        except BaseException:
+            sw.pool.release(host)
+            raise
+        item.early = (host, done)
+
+    def _drop_early(self, item: Item) -> None:
+        """The copy queued at the encode is not the item's (it went raw, stayed, failed or
+        died): its host buffer goes back once that copy completes, and the item is not
+        released before (that copy reads its room, after the encode that read the tensor):
+        it is the item's copy out until a later one, on the same stream, replaces it."""
+        early, item.early = item.early, None
+        if early is None:
+            return
+        host, done = early
+        with self.sw.lock:
+            if item.d2h_done is None:
+                item.d2h_done = done
+        self.sw.pool.release(host, done, item.device)
+        self.sw.stats.add("transferred_bytes", item.room)  # (moved all the same)
 
     # -- the sender: copy out -----------------------------------------------------------------------
 
@@ -505,6 +551,7 @@ class Offloader:
         except Exception as exc:  # noqa: BLE001 - raised in the training step, see module docstring
             self.sw.fail(exc, item)
         finally:
+            self._drop_early(item)  # (first: a copy it dropped waits for the encode, as a copy out does)
             src = item.src
             if item.encoded is not None and item.d2h_done is None and src is not None:
                 # read by an encode that no copy out waits for (it stays, or its saves
@@ -551,6 +598,10 @@ class Offloader:
         with sw.lock:
             if item.freed:  # every save died before the copy: nothing to keep
                 return
+        if item.early is not None and header is not None and item.pending is not None:  # copied at the encode
+            self._send(item, data, header, item.early[0], after, prepared, queued=item.early[1])
+            item.early = None
+            return
         sent = data.numel() * data.element_size() + (header.header_nbytes if header is not None else 0)
         verdicts = header is not None or sw.checksum
         host = sw.pool.acquire(tail_offset(sent) + _TAIL if verdicts else sent, dev)
@@ -581,14 +632,18 @@ class Offloader:
             return payload, header
         return None, header  # compression that does not shrink is not sent
 
-    def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, after, prepared: bool) -> None:
+    def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, after, prepared: bool,
+              queued=None) -> None:
         """Queue the copy of [header] data into `host` on D2H after `after` (the item's
-        ready event, or, `prepared`, the encode that made `data`)."""
+        ready event, or, `prepared`, the encode that made `data`). `queued`: the event of
+        the copy of its whole room already queued there after the header's place
+        (_copy_early): only the header is written."""
         sw, dev = self.sw, item.device
         lanes = lanes_of(dev)
         nbytes = data.numel() * data.element_size()
         sent = nbytes + (header.header_nbytes if header is not None else 0)
-        tail = tail_offset(sent)
+        copied = sent if queued is None else header.header_nbytes + item.pending.numel()
+        tail = tail_offset(copied)  # (past what the copy writes)
         if header is not None:  # written here on the host: no copy, no stream sync for it
             raw = header.to_bytes()
             dev.host_access(host[: len(raw)], write=True)
@@ -596,15 +651,18 @@ class Offloader:
             dst = host[len(raw): len(raw) + nbytes]
         else:  # raw: the tensor's own dtype and shape (or its bytes), a view the pool keeps
             dst = sw.pool.view(host, data.dtype, data.shape)
-        try:
-            done = lanes.copy_out([dst], [data], after, prepared)
-            if sw.checksum:  # of the bytes sent, taken on the device before they leave
-                lanes.checksum_out(host[tail: tail + 8], data,
-                                   lambda total: total.view(torch.int64).copy_(integrity.checksum(data).view(1)))
-                done = lanes.record(lanes.d2h)
-        except BaseException:
-            sw.pool.release(host)  # (nothing was queued into it that matters)
-            raise
+        if queued is not None:
+            done, data = queued, item.pending  # (all of the room is read until the copy completes)
+        else:
+            try:
+                done = lanes.copy_out([dst], [data], after, prepared)
+                if sw.checksum:  # of the bytes sent, taken on the device before they leave
+                    lanes.checksum_out(host[tail: tail + 8], data,
+                                       lambda total: total.view(torch.int64).copy_(integrity.checksum(data).view(1)))
+                    done = lanes.record(lanes.d2h)
+            except BaseException:
+                sw.pool.release(host)  # (nothing was queued into it that matters)
+                raise
         lease = Lease(sw.pool, host, dev)
         lease.last_use = done
         with sw.lock:
@@ -613,9 +671,11 @@ class Offloader:
             item.header, item.moved, item.tail, item.lease = header, sent, tail, lease
             item.advance(Phase.ISSUED)
             sw.return_host(item)  # (every save died meanwhile: the buffer goes back after the copy)
-        counts = [("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", sent)]
+        counts = [("offloaded_tensors", 1), ("offloaded_bytes", item.info.nbytes), ("transferred_bytes", copied)]
         if header is not None:
             counts.append(("compressed_tensors", 1))
+        if queued is not None:
+            counts.append(("sent_at_encode", 1))
         sw.stats.add_all(*counts)
 
     def _slot(self, dev) -> torch.Tensor:
@@ -775,6 +835,7 @@ class Offloader:
                 item.failure = item.failure or stopped
                 item.advance(Phase.ISSUED)
             self._drop_launch(item)
+            self._drop_early(item)
             self.put_done(item)
 
     def put_done(self, item: Item) -> None:
