@@ -273,13 +273,15 @@ H200_SPARSITY = 0.47
 
 
 @contextlib.contextmanager
-def decode_waits():
+def measured_runtime():
     """cswap-plan as the runtime the H200 measured ran: each decode waited for (advisor.simulate's
-    decode_waits; fixed in 138c7ca, as benchmarks/twin.py --pageable-verdict replays it)."""
+    decode_waits; fixed in 138c7ca, as benchmarks/twin.py --pageable-verdict replays it), and
+    every compressed copy out queued by the sender thread (sender_waits; a ZVC one is queued
+    behind its encode since c30342c)."""
     from cswap.plan import whatif
 
     simulate = whatif.simulate
-    whatif.simulate = functools.partial(simulate, decode_waits=True)
+    whatif.simulate = functools.partial(simulate, decode_waits=True, sender_waits=True)
     try:
         yield
     finally:
@@ -287,8 +289,9 @@ def decode_waits():
 
 
 def predict_h200(name: str, run: dict) -> list[dict]:
-    """cswap-plan's figures for the run as the H200 measured it (the decodes' waits replayed)
-    beside the measurement, and today's (the runtime without them) beside the timed twin's."""
+    """cswap-plan's figures for the run as the H200 measured it (the decodes' and the sender's
+    waits replayed: measured_runtime) beside the measurement, and today's (the runtime without
+    them) beside the timed twin's."""
     import torch
 
     import cswap
@@ -303,15 +306,15 @@ def predict_h200(name: str, run: dict) -> list[dict]:
                              optimizer="sgd", sparsity=from_number(H200_SPARSITY), recompute=False)
 
     p = predict()
-    with decode_waits():
-        measured_runtime = predict()
+    with measured_runtime():
+        measured = predict()
     momentum = sum(q.numel() * q.element_size() for q in model.parameters())  # (plain SGD holds none)
     twin = {r["mode"]: r["peak_saved_mib"] for r in json.loads(TWIN.read_text())["rows"] if r["run"] == TWIN_RUN[name]}
     profiled = H200_PROFILED_PEAK_MIB[name]
     rows = []
     for mode, measured_ms in run["step_ms"].items():
-        peak = (measured_runtime.peak_bytes(mode) - momentum) / 2**20
-        step = measured_runtime.step_seconds(mode) * 1e3
+        peak = (measured.peak_bytes(mode) - momentum) / 2**20
+        step = measured.step_seconds(mode) * 1e3
         rows.append({"run": name, "mode": mode, "set": CALIBRATION if mode == "none" else EVALUATION,
                      "predicted_step_ms": step, "measured_step_ms": measured_ms,
                      "step_error": step / measured_ms - 1, "predicted_peak_mib": peak,

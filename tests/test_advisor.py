@@ -546,12 +546,18 @@ def test_kernel_times_in_the_timeline_by_hand():
     t = tensor(key="t", shape=(25_000_000,), sparsity=0.8, save_s=0.0, use_s=0.01)
     size = compressed_size("zvc", t.shape, 4, 0.8, t.runs)
     kernel = 1e-5 + 5e-12 * 1e8
+    room = cswap.codecs.get("zvc").room_nbytes(25_000_000, 4, size)
     sim = simulate(iteration(t, forward_s=1.0), {"t": "zvc"}, profile)
-    # compressed beside forward's compute (which loses the kernel's time), then copied out by
-    # the sender, which has the GIL from forward's Python at the switch interval; fetched on
-    # demand in backward: copy in, then decode, beside backward's compute
-    assert sim.offload_end_s["t"] == pytest.approx(kernel + SWITCH_S + SEND_S + size / 1e9, rel=1e-12)
+    # compressed beside forward's compute (which loses the kernel's time), all of its room
+    # copied out right behind the encode; fetched on demand in backward: copy in (the
+    # payload), then decode, beside backward's compute
+    assert size < room < t.nbytes
+    assert sim.offload_end_s["t"] == pytest.approx(kernel + room / 1e9, rel=1e-12)
     assert sim.forward_stall_s == pytest.approx(SM_SHARE * kernel, rel=1e-12)
+    # before c30342c the sender copied the payload out, with the GIL from forward's Python
+    # SWITCH_S after the sizes landed at most
+    waited = simulate(iteration(t, forward_s=1.0), {"t": "zvc"}, profile, sender_waits=True)
+    assert waited.offload_end_s["t"] == pytest.approx(kernel + SWITCH_S + SEND_S + size / 1e9, rel=1e-12)
     assert sim.backward_stall_s == pytest.approx(SM_SHARE * kernel + size / 1e9 + kernel, rel=1e-12)
     late = tensor(key="t", shape=(25_000_000,), sparsity=0.8, save_s=1.0, use_s=0.01)
     sim = simulate(iteration(late, forward_s=1.0), {"t": "zvc"}, profile)
@@ -563,16 +569,17 @@ def test_kernel_times_in_the_timeline_by_hand():
 
 def test_the_sender_copies_out_at_once_while_the_training_thread_waits():
     """Three 100 MB tensors saved 1 ms apart: the third waits for the stash (two in flight).
-    While the training thread waits it holds no GIL, so the sender copies the first out
+    Where the sender queues compressed copies (every one before c30342c; an LZ4 one today):
+    while the training thread waits it holds no GIL, so the sender copies the first out
     SEND_S after that wait began, and the second, encoded by then, SEND_S after it; the
-    single tensor above, whose sizes landed while forward ran, waited a switch interval."""
+    single tensor above, whose sizes landed while forward ran, waited SWITCH_S."""
     profile = FakeProfile(bw=1e9)
     big = (25_000_000,)
     a, b, c = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=0.5 - 0.1 * i)
                for i, k in enumerate("abc"))
     size = compressed_size("zvc", big, 4, 0.8, a.runs)
     kernel = 1e-5 + 5e-12 * 1e8
-    sim = simulate(iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}, profile)
+    sim = simulate(iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}, profile, sender_waits=True)
     waits_from = c.save_s + 2 * SM_SHARE * kernel  # (c's save, after the two encodes forward yielded to)
     assert sim.offload_end_s["a"] == pytest.approx(waits_from + SEND_S + size / 1e9, rel=1e-9)
     assert sim.offload_end_s["b"] == pytest.approx(sim.offload_end_s["a"] + size / 1e9, rel=1e-9)
@@ -580,6 +587,29 @@ def test_the_sender_copies_out_at_once_while_the_training_thread_waits():
     assert sim.forward_stall_s == pytest.approx(2 * SM_SHARE * kernel + sim.offload_end_s["a"] - waits_from)
     # c goes raw, sent by pack at its save once the stash has room: behind b on the link
     assert sim.offload_end_s["c"] == pytest.approx(sim.offload_end_s["b"] + c.nbytes / 1e9, rel=1e-9)
+
+
+def test_a_bounded_codecs_room_is_copied_out_behind_its_encode_ahead_of_later_saves():
+    """The same three tensors today: ZVC's copies out are queued at their saves, each
+    starting once its encode has run, all of its room; c, raw, waits for the stash, then
+    goes behind b on the link. Forward waits less than when the sender queued them."""
+    profile = FakeProfile(bw=1e9)
+    big = (25_000_000,)
+    a, b, c = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=0.5 - 0.1 * i)
+               for i, k in enumerate("abc"))
+    room = cswap.codecs.get("zvc").room_nbytes(25_000_000, 4, compressed_size("zvc", big, 4, 0.8, a.runs))
+    kernel = 1e-5 + 5e-12 * 1e8
+    it, choices = iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}
+    sim = simulate(it, choices, profile)
+    assert sim.offload_end_s["a"] == pytest.approx(kernel + room / 1e9, rel=1e-9)
+    assert sim.offload_end_s["b"] == pytest.approx(sim.offload_end_s["a"] + room / 1e9, rel=1e-9)
+    waits_from = c.save_s + 2 * SM_SHARE * kernel
+    assert sim.forward_stall_s == pytest.approx(2 * SM_SHARE * kernel + sim.offload_end_s["a"] - waits_from)
+    assert sim.offload_end_s["c"] == pytest.approx(sim.offload_end_s["b"] + c.nbytes / 1e9, rel=1e-9)
+    assert sim.forward_stall_s < simulate(it, choices, profile, sender_waits=True).forward_stall_s
+    # under a memory budget the runtime reads each size first: the sender queues the copy
+    budgeted = simulate(it, choices, profile, budgeted=True)
+    assert budgeted.offload_end_s["a"] > kernel + SWITCH_S
 
 
 def test_decode_waits_replays_the_runtime_whose_decodes_the_thread_waited_for():

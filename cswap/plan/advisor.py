@@ -71,11 +71,14 @@ profiled timings, not a measurement:
   oldest copy out to end, and every later save moves on by that wait.
   Encodes run in order on the codec stream from the save (Time_c). Copies run on the
   D2H link in the order they are issued (S_c / BW_d2h): a raw one at its save (pack
-  sends it); a compressed one by the runtime's sender thread once the encode's sizes
-  have landed (read back on the same link, behind the copies issued before the encode
-  ended) and the sender has the GIL: SEND_S later if the training thread is waiting
-  then, else when it next waits, or SWITCH_S later at most, as the H200's traces
-  showed. Forward stall = the sum of the waits, each charged to the
+  sends it); a ZVC or ZANS one at its save too, all of its room, starting once its
+  encode has run (the worker queues it behind the encode, where the room and header
+  are smaller than the tensor); any other compressed one by the runtime's sender
+  thread once the encode's sizes have landed (read back on the same link, behind the
+  copies issued before the encode ended) and the sender has the GIL: SEND_S later if
+  the training thread is waiting then, else when it next waits, or SWITCH_S later at
+  most, as the H200's traces showed (`sender_waits`: every compressed one so, as
+  before c30342c). Forward stall = the sum of the waits, each charged to the
   tensor waited for.
   Under a memory budget (`budgeted`) one tensor in flight is enough to wait, and a
   payload holds its compressed size (the runtime reads it before copying out).
@@ -510,9 +513,20 @@ def _room(t: TensorProfile, codec: str, size: int) -> int:
     return t.nbytes if room is None else room
 
 
+def _sent_at_encode(t: TensorProfile, codec: str | None, size: int, budgeted: bool) -> int | None:
+    """The bytes of the tensor's copy out when the runtime queues it right behind its encode
+    (cswap.runtime.offload: _copy_early): a bounded codec's whole room, where the room and
+    the header are smaller than the tensor; else None (the sender queues it once the sizes
+    have landed). Under a memory budget the runtime reads each size first: None."""
+    if codec is None or budgeted or not _codecs.get(codec).bounded:
+        return None
+    room = _room(t, codec, size)
+    return room if header_size(len(t.shape), _N_META[codec]) + room < t.nbytes else None
+
+
 def _timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
               bw_h2d: float, served_from_device: bool = True, budgeted: bool = False,
-              decode_waits: bool = False) -> SimResult:
+              decode_waits: bool = False, sender_waits: bool = False) -> SimResult:
     tensors = iteration.tensors
     n = len(tensors)
     per = {t.key: 0.0 for t in tensors}
@@ -529,9 +543,13 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     stash = max(max(footprint, default=0), sum(footprint) // WINDOW_FRACTION)
     # forward: pack admits a tensor while the footprints in flight fit the stash (two at least),
     # else it waits for the oldest copy out; encodes run in order on the codec stream, copies
-    # in order of issue on the D2H link: a raw one at its save (pack sends it), a compressed
-    # one when the sender has its sizes (read back on the link behind the copies issued
-    # before its encode ended) and the GIL (SEND_S, SWITCH_S)
+    # in order of issue on the D2H link: a raw one at its save (pack sends it), a bounded
+    # codec's whole room at its save too, starting once its encode has run (the worker queues
+    # it behind the encode), any other compressed one when the sender has its sizes (read
+    # back on the link behind the copies issued before its encode ended) and the GIL
+    # (SEND_S, SWITCH_S); so did every compressed one before c30342c (sender_waits)
+    early = [None if sender_waits else _sent_at_encode(t, k, c.size[k] if k else 0, budgeted)
+             for t, k, c in zip(tensors, options, costs)]
     shift = compress = link = late = 0.0
     offload_end = [math.inf] * n  # (inf: not issued yet)
     encoded = [0.0] * n
@@ -541,9 +559,10 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     copies: list[tuple[float, float]] = []  # (issued at, ends) per copy out, in order of issue
     sender = 0.0  # when the sender issued its last copy
 
-    def issue(j: int, at: float) -> None:
+    def issue(j: int, at: float, ready: float = 0.0, nbytes: int | None = None) -> None:
         nonlocal link
-        link = offload_end[j] = max(at, link) + costs[j].size[options[j]] / bw_d2h
+        nbytes = costs[j].size[options[j]] if nbytes is None else nbytes
+        link = offload_end[j] = max(at, link, ready) + nbytes / bw_d2h
         copies.append((at, link))
 
     def landed(j: int) -> float:  # the sizes' copy waits for the copies issued before it was queued
@@ -598,7 +617,10 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
                 per[t.key] += SM_SHARE * c.t_c[k]
             else:  # beside backward's
                 late += SM_SHARE * c.t_c[k]
-            unsent.append(i)
+            if early[i] is not None:
+                issue(i, save, ready=encoded[i], nbytes=early[i])
+            else:
+                unsent.append(i)
         else:
             issue(i, save)
         inflight.append(i)
@@ -679,7 +701,8 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
 
 def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], profile,
              codecs_sizes: Mapping[str, Mapping[str, int]] | None = None,
-             served_from_device: bool = True, budgeted: bool = False, decode_waits: bool = False) -> SimResult:
+             served_from_device: bool = True, budgeted: bool = False, decode_waits: bool = False,
+             sender_waits: bool = False) -> SimResult:
     """Replay one iteration in the timeline model (module docstring) with each tensor's
     codec from `choices` (key -> codec or None; keys left out are offloaded
     uncompressed). codecs_sizes: optional key -> {codec: bytes} (e.g. Decision.sizes)
@@ -689,8 +712,11 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     under a memory budget (windows admit one tensor at least, payloads held at their
     size, with no room reserved). decode_waits: the thread that queues a decode waits for it,
     as the runtime did before 138c7ca (torch 2.11 on CUDA copied each decode's verdict from
-    pageable memory and synchronized; benchmarks/twin.py --pageable-verdict replays the same):
-    for setting a GPU's measurement of that runtime beside the model. A model, not a measurement."""
+    pageable memory and synchronized; benchmarks/twin.py --pageable-verdict replays the same);
+    sender_waits: every compressed copy out is queued by the sender thread once the sizes have
+    landed, as the runtime did before c30342c (a bounded codec's is now queued behind its
+    encode): both for setting a GPU's measurement of that runtime beside the model. A model,
+    not a measurement."""
     if not isinstance(iteration, IterationProfile):
         _fail(f"simulate needs an IterationProfile, got {type(iteration).__name__}")
     bw_d2h, bw_h2d, available = _check_profile(profile)
@@ -703,7 +729,8 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     options = [choices.get(t.key) for t in iteration.tensors]
     sizes = codecs_sizes or {}
     costs = [_costs(t, profile, [k] if k else [], sizes.get(t.key)) for t, k in zip(iteration.tensors, options)]
-    return _timeline(iteration, options, costs, bw_d2h, bw_h2d, served_from_device, budgeted, decode_waits)
+    return _timeline(iteration, options, costs, bw_d2h, bw_h2d, served_from_device, budgeted, decode_waits,
+                     sender_waits)
 
 
 # -- the advisor ------------------------------------------------------------------------------------------
