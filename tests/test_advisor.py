@@ -546,13 +546,11 @@ def test_kernel_times_in_the_timeline_by_hand():
     t = tensor(key="t", shape=(25_000_000,), sparsity=0.8, save_s=0.0, use_s=0.01)
     size = compressed_size("zvc", t.shape, 4, 0.8, t.runs)
     kernel = 1e-5 + 5e-12 * 1e8
-    room = cswap.codecs.get("zvc").room_nbytes(25_000_000, 4, size)
     sim = simulate(iteration(t, forward_s=1.0), {"t": "zvc"}, profile)
-    # compressed beside forward's compute (which loses the kernel's time), all of its room
-    # copied out right behind the encode; fetched on demand in backward: copy in (the
-    # payload), then decode, beside backward's compute
-    assert size < room < t.nbytes
-    assert sim.offload_end_s["t"] == pytest.approx(kernel + room / 1e9, rel=1e-12)
+    # compressed beside forward's compute (which loses the kernel's time), copied out right
+    # behind the encode; fetched on demand in backward: copy in, then decode, beside
+    # backward's compute
+    assert sim.offload_end_s["t"] == pytest.approx(kernel + size / 1e9, rel=1e-12)
     assert sim.forward_stall_s == pytest.approx(SM_SHARE * kernel, rel=1e-12)
     # before c30342c the sender copied the payload out, with the GIL from forward's Python
     # SWITCH_S after the sizes landed at most
@@ -591,18 +589,18 @@ def test_the_sender_copies_out_at_once_while_the_training_thread_waits():
 
 def test_a_bounded_codecs_room_is_copied_out_behind_its_encode_ahead_of_later_saves():
     """The same three tensors today: ZVC's copies out are queued at their saves, each
-    starting once its encode has run, all of its room; c, raw, waits for the stash, then
-    goes behind b on the link. Forward waits less than when the sender queued them."""
+    starting once its encode has run; c, raw, waits for the stash, then goes behind b on the
+    link. Forward waits less than when the sender queued them."""
     profile = FakeProfile(bw=1e9)
     big = (25_000_000,)
     a, b, c = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=0.5 - 0.1 * i)
                for i, k in enumerate("abc"))
-    room = cswap.codecs.get("zvc").room_nbytes(25_000_000, 4, compressed_size("zvc", big, 4, 0.8, a.runs))
+    size = compressed_size("zvc", big, 4, 0.8, a.runs)
     kernel = 1e-5 + 5e-12 * 1e8
     it, choices = iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}
     sim = simulate(it, choices, profile)
-    assert sim.offload_end_s["a"] == pytest.approx(kernel + room / 1e9, rel=1e-9)
-    assert sim.offload_end_s["b"] == pytest.approx(sim.offload_end_s["a"] + room / 1e9, rel=1e-9)
+    assert sim.offload_end_s["a"] == pytest.approx(kernel + size / 1e9, rel=1e-9)
+    assert sim.offload_end_s["b"] == pytest.approx(sim.offload_end_s["a"] + size / 1e9, rel=1e-9)
     waits_from = c.save_s + 2 * SM_SHARE * kernel
     assert sim.forward_stall_s == pytest.approx(2 * SM_SHARE * kernel + sim.offload_end_s["a"] - waits_from)
     assert sim.offload_end_s["c"] == pytest.approx(sim.offload_end_s["b"] + c.nbytes / 1e9, rel=1e-9)

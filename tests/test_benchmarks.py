@@ -76,10 +76,10 @@ def test_runtime_benchmark_quick_run_matches_losses(tmp_path):
     by = {r["provider"]: r for r in rows}
     assert set(by) == {"unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu",
                        "vdnn_checksum", "sc_checksum", "cswap_checksum"}
-    # the same bytes move with the checksum on, but for the rooms ZVC's copies take when queued at their
-    # encodes (which the checksum, of the payload sent, leaves to the sender)
+    # the same bytes move with the checksum on, but for what ZVC's copies queued at their encodes move
+    # as the pass before's payload, when a payload shrank since (the checksum leaves them to the sender)
     assert by["vdnn_checksum"]["moved_mib_per_step"] == by["vdnn"]["moved_mib_per_step"]
-    assert by["sc_checksum"]["moved_mib_per_step"] < by["sc"]["moved_mib_per_step"]
+    assert by["sc_checksum"]["moved_mib_per_step"] <= by["sc"]["moved_mib_per_step"]
     for name in ("vdnn", "sc", "cswap"):
         assert by[name + "_checksum"]["checksum_cost"] == by[name + "_checksum"]["step_ms"] / by[name]["step_ms"] - 1
     assert all(r["loss_matches"] for r in rows), rows  # same first step, bit for bit

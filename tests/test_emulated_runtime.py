@@ -711,10 +711,9 @@ def test_a_payload_that_outgrows_its_room_is_sent_raw_and_sizes_the_next_room(ro
                 got = gradients(model, x, y)
             assert dev.hazards == [] and exact(got, expected), step
             s = cswap.stats(model)
-            if step == 0:  # every payload outgrew its room: sent as it is, after the room copied at its encode
-                rooms = sum(item.room for item in swapper_of(model)._pass.items)
+            if step == 0:  # every payload outgrew its room: sent as it is (none was expected: no early copy)
                 assert s["payload_overflow"] == s["offloaded_tensors"] > 0 and s["sent_at_encode"] == 0
-                assert s["compressed_tensors"] == 0 and s["transferred_bytes"] == s["offloaded_bytes"] + rooms
+                assert s["compressed_tensors"] == 0 and s["transferred_bytes"] == s["offloaded_bytes"]
             else:
                 assert s["payload_overflow"] == 0 and s["compressed_tensors"] == s["offloaded_tensors"]
         assert all(payload <= item.room for item, _, payload in _compressed_items(model))
@@ -725,11 +724,11 @@ def test_a_payload_that_outgrows_its_room_is_sent_raw_and_sizes_the_next_room(ro
 @pytest.mark.parametrize("checksum", [False, True])
 def test_a_bounded_codecs_copy_out_is_queued_behind_its_encode(checksum, rooms_from_payloads):
     """From the second pass on, ZVC's copy out is queued by the worker right behind the
-    encode, all of the room the pass before sized, the header written in front of it once
-    the sizes land: no wait for the sender thread (which needs the GIL) between the encode
-    and the link. The bytes moved are the rooms, where a room (and the header) is smaller
-    than the tensor; gradients stay exact, and no race is found. With checksum=True (a
-    checksum of the payload sent) the sender copies each."""
+    encode, as large as the payload of the pass before, the header written in front of it
+    once the sizes land: no wait for the sender thread (which needs the GIL) between the
+    encode and the link, where the room (and the header) is smaller than the tensor. The
+    same batch each pass: the bytes moved are the payloads; gradients stay exact, and no
+    race is found. With checksum=True (a checksum of the payload sent) the sender copies each."""
     make, shape = NETS["small_cnn"]
     stock, model = make(), cswap.patch(make(), mode="sc", min_bytes=0, checksum=checksum)
     header = cswap.codecs.container.header_size
@@ -748,8 +747,7 @@ def test_a_bounded_codecs_copy_out_is_queued_behind_its_encode(checksum, rooms_f
             else:
                 early = [header(len(i.info.shape), 2) + i.room < i.info.nbytes for i in items]
                 assert s["sent_at_encode"] == sum(early) >= len(items) - 1  # (small_cnn's last: too small)
-                assert s["transferred_bytes"] == sum(i.header.header_nbytes + i.room if e else i.moved
-                                                     for i, e in zip(items, early))
+                assert s["transferred_bytes"] == sum(i.moved for i in items)
                 assert all(i.early is None and i.moved == i.header.header_nbytes + i.header.payload_nbytes
                            for i in items)
     finally:
@@ -786,7 +784,7 @@ def test_a_copy_queued_at_the_encode_of_a_tensor_whose_saves_died_holds_its_room
                     deadline = time.monotonic() + 10
                     while item.early is None and time.monotonic() < deadline:  # (the worker queues it)
                         time.sleep(0.001)
-                    host, copied = item.early
+                    host, copied, expected = item.early
                     moved = sw.stats["transferred_bytes"]
                     handle = None  # every save died: the sender will find it freed
                     go.set()
@@ -795,12 +793,43 @@ def test_a_copy_queued_at_the_encode_of_a_tensor_whose_saves_died_holds_its_room
                 sw.synchronize()
                 if step == 1:
                     assert item.freed and item.early is None and item.d2h_done is copied
-                    assert sw.stats["transferred_bytes"] == moved + item.room
+                    assert sw.stats["transferred_bytes"] == moved + expected
                     assert sw.pool.idle_bytes >= host.numel()
                 handle = None
             assert dev.hazards == []
     finally:
         go.set()
+        sw.close()
+
+
+def test_a_payload_grown_within_its_room_is_topped_up_behind_the_copy_at_its_encode(rooms_from_payloads):
+    """A tensor a little denser than in the pass before: its encode's copy out brought the
+    pass before's payload; the sender copies the rest once the sizes land, and the tensor
+    comes back bit for bit. A sparser one: the copy brought a few bytes more than needed."""
+    from cswap.runtime.swapper import Swapper
+
+    sw = Swapper(mode="sc", min_bytes=0)
+    x = (torch.rand(64, 256) - 0.5).requires_grad_()
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=0.002) as dev:
+            for step, shift in enumerate((0.0, 0.0, 0.03, -0.03)):
+                sw.stats.reset()
+                sw.begin_pass()
+                t = (x + shift).relu()
+                handle = sw.pack(t)
+                item = handle.item
+                sw.end_pass()
+                sw.synchronize()
+                assert torch.equal(sw.unpack(handle), t), step
+                payload = item.header.payload_nbytes
+                if step:
+                    assert sw.stats["sent_at_encode"] == 1 and payload <= item.room
+                    assert (payload > last) == (shift > 0) and (payload < last) == (shift < 0)
+                    assert sw.stats["transferred_bytes"] == item.header.header_nbytes + max(payload, last)
+                last = payload
+                handle = None
+            assert dev.hazards == []
+    finally:
         sw.close()
 
 

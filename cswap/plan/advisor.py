@@ -71,9 +71,9 @@ profiled timings, not a measurement:
   oldest copy out to end, and every later save moves on by that wait.
   Encodes run in order on the codec stream from the save (Time_c). Copies run on the
   D2H link in the order they are issued (S_c / BW_d2h): a raw one at its save (pack
-  sends it); a ZVC or ZANS one at its save too, all of its room, starting once its
-  encode has run (the worker queues it behind the encode, where the room and header
-  are smaller than the tensor); any other compressed one by the runtime's sender
+  sends it); a ZVC or ZANS one at its save too, starting once its encode has run (the
+  worker queues it behind the encode, where the room and header are smaller than the
+  tensor); any other compressed one by the runtime's sender
   thread once the encode's sizes have landed (read back on the same link, behind the
   copies issued before the encode ended) and the sender has the GIL: SEND_S later if
   the training thread is waiting then, else when it next waits, or SWITCH_S later at
@@ -513,15 +513,14 @@ def _room(t: TensorProfile, codec: str, size: int) -> int:
     return t.nbytes if room is None else room
 
 
-def _sent_at_encode(t: TensorProfile, codec: str | None, size: int, budgeted: bool) -> int | None:
-    """The bytes of the tensor's copy out when the runtime queues it right behind its encode
-    (cswap.runtime.offload: _copy_early): a bounded codec's whole room, where the room and
-    the header are smaller than the tensor; else None (the sender queues it once the sizes
-    have landed). Under a memory budget the runtime reads each size first: None."""
+def _sent_at_encode(t: TensorProfile, codec: str | None, size: int, budgeted: bool) -> bool:
+    """Whether the runtime queues the tensor's copy out right behind its encode (cswap.runtime.
+    offload: _copy_early; the payload of the pass before, the same in a steady step): a bounded
+    codec's, where its room and header are smaller than the tensor; else the sender queues it
+    once the sizes have landed. Under a memory budget the runtime reads each size first."""
     if codec is None or budgeted or not _codecs.get(codec).bounded:
-        return None
-    room = _room(t, codec, size)
-    return room if header_size(len(t.shape), _N_META[codec]) + room < t.nbytes else None
+        return False
+    return header_size(len(t.shape), _N_META[codec]) + _room(t, codec, size) < t.nbytes
 
 
 def _timeline(iteration: IterationProfile, options: list[str | None], costs: list[_Costs], bw_d2h: float,
@@ -544,11 +543,11 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     # forward: pack admits a tensor while the footprints in flight fit the stash (two at least),
     # else it waits for the oldest copy out; encodes run in order on the codec stream, copies
     # in order of issue on the D2H link: a raw one at its save (pack sends it), a bounded
-    # codec's whole room at its save too, starting once its encode has run (the worker queues
-    # it behind the encode), any other compressed one when the sender has its sizes (read
-    # back on the link behind the copies issued before its encode ended) and the GIL
-    # (SEND_S, SWITCH_S); so did every compressed one before c30342c (sender_waits)
-    early = [None if sender_waits else _sent_at_encode(t, k, c.size[k] if k else 0, budgeted)
+    # codec's at its save too, starting once its encode has run (the worker queues it behind
+    # the encode), any other compressed one when the sender has its sizes (read back on the
+    # link behind the copies issued before its encode ended) and the GIL (SEND_S, SWITCH_S);
+    # so did every compressed one before c30342c (sender_waits)
+    early = [not sender_waits and _sent_at_encode(t, k, c.size[k] if k else 0, budgeted)
              for t, k, c in zip(tensors, options, costs)]
     shift = compress = link = late = 0.0
     offload_end = [math.inf] * n  # (inf: not issued yet)
@@ -559,10 +558,9 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     copies: list[tuple[float, float]] = []  # (issued at, ends) per copy out, in order of issue
     sender = 0.0  # when the sender issued its last copy
 
-    def issue(j: int, at: float, ready: float = 0.0, nbytes: int | None = None) -> None:
+    def issue(j: int, at: float, ready: float = 0.0) -> None:
         nonlocal link
-        nbytes = costs[j].size[options[j]] if nbytes is None else nbytes
-        link = offload_end[j] = max(at, link, ready) + nbytes / bw_d2h
+        link = offload_end[j] = max(at, link, ready) + costs[j].size[options[j]] / bw_d2h
         copies.append((at, link))
 
     def landed(j: int) -> float:  # the sizes' copy waits for the copies issued before it was queued
@@ -617,8 +615,8 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
                 per[t.key] += SM_SHARE * c.t_c[k]
             else:  # beside backward's
                 late += SM_SHARE * c.t_c[k]
-            if early[i] is not None:
-                issue(i, save, ready=encoded[i], nbytes=early[i])
+            if early[i]:
+                issue(i, save, ready=encoded[i])
             else:
                 unsent.append(i)
         else:

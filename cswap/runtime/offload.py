@@ -9,10 +9,10 @@ every wait between them):
             encode (Codec.launch_into: into a device buffer reserved for the largest
             payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least
             64 KiB) more than the tensor's payload in the pass before; its sizes left
-            on the device and copied to a small pinned slot). A bounded codec's encode
-            into a room sized from the pass before is copied out whole right behind it
-            (_copy_early), into a host buffer with its header's place left free, so the
-            link never waits for the sender's Python. Every item is a dense
+            on the device and copied to a small pinned slot). Where a bounded codec's
+            room was sized from the pass before, the payload that pass had is copied out
+            right behind the encode (_copy_early), into a host buffer with its header's
+            place left free, so the link does not wait for the sender's Python. Every item is a dense
             tensor (one that is not leaves as the dense tensor it views, or as the span
             of memory it covers: Swapper._dense_whole). Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
@@ -24,8 +24,8 @@ every wait between them):
             header, takes a host buffer from the pool (allocating outside any lock pack
             takes), writes the header there on the host and queues the copy out on D2H
             after the encode (or, copied early, writes the header in front of what the
-            copy brings, or drops that copy where the payload outgrew its room or does
-            not shrink); for a deferred codec it first runs the encode, waiting
+            copy brings and copies what the payload grew beyond it, or drops that copy
+            where the payload outgrew its room or does not shrink); for a deferred codec it first runs the encode, waiting
             for it. The item is then ISSUED (d2h_done).
   release   once its copy out has completed, the tensor's device memory goes (and the
             reserved payload's): at the training thread's next save while forward
@@ -310,11 +310,18 @@ class Offloader:
         largest = codec.reserve_nbytes(numel, itemsize)
         if largest is None or not codec.bounded:
             return largest
-        last = self.sw.payload_sizes.get(info.key)
-        if last is None or last[0] != item.codec or not last[1]:
+        payload = self._last_payload(item)
+        if payload is None:
             return None if codec.encode_scratch_bytes(numel, itemsize) < largest else largest
-        payload = last[2] if last[1] == info.nbytes else last[2] * info.nbytes // last[1]
         return codec.room_nbytes(numel, itemsize, payload)
+
+    def _last_payload(self, item: Item) -> int | None:
+        """The tensor's payload in the pass before with the same codec (scaled by its size if
+        that changed), or None."""
+        info, last = item.info, self.sw.payload_sizes.get(item.info.key)
+        if last is None or last[0] != item.codec or not last[1]:
+            return None
+        return last[2] if last[1] == info.nbytes else last[2] * info.nbytes // last[1]
 
     def _remember(self, item: Item, header) -> None:
         """Keep the size of a bounded codec's payload: the next pass's room (_room)."""
@@ -503,27 +510,32 @@ class Offloader:
                 return
 
     def _copy_early(self, item: Item, codec, reserved: torch.Tensor) -> None:
-        """Queue the copy out of a bounded codec's whole room right behind its encode, into a
-        host buffer whose first bytes are left for the header (item.early). The sender makes
+        """Queue the copy out of the payload a bounded codec is expected to write (the same
+        tensor's in the pass before) right behind its encode, into a host buffer with room
+        for the header in front and for the whole room after (item.early). The sender makes
         the header once the sizes land, in Python: on the H200 it got the GIL 2.6-4.4 ms after
-        them while forward ran, the link idle meanwhile (benchmarks/results/gil-wait/). This
-        moves the room's margin too (an eighth of the payload, at least 64 KiB): only where the
+        them while forward ran, the link idle meanwhile (benchmarks/results/gil-wait/); it then
+        copies what the payload outgrew the expected size by, if anything. Only where the
         room, with the header, is smaller than the tensor (sized from the pass before); in
         pinned memory (a pageable copy would block this thread until done); not with
         checksum=True (the checksum is of the payload sent)."""
         sw, dev = self.sw, item.device
         hsize = header_size(len(item.info.shape), codec.n_meta)  # (known before the sizes: ndim and codec)
-        if not codec.bounded or sw.checksum or not sw.pool.pinned or hsize + reserved.numel() >= item.info.nbytes:
+        room = reserved.numel()
+        if not codec.bounded or sw.checksum or not sw.pool.pinned or hsize + room >= item.info.nbytes:
             return
-        host = sw.pool.acquire(tail_offset(hsize + reserved.numel()) + _TAIL, dev)
+        expected = min(self._last_payload(item) or 0, room)
+        if not expected:
+            return
+        host = sw.pool.acquire(tail_offset(hsize + room) + _TAIL, dev)
         if host is None:  # (host memory limit: the sender decides)
             return
         try:
-            done = lanes_of(dev).copy_out([host[hsize: hsize + reserved.numel()]], [reserved], item.encoded, True)
+            done = lanes_of(dev).copy_out([host[hsize: hsize + expected]], [reserved[:expected]], item.encoded, True)
         except BaseException:
             sw.pool.release(host)
             raise
-        item.early = (host, done)
+        item.early = (host, done, expected)
 
     def _drop_early(self, item: Item) -> None:
         """The copy queued at the encode is not the item's (it went raw, stayed, failed or
@@ -533,12 +545,12 @@ class Offloader:
         early, item.early = item.early, None
         if early is None:
             return
-        host, done = early
+        host, done, copied = early
         with self.sw.lock:
             if item.d2h_done is None:
                 item.d2h_done = done
         self.sw.pool.release(host, done, item.device)
-        self.sw.stats.add("transferred_bytes", item.room)  # (moved all the same)
+        self.sw.stats.add("transferred_bytes", copied)  # (moved all the same)
 
     # -- the sender: copy out -----------------------------------------------------------------------
 
@@ -599,7 +611,7 @@ class Offloader:
             if item.freed:  # every save died before the copy: nothing to keep
                 return
         if item.early is not None and header is not None and item.pending is not None:  # copied at the encode
-            self._send(item, data, header, item.early[0], after, prepared, queued=item.early[1])
+            self._send(item, data, header, item.early[0], after, prepared, queued=item.early[1:])
             item.early = None
             return
         sent = data.numel() * data.element_size() + (header.header_nbytes if header is not None else 0)
@@ -635,15 +647,15 @@ class Offloader:
     def _send(self, item: Item, data: torch.Tensor, header, host: torch.Tensor, after, prepared: bool,
               queued=None) -> None:
         """Queue the copy of [header] data into `host` on D2H after `after` (the item's
-        ready event, or, `prepared`, the encode that made `data`). `queued`: the event of
-        the copy of its whole room already queued there after the header's place
-        (_copy_early): only the header is written."""
+        ready event, or, `prepared`, the encode that made `data`). `queued`: (the event of
+        the copy of its first bytes already queued there after the header's place, how many:
+        _copy_early): the header is written, and what the payload has beyond them copied."""
         sw, dev = self.sw, item.device
         lanes = lanes_of(dev)
         nbytes = data.numel() * data.element_size()
         sent = nbytes + (header.header_nbytes if header is not None else 0)
-        copied = sent if queued is None else header.header_nbytes + item.pending.numel()
-        tail = tail_offset(copied)  # (past what the copy writes)
+        copied = sent if queued is None else header.header_nbytes + max(nbytes, queued[1])
+        tail = tail_offset(sent if queued is None else header.header_nbytes + item.pending.numel())  # (past the room)
         if header is not None:  # written here on the host: no copy, no stream sync for it
             raw = header.to_bytes()
             dev.host_access(host[: len(raw)], write=True)
@@ -651,8 +663,11 @@ class Offloader:
             dst = host[len(raw): len(raw) + nbytes]
         else:  # raw: the tensor's own dtype and shape (or its bytes), a view the pool keeps
             dst = sw.pool.view(host, data.dtype, data.shape)
-        if queued is not None:
-            done, data = queued, item.pending  # (all of the room is read until the copy completes)
+        if queued is not None and nbytes <= queued[1]:
+            done, data = queued[0], item.pending  # (all it copied is read until the copy completes)
+        elif queued is not None:  # the payload outgrew what was copied: the rest, behind it on D2H
+            done = lanes.copy_out([dst[queued[1]:]], [data[queued[1]:]], after, prepared)
+            data = item.pending
         else:
             try:
                 done = lanes.copy_out([dst], [data], after, prepared)

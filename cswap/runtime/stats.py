@@ -10,11 +10,10 @@ __all__ = ["SwapStats"]
 _FIELDS = {
     "offloaded_tensors": "tensors copied to host memory (each storage once per forward)",
     "offloaded_bytes": "their size before compression",
-    "transferred_bytes": "bytes moved to the host, after compression (a copy queued at its encode moves all of the room "
-                         "reserved for its payload)",
+    "transferred_bytes": "bytes moved to the host, after compression",
     "compressed_tensors": "offloaded tensors that were compressed first",
-    "sent_at_encode": "of those, tensors whose copy out was queued right behind their encode, into a room sized by the "
-                      "pass before (no wait for the sender thread)",
+    "sent_at_encode": "of those, tensors whose copy out was queued right behind their encode, as large as their payload "
+                      "in the pass before (no wait for the sender thread; a payload grown since is topped up)",
     "compress_oom": "compressions that ran out of device memory (the tensor was sent uncompressed)",
     "payload_overflow": "compressed payloads larger than the room their size in the pass before reserved (the "
                         "tensor was sent uncompressed)",
