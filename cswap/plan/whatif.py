@@ -737,8 +737,9 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
         "transfers": link_source,
         "sparsity": sparsity.source,
         "timeline": f"predicted: cswap's staged timeline (two tensors in flight at least, compression and decode "
-                    f"on streams of their own beside compute, shared D2H/H2D links, a compressed copy out queued "
-                    f"by the sender thread when it has the GIL, as the H200's traces showed, prefetch window), plus "
+                    f"on streams of their own beside compute, shared D2H/H2D links, a ZVC or ZANS copy out queued "
+                    f"behind its encode, any other compressed one by the sender thread when it has the GIL, as the "
+                    f"H200's traces showed, prefetch window), plus "
                     f"{1e6 * host_seconds(link):.0f} us of the training thread per offloaded tensor ({host_source})",
     }
     nf4_module = sys.modules.get(f"{__package__}.quantized")  # (imported where a model has NF4 layers, not by cswap)
