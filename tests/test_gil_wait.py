@@ -15,7 +15,8 @@ def test_quick_run_measures_every_gap_and_interval_and_a_control_without_torch_o
     assert sys.getswitchinterval() == before  # (each measurement puts the interval back)
     rows = doc["rows"]
     assert [(r["python_us"], r["torch_op"], r["interval_ms"]) for r in rows] == [
-        (2.0, True, 5.0), (2.0, True, 0.2), (40.0, True, 5.0), (40.0, True, 0.2), (40.0, False, 5.0), (40.0, False, 0.2)]
+        (2.0, True, 5.0), (2.0, True, 0.2), (40.0, True, 5.0), (40.0, True, 0.2),
+        (40.0, False, 5.0), (40.0, False, 0.2)]
     for r in rows:
         assert r["waits"] >= 1 and 0 <= r["median_ms"] <= r["p90_ms"] <= r["max_ms"] and r["loop_x_alone"] > 0
     assert json.loads((tmp_path / "gil_wait.json").read_text())["rows"] == rows

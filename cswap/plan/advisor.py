@@ -514,10 +514,11 @@ def _room(t: TensorProfile, codec: str, size: int) -> int:
 
 
 def _sent_at_encode(t: TensorProfile, codec: str | None, size: int, budgeted: bool) -> bool:
-    """Whether the runtime queues the tensor's copy out right behind its encode (cswap.runtime.
-    offload: _copy_early; the payload of the pass before, the same in a steady step): a bounded
-    codec's, where its room and header are smaller than the tensor; else the sender queues it
-    once the sizes have landed. Under a memory budget the runtime reads each size first."""
+    """Whether the runtime queues the tensor's copy out right behind its encode
+    (cswap.runtime.offload._copy_early: as many bytes as the pass before's payload, the same
+    in a steady step): a bounded codec's, where its room and header are smaller than the
+    tensor; else the sender queues it once the sizes have landed. Under a memory budget the
+    runtime reads each size first."""
     if codec is None or budgeted or not _codecs.get(codec).bounded:
         return False
     return header_size(len(t.shape), _N_META[codec]) + _room(t, codec, size) < t.nbytes

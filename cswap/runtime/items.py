@@ -193,8 +193,8 @@ class Item:
     """
 
     __slots__ = ("info", "codec", "device", "src", "counter", "weak", "version", "perm", "stride", "index",
-                 "phase", "issued", "ready", "encoded", "sizes", "pending", "early", "sent", "header", "lease", "offset",
-                 "host_view", "moved", "tail", "host_blob", "busy", "d2h_done", "fallback", "failure",
+                 "phase", "issued", "ready", "encoded", "sizes", "pending", "early", "sent", "header", "lease",
+                 "offset", "host_view", "moved", "tail", "host_blob", "busy", "d2h_done", "fallback", "failure",
                  "footprint", "room", "lead", "view", "restored", "h2d_done", "verdict_pending", "verdict_unread",
                  "prefetch_counted", "error", "expected_sum", "handles", "unpacked", "round", "prefetched_round",
                  "freed", "pass_number", "__weakref__")
@@ -225,7 +225,7 @@ class Item:
         self.encoded = None                        # event: its encode has run
         self.sizes = None                          # the host words its encode's sizes are read back into
         self.pending = None                        # (codec, reserved payload) of a launched encode
-        self.early = None                          # (host buffer, its copy's event): its room sent at the encode
+        self.early = None                          # (host buffer, copy event, bytes): copied out at its encode
         self.sent: torch.Tensor | None = None      # device bytes being copied out
         self.header = None                         # the codec Header when sent compressed
         self.lease: Lease | None = None            # its host copy: [header] payload [checksum, verdict]

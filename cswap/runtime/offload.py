@@ -10,10 +10,10 @@ every wait between them):
             payload, or, for a bounded codec (ZVC, ZANS), for an eighth (at least
             64 KiB) more than the tensor's payload in the pass before; its sizes left
             on the device and copied to a small pinned slot). Where a bounded codec's
-            room was sized from the pass before, the payload that pass had is copied out
-            right behind the encode (_copy_early), into a host buffer with its header's
-            place left free, so the link does not wait for the sender's Python. Every item is a dense
-            tensor (one that is not leaves as the dense tensor it views, or as the span
+            room was sized from the pass before, as many bytes as that pass's payload
+            are copied out right behind the encode (_copy_early), into a host buffer with
+            the header's place left free: the link does not wait for the sender's Python.
+            Every item is a dense tensor (one that is not leaves as the dense tensor it views, or as the span
             of memory it covers: Swapper._dense_whole). Nothing is read back, so the
             next tensor's encode is queued at once, while this one's runs and the one
             before it is copied out. A codec whose encoder must size its buffer on the
@@ -25,8 +25,8 @@ every wait between them):
             takes), writes the header there on the host and queues the copy out on D2H
             after the encode (or, copied early, writes the header in front of what the
             copy brings and copies what the payload grew beyond it, or drops that copy
-            where the payload outgrew its room or does not shrink); for a deferred codec it first runs the encode, waiting
-            for it. The item is then ISSUED (d2h_done).
+            where the payload outgrew its room or does not shrink); for a deferred
+            codec it first runs the encode, waiting for it. The item is then ISSUED (d2h_done).
   release   once its copy out has completed, the tensor's device memory goes (and the
             reserved payload's): at the training thread's next save while forward
             runs (one event query each, oldest first: D2H completes them in order),
