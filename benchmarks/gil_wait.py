@@ -18,8 +18,6 @@ runs on.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import threading
@@ -27,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import environment, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gil-wait"
 
@@ -127,15 +126,11 @@ def main(argv=None) -> dict:
             rows.append(row)
             print(f"{python_us:9.1f} {'yes' if op else 'no':>8} {interval_ms:11.2f} {row['median_ms']:14.2f} "
                   f"{row['p90_ms']:7.2f} {row['max_ms']:7.2f} {row['loop_x_alone']:12.3f}")
-    doc = {"what": "measured: a helper thread's wait for the GIL after a GIL-free sleep, while the training "
-                   "loop runs Python and torch ops (benchmarks/gil_wait.py)",
-           "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, {torch.get_num_threads()} torch thread",
-           "python": platform.python_version(), "torch": torch.__version__, "wait_ms": args.wait_ms,
-           "seconds_each": args.seconds, "idle": idle, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gil_wait.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"# wrote {args.out / 'gil_wait.json'}")
-    return doc
+    cpu = torch.device("cpu")
+    env = environment(cpu, what="measured: a helper thread's wait for the GIL after a GIL-free sleep, while the "
+                                "training loop runs Python and torch ops", torch_threads=1, idle=idle)
+    write_results(rows, env, args, args.out, cpu, "gil_wait")
+    return {"environment": env, "rows": rows}
 
 
 if __name__ == "__main__":

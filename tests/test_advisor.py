@@ -565,20 +565,27 @@ def test_kernel_times_in_the_timeline_by_hand():
     assert sim.restore_start_s["t"] == pytest.approx(1.01 + SM_SHARE * kernel)  # (backward moved on by it)
 
 
+def _three_saves():
+    """Three 100 MB tensors saved 1 ms apart, the first two ZVC: (iteration, choices, profile,
+    the raw third, ZVC's size, its kernel's time, when the third's wait for the stash begins)."""
+    profile = FakeProfile(bw=1e9)
+    big = (25_000_000,)
+    a, b, c = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=0.5 - 0.1 * i)
+               for i, k in enumerate("abc"))
+    kernel = 1e-5 + 5e-12 * 1e8
+    waits_from = c.save_s + 2 * SM_SHARE * kernel  # (c's save, after the two encodes forward yielded to)
+    return (iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}, profile, c,
+            compressed_size("zvc", big, 4, 0.8, a.runs), kernel, waits_from)
+
+
 def test_the_sender_copies_out_at_once_while_the_training_thread_waits():
     """Three 100 MB tensors saved 1 ms apart: the third waits for the stash (two in flight).
     Where the sender queues compressed copies (every one before c30342c; an LZ4 one today):
     while the training thread waits it holds no GIL, so the sender copies the first out
     SEND_S after that wait began, and the second, encoded by then, SEND_S after it; the
     single tensor above, whose sizes landed while forward ran, waited SWITCH_S."""
-    profile = FakeProfile(bw=1e9)
-    big = (25_000_000,)
-    a, b, c = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=0.5 - 0.1 * i)
-               for i, k in enumerate("abc"))
-    size = compressed_size("zvc", big, 4, 0.8, a.runs)
-    kernel = 1e-5 + 5e-12 * 1e8
-    sim = simulate(iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}, profile, sender_waits=True)
-    waits_from = c.save_s + 2 * SM_SHARE * kernel  # (c's save, after the two encodes forward yielded to)
+    it, choices, profile, c, size, kernel, waits_from = _three_saves()
+    sim = simulate(it, choices, profile, sender_waits=True)
     assert sim.offload_end_s["a"] == pytest.approx(waits_from + SEND_S + size / 1e9, rel=1e-9)
     assert sim.offload_end_s["b"] == pytest.approx(sim.offload_end_s["a"] + size / 1e9, rel=1e-9)
     # forward lost the two encodes' kernels and c's wait for a
@@ -591,17 +598,10 @@ def test_a_bounded_codecs_room_is_copied_out_behind_its_encode_ahead_of_later_sa
     """The same three tensors today: ZVC's copies out are queued at their saves, each
     starting once its encode has run; c, raw, waits for the stash, then goes behind b on the
     link. Forward waits less than when the sender queued them."""
-    profile = FakeProfile(bw=1e9)
-    big = (25_000_000,)
-    a, b, c = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=0.5 - 0.1 * i)
-               for i, k in enumerate("abc"))
-    size = compressed_size("zvc", big, 4, 0.8, a.runs)
-    kernel = 1e-5 + 5e-12 * 1e8
-    it, choices = iteration(a, b, c, forward_s=1.0), {"a": "zvc", "b": "zvc"}
+    it, choices, profile, c, size, kernel, waits_from = _three_saves()
     sim = simulate(it, choices, profile)
     assert sim.offload_end_s["a"] == pytest.approx(kernel + size / 1e9, rel=1e-9)
     assert sim.offload_end_s["b"] == pytest.approx(sim.offload_end_s["a"] + size / 1e9, rel=1e-9)
-    waits_from = c.save_s + 2 * SM_SHARE * kernel
     assert sim.forward_stall_s == pytest.approx(2 * SM_SHARE * kernel + sim.offload_end_s["a"] - waits_from)
     assert sim.offload_end_s["c"] == pytest.approx(sim.offload_end_s["b"] + c.nbytes / 1e9, rel=1e-9)
     assert sim.forward_stall_s < simulate(it, choices, profile, sender_waits=True).forward_stall_s

@@ -20,6 +20,7 @@ def test_quick_run_measures_every_gap_and_interval_and_a_control_without_torch_o
     for r in rows:
         assert r["waits"] >= 1 and 0 <= r["median_ms"] <= r["p90_ms"] <= r["max_ms"] and r["loop_x_alone"] > 0
     assert json.loads((tmp_path / "gil_wait.json").read_text())["rows"] == rows
+    assert (tmp_path / "gil_wait.csv").read_text().count("\n") == len(rows) + 1
 
 
 def test_the_helpers_wait_is_measured_from_the_end_of_its_sleep(monkeypatch):
