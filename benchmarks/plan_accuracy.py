@@ -178,12 +178,21 @@ def _resnet_precision(point) -> str:
     return "fp32" if point.precision == "tf32" else point.precision
 
 
+def _in_layout(model, point):
+    """The model in the run's memory format (NVIDIA's AMP runs are NHWC: no layout transposes)."""
+    import copy
+
+    import torch
+
+    return copy.deepcopy(model).to(memory_format=torch.channels_last) if point.channels_last else model
+
+
 def _sample_of_resnet(name: str, point, model):
     from cswap.plan.gpus import gpu
     from cswap.plan.roofline import Sample, trace_for
 
     precision = _resnet_precision(point)
-    ops = trace_for(model, (point.batch, 3, 224, 224), precision, drop=False).ops
+    ops = trace_for(_in_layout(model, point), (point.batch, 3, 224, 224), precision, drop=False).ops
     return Sample.of(name, ops, gpu(point.gpu), precision, point.batch / point.images_per_s, group="cnn")
 
 
@@ -352,7 +361,7 @@ def predict_resnet(name: str, point, which: str, model) -> dict:
 
     import cswap
 
-    p = cswap.predict(model, torch.empty((point.batch, 3, 224, 224), device="meta"), point.gpu,
+    p = cswap.predict(_in_layout(model, point), torch.empty((point.batch, 3, 224, 224), device="meta"), point.gpu,
                       precision=_resnet_precision(point), optimizer="sgd", recompute=False)
     row = {"run": name, "set": which, "gpu": point.gpu, "differs": "",
            "predicted_images_per_s": point.batch / p.step_seconds("none"), "published_images_per_s": point.images_per_s,

@@ -137,6 +137,19 @@ def test_ops_carry_phases_flops_and_when_saved_tensors_can_leave():
         assert r.storage_bytes >= r.nbytes
 
 
+def test_ops_say_whether_the_model_runs_channels_last():
+    """Read off the model's 4-d weights (the "meta" device lays every convolution's output out
+    NCHW); a model whose every kernel is 1x1 is laid out both ways and reads as NCHW."""
+    model = build("vgg16", dataset="cifar10")
+    x = torch.empty(2, *CIFAR)
+    assert not any(op.channels_last for op in fake_gpu.trace_step(model, x).ops)
+    nhwc = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    assert all(op.channels_last for op in fake_gpu.trace_step(nhwc, x).ops)
+    pointwise = nn.Sequential(nn.Conv2d(3, 8, 1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 32 * 32, 10))
+    assert not any(op.channels_last for op in
+                   fake_gpu.trace_step(pointwise.to(memory_format=torch.channels_last), x).ops)
+
+
 def test_causal_attention_counts_the_tiles_a_fused_kernel_runs_and_the_math_path_all():
     import torch.nn.functional as F
 

@@ -269,7 +269,7 @@ def test_precision_changes_what_is_saved_and_how_fast(small):
 
 
 def test_conv_peaks_follow_pytorch_defaults():
-    conv = fake_gpu.OpRecord(0, "convolution", "forward", 10**12, 10**6, torch.float32, "", 0)
+    conv = fake_gpu.OpRecord(0, "convolution", "forward", 10**12, 10**6, torch.float32, "", 0, channels_last=True)
     mm = fake_gpu.OpRecord(1, "mm", "forward", 10**12, 10**6, torch.float32, "", 0)
     a100, v100 = gpu("a100-sxm4-80gb"), gpu("v100-sxm2-16gb")
     half = roofline.OpTimeModel(matmul_efficiency=0.5, matmul_half_flops=0.0, conv_efficiency=0.5)
@@ -279,8 +279,33 @@ def test_conv_peaks_follow_pytorch_defaults():
     assert roofline.op_seconds(conv, v100, "fp32", half) == pytest.approx(2e12 / v100.reachable_flops("fp32"))
 
 
-def _op(name, flops, nbytes, dtype=torch.bfloat16):
-    return fake_gpu.OpRecord(0, name, "forward", flops, nbytes, dtype, "", 0)
+def _op(name, flops, nbytes, dtype=torch.bfloat16, channels_last=False):
+    return fake_gpu.OpRecord(0, name, "forward", flops, nbytes, dtype, "", 0, channels_last=channels_last)
+
+
+def test_an_nchw_convolution_on_tensor_cores_pays_its_layout_transposes():
+    """cuDNN's tensor-core kernels take NHWC: an NCHW model's convolution reads and writes
+    each operand once more, at the memory-bound ops' share of bandwidth; one in channels_last
+    does not, nor one in float32 where tensor cores do not outrun the CUDA cores (a V100 has
+    no TF32, an RTX 4090's TF32 rate is its float32 rate)."""
+    a100, v100, rtx = gpu("a100-sxm4-80gb"), gpu("v100-sxm2-16gb"), gpu("rtx-4090-24gb")
+    m = roofline.OpTimeModel(conv_efficiency=0.5, bandwidth_efficiency=0.6)
+    flops, nbytes = 1e12, 10**9
+    for g, precision, dtype in ((a100, "fp32", torch.float32), (a100, "amp", torch.float16),
+                                (a100, "bf16", torch.bfloat16), (v100, "amp", torch.float16)):
+        nhwc = roofline.op_seconds(_op("convolution", flops, nbytes, dtype, channels_last=True), g, precision, m)
+        nchw = roofline.op_seconds(_op("convolution_backward", flops, nbytes, dtype), g, precision, m)
+        assert nhwc == pytest.approx(flops / (g.reachable_flops(roofline._peak_key(_op("convolution", 1, 1, dtype),
+                                                                                   g, precision)) * 0.5))
+        assert nchw - nhwc == pytest.approx(2 * nbytes / (g.hbm_bytes_per_s * 0.6)), (g.name, precision)
+    fp32 = _op("convolution", flops, nbytes, torch.float32)
+    assert roofline.op_seconds(fp32, v100, "fp32", m) == pytest.approx(flops / (v100.reachable_flops("fp32") * 0.5))
+    assert roofline.op_seconds(fp32, rtx, "fp32", m) == pytest.approx(flops / (rtx.reachable_flops("tf32") * 0.5))
+    half = _op("convolution", flops, nbytes, torch.float16)
+    assert roofline.op_seconds(half, rtx, "amp", m) > roofline.op_seconds(
+        dataclasses.replace(half, channels_last=True), rtx, "amp", m)
+    assert roofline.op_seconds(_op("mm", flops, nbytes), a100, "bf16", m) == \
+        roofline.op_seconds(_op("mm", flops, nbytes, channels_last=True), a100, "bf16", m)
 
 
 def test_each_op_class_is_timed_by_its_own_factor():
@@ -297,7 +322,8 @@ def test_each_op_class_is_timed_by_its_own_factor():
     assert roofline.op_seconds(_op("addmm", small, 10**3), h100, "bf16", m) == pytest.approx(small / (peak * 0.4))
     assert roofline.op_seconds(_op("_scaled_dot_product_flash_attention", big, 10**6), h100, "bf16", m) == \
         pytest.approx(big / (peak * 0.5))
-    assert roofline.op_seconds(_op("convolution", big, 10**6), h100, "bf16", m) == pytest.approx(big / (peak * 0.6))
+    assert roofline.op_seconds(_op("convolution", big, 10**6, channels_last=True), h100, "bf16", m) == \
+        pytest.approx(big / (peak * 0.6))
     # memory-bound: the bandwidth's share, whatever FLOPs an elementwise op does
     assert roofline.op_seconds(_op("mul", 10**9, 10**10), h100, "bf16", m) == pytest.approx(
         1e10 / (h100.hbm_bytes_per_s * 0.75))
@@ -432,6 +458,18 @@ def test_cli_prints_every_source_and_writes_json_and_plot(tmp_path, capsys):
     assert "990 TFLOPS datasheet,    791 measured" in listed["h100-sxm-80gb"]
     assert "fp16    125 TFLOPS datasheet,     95 measured" in listed["v100-sxm2-16gb"]
     assert "assumed (torch.matmul)" in listed["rtx-6000-ada-48gb"]
+
+
+def test_cli_channels_last_takes_the_layout_transposes_off_the_step(tmp_path, capsys):
+    argv = ["--model", "small_cnn", "--dataset", "cifar10", "--batch", "256", "--gpu", "a100-sxm4-80gb",
+            "--sparsity", "0.5", "--no-largest-batch", "--dtype", "amp"]
+    steps = []
+    for extra in ([], ["--channels-last"]):
+        assert cli.main(argv + extra + ["--json", str(tmp_path / "p.json")]) == 0
+        steps.append(json.loads((tmp_path / "p.json").read_text())["modes"]["none"]["step_seconds"])
+    assert steps[1] < steps[0]
+    assert cli.main(["--hf-config", str(tmp_path), "--channels-last"]) == 2
+    assert "--channels-last is for a convolutional --model" in capsys.readouterr().err
 
 
 def test_cli_with_measured_sparsity_says_the_same_each_run_and_leaves_the_callers_rng(capsys):

@@ -61,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "model where there are none, as one graph")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="with --hf-config: the model's activation_checkpointing_enable() (non-reentrant)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="with --model: run it in torch.channels_last (NHWC), so cuDNN's tensor-core convolutions "
+                        "need no layout transposes around each call")
     p.add_argument("--batch", type=int, help="default 64, or 1 with --hf-config")
     p.add_argument("--gpu", default="h100-sxm-80gb", help="a name from --list-gpus")
     p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
@@ -244,6 +247,8 @@ def main(argv=None) -> int:
         if args.hf_config is not None:
             from ..plan.hf import from_config
 
+            if args.channels_last:
+                raise ValueError("--channels-last is for a convolutional --model, not --hf-config")
             model, inputs = from_config(args.hf_config, batch=args.batch, seq_len=args.seq_len,
                                         lora_rank=args.lora_rank, lora_targets=_lora_targets(args.lora_targets),
                                         gradient_checkpointing=args.gradient_checkpointing,
@@ -258,6 +263,8 @@ def main(argv=None) -> int:
                 torch.manual_seed(0)
                 model = models.build(args.model, dataset=args.dataset)
                 spars = sparsity_for(args.sparsity, model, shape, args.data)
+            if args.channels_last:
+                model = model.to(memory_format=torch.channels_last)
             inputs = torch.empty(args.batch, *shape, device="meta")
         reserve = parse_bytes(args.reserve)
         if args.fit:

@@ -80,7 +80,7 @@ class _Recorder:
     """A dispatch mode that notes every op of the step (name, phase, FLOPs, bytes,
     memory in use after it) and, for every tensor an op returns, the module running."""
 
-    def __init__(self, tracker: LayerTracker, live_bytes):
+    def __init__(self, tracker: LayerTracker, live_bytes, channels_last: bool = False):
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_leaves
         from torch.utils.flop_counter import flop_registry
@@ -128,7 +128,8 @@ class _Recorder:
                             "writes": () if func.is_view else tuple(recorder.storage(t) for t in outs)}
                 name = func._overloadpacket.__name__
                 ops.append(OpRecord(len(ops), name, recorder.phase, flops, moved, floating, where[0], live_bytes(),
-                                    workspace=workspaces.workspace_bytes(name, args, out), **flow))
+                                    workspace=workspaces.workspace_bytes(name, args, out),
+                                    channels_last=channels_last, **flow))
                 if in_place is not None:
                     accumulation.after(in_place, args[0], out, len(ops) - 1)
                 return out
@@ -319,6 +320,7 @@ class OpRecord:
     writes: tuple = ()
     compiled: bool = False
     workspace: int = 0        # transient bytes it takes beside live_bytes (cuDNN's: cswap.plan.workspaces)
+    channels_last: bool = False  # the model runs NHWC (_channels_last): cswap.plan.roofline's conv transposes
 
 
 @dataclass(frozen=True)
@@ -548,6 +550,19 @@ def adapter_parameters(model: nn.Module) -> set[int]:
     return found
 
 
+def _channels_last(model: nn.Module) -> bool:
+    """Whether `model` runs NHWC: its 4-d weights laid out torch.channels_last (as
+    model.to(memory_format=torch.channels_last) leaves them), where the layout carries from
+    layer to layer on a GPU. (The trace's "meta" device lays every convolution's output out
+    NCHW, so the layout is read off the model, not the ops' tensors.)"""
+    nhwc = nchw = False
+    for p in model.parameters():
+        if p.dim() == 4:  # (a 1x1 kernel or a single input channel is laid out both ways)
+            last, first = p.is_contiguous(memory_format=torch.channels_last), p.is_contiguous()
+            nhwc, nchw = nhwc or (last and not first), nchw or (first and not last)
+    return nhwc and not nchw
+
+
 def _fake_copy(model: nn.Module, dtype: torch.dtype | None, adapter_dtype: torch.dtype | None = None) -> nn.Module:
     """A copy of `model` whose parameters and buffers are on "meta" (no data), cast to `dtype`
     (peft's adapter weights to `adapter_dtype`, where given)."""
@@ -606,7 +621,7 @@ def _trace(model: nn.Module, example_inputs, loss, stepping: tuple[str, bool], d
     mode = _fake_mode()
     tracker = LayerTracker()
     memory = _mem_tracker()
-    recorder = _Recorder(tracker, _live_bytes(memory))
+    recorder = _Recorder(tracker, _live_bytes(memory), _channels_last(model))
     ops = recorder.ops
     records: list[SavedRecord] = []
     saved_by: dict[int, str] = {}         # the op whose backward first reads it

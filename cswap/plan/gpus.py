@@ -122,6 +122,7 @@ class Throughput:
     batch: int  # per-GPU batch
     images_per_s: float  # per GPU
     source: str  # where it was published, and what it measured
+    channels_last: bool = False  # the run's memory format: NHWC (torch.channels_last), else NCHW
 
 
 # Datasheets and whitepapers.
@@ -356,8 +357,10 @@ _TF32_NOTE = ("; Lambda labels it FP32, but PyTorch runs cuDNN convolutions in T
 def _dle(gpu_name, precision, batch, ips, dgx, column):
     system, table, platform = dgx
     cfg = {"fp32": "FP32", "tf32": "TF32", "amp": "AMP"}[precision]
-    return Throughput(gpu_name, precision, batch, float(ips),
-                      _DLE.format(system=system, table=table, column=column, platform=platform, precision=cfg))
+    source = _DLE.format(system=system, table=table, column=column, platform=platform, precision=cfg)
+    if precision == "amp":  # (its FP32 and TF32 configs name no memory format: NCHW, main.py's default)
+        source += f"; NHWC from ConvNets/configs.yml resnet50.{platform}.AMP.memory_format: nhwc @097c7ff9"
+    return Throughput(gpu_name, precision, batch, float(ips), source, channels_last=precision == "amp")
 
 
 def _lambda(gpu_name, precision, batch, ips, row, run, stamp, log_ips):

@@ -8,7 +8,10 @@ classes, each timed against what the GPU reaches (cswap.plan.gpus):
                e_mm(f) = matmul_efficiency * f / (f + matmul_half_flops): large
                multiplies run near a fixed share of the rate, small ones (a LoRA
                adapter's, a batch of one's) far below it
-    conv       convolutions and their backward: flops / (rate * e_conv)
+    conv       convolutions and their backward: flops / (rate * e_conv), and on
+               tensor cores in an NCHW model the layout transposes cuDNN runs
+               around each call, 2 x bytes at the memory-bound share
+               (_transposed; none in torch.channels_last)
     attention  fused SDPA kernels (flash, efficient, cuDNN): flops / (rate *
                e_attn), causal masking counted as executed (cswap.plan.fake_gpu)
     memory     everything else: bytes / (hbm_bandwidth * e_bw)
@@ -134,19 +137,34 @@ def _peak_key(op, gpu: GPU, precision: str) -> str:
 
 
 def _arrays(ops, gpu: GPU, precision: str):
-    """Per op: its class index, FLOPs, bytes and reachable FLOP/s on `gpu` (ops that only
-    reinterpret their input: no FLOPs, no bytes)."""
+    """Per op: its class index, FLOPs, bytes, reachable FLOP/s on `gpu` and bytes moved by
+    layout transposes (_transposed; ops that only reinterpret their input: no FLOPs, no bytes)."""
     classes = [op_class(op.name) for op in ops]
     free = np.array([c == "free" for c in classes], dtype=bool)
     kind = np.array([CLASSES.index("memory" if c == "free" else c) for c in classes], dtype=np.int64)
     flops = np.where(free, 0.0, np.array([float(op.flops) for op in ops], dtype=np.float64))
     nbytes = np.where(free, 0.0, np.array([float(op.bytes) for op in ops], dtype=np.float64))
-    peak = np.array([gpu.reachable_flops(_peak_key(op, gpu, precision)) if k < 3 and f else 1.0
-                     for op, k, f in zip(ops, kind, flops)], dtype=np.float64)
-    return kind, flops, nbytes, peak
+    keys = [_peak_key(op, gpu, precision) for op in ops]
+    peak = np.array([gpu.reachable_flops(key) if k < 3 and f else 1.0
+                     for key, k, f in zip(keys, kind, flops)], dtype=np.float64)
+    transposed = np.array([_transposed(op, c, key, gpu) for op, c, key in zip(ops, classes, keys)], dtype=np.float64)
+    return kind, flops, nbytes, peak, transposed
 
 
-def _seconds(kind, flops, nbytes, peak, bandwidth, m: OpTimeModel, family: str) -> np.ndarray:
+def _transposed(op, cls: str, peak_key: str, gpu: GPU) -> float:
+    """Bytes a convolution's layout transposes move. cuDNN's tensor-core kernels take NHWC, so
+    on an NCHW model it transposes every operand in and every result out around the call,
+    each read once and written once (2x the op's bytes); a model in torch.channels_last
+    (OpRecord.channels_last) has none. The H200's VGG16 traces show it
+    (benchmarks/results/nvidia-h200/trace/: 107 transpose kernels, 8.2 ms of the 47.6 ms
+    ImageNet step, 2x the convolutions' bytes at 72% of HBM bandwidth). fp16 and bf16 run on
+    tensor cores; TF32 only where they outrun the CUDA cores' float32 (not on a GeForce RTX
+    3090 or 4090, whose TF32 tensor rate is their float32 rate)."""
+    tensor_cores = peak_key in ("fp16", "bf16") or (peak_key == "tf32" and gpu.flops["tf32"] > gpu.flops["fp32"])
+    return 2.0 * op.bytes if cls == "conv" and tensor_cores and not op.channels_last else 0.0
+
+
+def _seconds(kind, flops, nbytes, peak, transposed, bandwidth, m: OpTimeModel, family: str) -> np.ndarray:
     """Vectorised over ops (_arrays), on a GPU of this bandwidth and family."""
     scale = m.scale(family)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -159,7 +177,8 @@ def _seconds(kind, flops, nbytes, peak, bandwidth, m: OpTimeModel, family: str) 
         compute = np.where((kind < 3) & (flops > 0), flops / (peak * efficiency), 0.0)
     memory = nbytes / (bandwidth * m.bandwidth_efficiency)
     moves = (flops > 0) | (nbytes > 0)
-    return np.where(moves, np.maximum(np.maximum(compute, memory), LAUNCH_FLOOR_S), 0.0)
+    transposes = transposed / (bandwidth * m.bandwidth_efficiency)  # (kernels of their own, before and after)
+    return np.where(moves, np.maximum(np.maximum(compute, memory), LAUNCH_FLOOR_S) + transposes, 0.0)
 
 
 def op_seconds(op, gpu: GPU, precision: str, model: OpTimeModel) -> float:
@@ -258,6 +277,7 @@ class Sample:
     flops: np.ndarray
     bytes: np.ndarray
     peak: np.ndarray
+    transposed: np.ndarray
     bandwidth: float
     family: str
     published_s: float
@@ -270,8 +290,8 @@ class Sample:
         return cls(name, *_arrays(ops, gpu, precision), gpu.hbm_bytes_per_s, gpu.family, published_s, group)
 
     def predicted_s(self, model: OpTimeModel) -> float:
-        return float(_seconds(self.kind, self.flops, self.bytes, self.peak, self.bandwidth, model,
-                              self.family).sum())
+        return float(_seconds(self.kind, self.flops, self.bytes, self.peak, self.transposed, self.bandwidth,
+                              model, self.family).sum())
 
 
 def fit(samples: list[Sample]) -> OpTimeModel:

@@ -616,7 +616,8 @@ def predict(model: nn.Module, example_inputs, gpu, *, precision: str = "fp32", o
     output's own loss when it has one (Hugging Face models given labels), else the
     mean of its first tensor. precision: fp32 (TF32 convolutions where the GPU has them,
     PyTorch's default), tf32, amp (float16 autocast), bf16 or fp16 (the model cast).
-    budget: bytes, "20GiB" or a fraction of the GPU's memory: the limit `fits` checks
+    A model in torch.channels_last runs its convolutions NHWC: an NCHW one's convolutions
+    on tensor cores also pay cuDNN's layout transposes (cswap.plan.roofline). budget: bytes, "20GiB" or a fraction of the GPU's memory: the limit `fits` checks
     (at most the GPU's memory minus `reserve_bytes`).
     profile: a cswap-tune profile of that GPU (a path or cswap.Profile) for PCIe and
     codec times, or any object the advisor takes (bw_d2h, bw_h2d, codecs, seconds)
