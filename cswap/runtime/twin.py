@@ -692,6 +692,7 @@ class ComputeClock:
             flops: float
             bytes: float
             dtype: torch.dtype | None
+            channels_last: bool = False  # (the twin's models run NCHW, as the H200's did)
 
         def seconds_of(func, args, kwargs, out) -> float:
             name = func._overloadpacket.__name__
