@@ -49,15 +49,17 @@ def test_subsets_keep_the_trace_and_only_limit_who_may_leave():
     assert [t.key for t in sub.iteration.tensors] == [inst.iteration.tensors[i].key for i in (0, 3, 5)]
 
 
-@pytest.mark.parametrize("model, batch, gpu, sparsity, chosen, fraction", [
-    ("vgg16", 64, "a100-sxm4-40gb", 0.6, [0, 3, 6, 9, 21, 23, 25, 27, 28], 0.369),
-    ("mobilenet", 128, "v100-sxm2-32gb", 0.7, [4, 7, 10, 11, 32, 33, 34, 37, 40, 42, 47, 50, 53], 0.605),
+@pytest.mark.parametrize("model, batch, gpu, sparsity, chosen, fraction, stuck", [
+    ("vgg16", 64, "a100-sxm4-40gb", 0.6, [0, 3, 6, 9, 21, 23, 25, 27, 28], 0.369, 0.05),
+    ("mobilenet", 128, "v100-sxm2-32gb", 0.7, [4, 7, 10, 11, 32, 33, 34, 37, 40, 42, 47, 50, 53], 0.5, 0.01),
 ])
 def test_kicked_searches_leave_the_exchange_searchs_local_optimum(monkeypatch, model, batch, gpu, sparsity, chosen,
-                                                                  fraction):
-    """The benchmark's instances 45 and 93: the exchange search stops at a local optimum (3.9%
-    and 2.1% above the exact one), and no deadline helps it; from there, kicks (move a few kept
-    tensors, keep again what the budget does not need, search again) reach the optimum."""
+                                                                  fraction, stuck):
+    """The benchmark's instances 45 and 93 (found with the time model of 2026-12-02): the
+    exchange search stops at a local optimum (with the model of 2026-12-05, 5.8% and, at a
+    budget of half the span, 1.2% above the exact one), and no deadline helps it; from there,
+    kicks (move a few kept tensors, keep again what the budget does not need, search again)
+    reach the optimum."""
     from cswap.plan import budget as planner
 
     inst = plan_budget.trace(model, batch, gpu, sparsity).subset(chosen)
@@ -72,4 +74,4 @@ def test_kicked_searches_leave_the_exchange_searchs_local_optimum(monkeypatch, m
 
     assert gap(planner.plan_budget(inst, limit, search_seconds=10)) <= 1e-3  # (patience ends it, not the deadline)
     monkeypatch.setattr(planner, "_kicked_searches", lambda inst, budget, choices, best, deadline: (choices, best))
-    assert gap(planner.plan_budget(inst, limit, search_seconds=10)) > 0.02
+    assert gap(planner.plan_budget(inst, limit, search_seconds=10)) > stuck
