@@ -625,6 +625,51 @@ def test_decode_waits_replays_the_runtime_whose_decodes_the_thread_waited_for():
     assert waited.backward_stall_s == pytest.approx(ahead.backward_stall_s + wait)
 
 
+def test_a_waiting_thread_queues_the_next_restore_when_it_resumes_while_the_gpu_computes():
+    """The thread that waited for a decode resumes before the GPU reaches the next use: it
+    queues the next restore at once, which hides behind the compute between the uses."""
+    profile = FakeProfile(bw=1e9)
+    big = (25_000_000,)
+    a, b, c, d = (tensor(key=k, shape=big, sparsity=0.8, save_s=0.001 * i, use_s=1.3 - 0.4 * i)
+                  for i, k in enumerate("abcd"))
+    it, choices = iteration(a, b, c, d, forward_s=1.0), {k: "zvc" for k in "abcd"}
+    ahead = simulate(it, choices, profile)
+    waited = simulate(it, choices, profile, decode_waits=True)
+    # d on demand; unpacking it, the thread restores c and b (the window's two) and waits for
+    # each, and d's op with it
+    assert waited.restore_issued_s["b"] == pytest.approx(waited.restored_s["c"])
+    # it then runs ahead of the GPU to b's unpack, where it queues a at once: a is back before
+    # b's use, and backward waited only at d's unpack
+    assert waited.restore_issued_s["a"] == pytest.approx(waited.restored_s["b"])
+    assert waited.restored_s["a"] < waited.use_at_s["b"]
+    wait = waited.restored_s["b"] - waited.use_at_s["d"]
+    assert waited.backward_stall_s == pytest.approx(ahead.backward_stall_s + wait)
+
+
+def test_a_restore_waits_until_the_sender_has_queued_the_copy_out():
+    """A tensor saved as forward ends, its copy out queued by the sender: backward's first
+    restore waits for that queue (Offloader.wait_issued), then serves it from the device."""
+    profile = FakeProfile(bw=1e9)
+    t = tensor(key="t", shape=(25_000_000,), sparsity=0.8, save_s=1.0, use_s=0.0)
+    size = compressed_size("zvc", t.shape, 4, 0.8, t.runs)
+    sim = simulate(iteration(t, forward_s=1.0), {"t": "zvc"}, profile, sender_waits=True)
+    queued = sim.offload_end_s["t"] - size / 1e9
+    assert queued > sim.use_at_s["t"] - sim.per_tensor_stall_s["t"]  # (after backward asked for it)
+    assert sim.restore_issued_s["t"] == pytest.approx(queued)
+    assert sim.restored_s["t"] == pytest.approx(queued)  # (still on the device)
+
+
+def test_the_prefetch_window_is_refilled_once_half_of_it_has_been_used():
+    """32 raw tensors of one size: the window holds four. The first use fills it; the next
+    finds three ahead (over half) and queues none; the one after, two: it queues two."""
+    profile = FakeProfile(bw=1e9)
+    ts = [tensor(key=f"t{i}", shape=(1_000_000,), save_s=0.001 * i, use_s=0.01 * (32 - i)) for i in range(32)]
+    sim = simulate(iteration(*ts, forward_s=1.0), {}, profile)
+    issued = sim.restore_issued_s
+    assert all(issued[f"t{i}"] == pytest.approx(sim.use_at_s["t31"]) for i in (30, 29, 28, 27))
+    assert all(issued[f"t{i}"] == pytest.approx(sim.use_at_s["t29"]) for i in (26, 25))
+
+
 def contention():
     """Two 100 MB tensors saved back to back 0.1 s before forward ends; each alone fits (0.1 s at 1 GB/s)."""
     big = (25_000_000,)

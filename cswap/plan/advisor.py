@@ -552,6 +552,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
              for t, k, c in zip(tensors, options, costs)]
     shift = compress = link = late = 0.0
     offload_end = [math.inf] * n  # (inf: not issued yet)
+    queued = [math.inf] * n  # when each copy out was queued
     encoded = [0.0] * n
     freed_by = [n] * n
     inflight: list[int] = []
@@ -561,6 +562,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
 
     def issue(j: int, at: float, ready: float = 0.0) -> None:
         nonlocal link
+        queued[j] = at
         link = offload_end[j] = max(at, link, ready) + costs[j].size[options[j]] / bw_d2h
         copies.append((at, link))
 
@@ -627,10 +629,12 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     send_landed(forward_end)  # (forward runs until its end; then autograd's engine, in C++)
     send_landed(math.inf, blocked_from=forward_end)
     forward_stall = shift
-    # backward starts at once: a tensor whose copy out has not ended when it is restored is
-    # served from the device. Restores go ahead of use within the prefetch window (an eighth
-    # of the pass's bytes, two at least): copies in order on the H2D link, decodes in order on
-    # the codec stream after their copy in; compute waits for the one it uses
+    # backward starts at once: a restore waits until the tensor's copy out is queued
+    # (Offloader.wait_issued), and a tensor whose copy out has not ended then is served from
+    # the device. Restores go ahead of use within the prefetch window (an eighth of the pass's
+    # bytes, two at least), refilled once half of what is ahead has been used (Restorer.prefetch):
+    # copies in order on the H2D link, decodes in order on the codec stream after their copy
+    # in; compute waits for the one it uses
     b0 = iteration.forward_s + forward_stall
     window = sum(t.nbytes for t in tensors) // WINDOW_FRACTION
     restore_start: dict[str, float] = {}
@@ -645,6 +649,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     def restore(i: int, at: float) -> None:
         nonlocal h2d, decode, back
         c, k = costs[i], options[i]
+        at = max(at, queued[i])
         issued_at[tensors[i].key] = at
         if served_from_device and offload_end[i] > at:  # not yet released: served from the device
             restore_start[tensors[i].key] = ready_at[i] = at
@@ -663,11 +668,19 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     back = late
     if n:
         per[tensors[-1].key] += late
+    # With decode_waits, autograd's thread blocks on each decode while the GPU runs the kernels
+    # it queued before: once it has waited, it reaches the next unpacks, and queues their
+    # restores, when it last resumed (`host`), and the op that asked waits only for what the
+    # thread waited beyond the GPU's own time
+    host = math.inf
     for i in order:
         t = tensors[i]
         use = b0 + t.use_s + back
         if i not in ready_at:  # not restored ahead: on demand
-            restore(i, use)
+            at = min(host, use) if decode_waits else use
+            restore(i, at)
+            if decode_waits and options[i] is not None:
+                host = max(at, ready_at[i])
             issued += 1
         if i in ahead:
             ahead.remove(i)
@@ -677,18 +690,22 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
             back += stall
             use += stall
         used[t.key] = use
-        while issued < n:  # the next restores, within the window
+        at = min(host, use) if decode_waits else use
+        refill = not ahead or sum(held(a) for a in ahead) <= window // 2
+        while refill and issued < n:  # the next restores, within the window
             j = order[issued]
             if j in ready_at:
                 issued += 1
                 continue
             if len(ahead) >= least and sum(held(a) for a in ahead) + held(j) > window:
                 break
-            restore(j, use)
-            if decode_waits and options[j] is not None and ready_at[j] > use:  # (the thread waits for it)
-                per[tensors[j].key] += ready_at[j] - use
-                back += ready_at[j] - use
-                use = ready_at[j]
+            restore(j, at)
+            if decode_waits and options[j] is not None:  # (the thread waits for it)
+                at = host = max(at, ready_at[j])
+                if host > use:
+                    per[tensors[j].key] += host - use
+                    back += host - use
+                    use = host
             ahead.append(j)
             issued += 1
     return SimResult(exposed_s=forward_stall + back, forward_stall_s=forward_stall, backward_stall_s=back,
