@@ -81,6 +81,20 @@ def test_pcie_rates_are_per_direction_after_128b130b():
     assert rates["PCIe 5.0 x16"] == pytest.approx(63.015e9, rel=1e-4)
 
 
+def test_cswap_plan_takes_the_link_as_measured_where_it_was_and_assumes_it_elsewhere():
+    from cswap.plan.whatif import LINK_EFFICIENCY, AssumedProfile
+
+    h200, h100 = gpu("h200"), gpu("h100-sxm-80gb")
+    assert h200.measured_link == pytest.approx((55.27e9, 55.42e9))
+    assert any("codecs.csv" in s for s in h200.sources)  # (where it was measured)
+    measured, assumed = AssumedProfile(h200), AssumedProfile(h100)
+    assert (measured.bw_d2h, measured.bw_h2d) == h200.measured_link
+    assert "as measured" in measured.source
+    assert h100.measured_link is None
+    assert assumed.bw_d2h == assumed.bw_h2d == pytest.approx(h100.link_bytes_per_s * LINK_EFFICIENCY)
+    assert "assumed" in assumed.source
+
+
 def test_lookup_exact_and_case_insensitive():
     assert gpu("h100-sxm-80gb") is GPUS["h100-sxm-80gb"]
     assert gpu("H100-SXM-80GB") is GPUS["h100-sxm-80gb"]

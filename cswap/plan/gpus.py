@@ -80,6 +80,7 @@ class GPU:
     link_bytes_per_s: float  # per direction, bytes/s
     sources: tuple[str, ...] = ()
     matmul_flops: dict = field(default_factory=dict, hash=False)  # measured torch.matmul FLOP/s by dtype
+    measured_link: tuple[float, float] | None = None  # measured pinned copies (D2H, H2D), bytes/s
 
     def reachable_flops(self, dtype: str) -> float:
         """What a large torch.matmul reaches in `dtype` ("fp32", "tf32", "fp16", "bf16",
@@ -199,11 +200,14 @@ def _same_chip(name: str) -> tuple[dict, str]:
                                                            f"rates, memory differs):", 1)
 
 
-def _gpu(name, label, family, arch, memory_bytes, hbm, flops, link, sources, measured=({}, None)) -> GPU:
+def _gpu(name, label, family, arch, memory_bytes, hbm, flops, link, sources, measured=({}, None),
+         measured_link=None) -> GPU:
     matmul, source = measured
+    link_source = (measured_link[2],) if measured_link else ()
     return GPU(name, label, family, arch, int(memory_bytes), float(hbm),
                {k: v * _TFLOPS for k, v in flops.items()}, link[0], link[1],
-               tuple(sources) + ((source,) if source else ()), matmul)
+               tuple(sources) + ((source,) if source else ()) + link_source, matmul,
+               measured_link[:2] if measured_link else None)
 
 
 def _units(key: str) -> str:
@@ -213,6 +217,13 @@ def _units(key: str) -> str:
 _V100_SXM2 = {"fp32": 15.7, "fp16": 125}
 _A100 = {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312}
 _H100_SXM = {"fp32": 67, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}
+
+# The host link as this project measured it (pinned cudaMemcpyAsync; the median of the 256 MiB
+# rows of benchmarks/results/nvidia-h200/codecs.csv, whose copies move 48-215 MiB; the profiled
+# steps' large copies ran at 55.0-55.5 GB/s): 0.88 of PCIe 5.0 x16, where cswap-plan assumes
+# LINK_EFFICIENCY elsewhere
+_H200_LINK = (55.27e9, 55.42e9, "Host link measured by this project on an H200 (2026-12-04): pinned copies at "
+              "55.27 GB/s D2H and 55.42 GB/s H2D, benchmarks/results/nvidia-h200/codecs.csv (256 MiB rows)")
 
 _MATMUL_ROWS = {
     "v100-sxm2-16gb": _measured("NVIDIA Tesla V100-SXM2-16GB", (14.06, None, 94.84, None)),
@@ -256,7 +267,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
          _MATMUL_ROWS["h100-sxm-80gb"]),
     _gpu("h200-sxm-141gb", "NVIDIA H200 SXM 141GB", "hopper", 90, 150109880320, 4.8e12,
          _H100_SXM, _PCIE5, (_H200_DS, _H100_DS, _MEASURED + " (name 'NVIDIA H200')"),
-         _MATMUL_ROWS["h200-sxm-141gb"]),
+         _MATMUL_ROWS["h200-sxm-141gb"], _H200_LINK),
     _gpu("gh200-96gb", "NVIDIA GH200 96GB", "hopper", 90, 96 * _GIB, 4.0e12,
          _H100_SXM, _C2C, (_GH200_DS, _H100_DS, _NOMINAL.format(96)), _same_chip("h100-sxm-80gb")),
     _gpu("b200-180gb", "NVIDIA B200 180GB", "blackwell", 100, 180 * _GIB, 8.0e12,

@@ -20,8 +20,9 @@ The pieces, each saying where its figures come from:
   `times` (forward and backward seconds a cswap run measured on that GPU, e.g.
   its epoch report), each phase's ops scaled so the phase takes the measured time.
 - transfers and codecs: a cswap-tune profile of that GPU when given (measured);
-  otherwise AssumedProfile: PCIe at LINK_EFFICIENCY of the link's rate and each
-  codec at a stated fraction of HBM bandwidth (assumed).
+  otherwise AssumedProfile: the link as measured where this project measured it
+  (GPU.measured_link: the H200), else at LINK_EFFICIENCY of its rate (assumed), and
+  each codec at a stated fraction of HBM bandwidth (measured on the H200).
 - sparsity: measured on real CPU steps, a file, or one number (cswap.plan.sparsity).
   Measured sparsity also gives ZANS's size per tensor (from its byte histograms,
   for the trace's dtype); otherwise the advisor takes ZANS's upper bound.
@@ -79,7 +80,8 @@ MIN_BYTES = 1 << 20  # the runtime's default min_bytes on CUDA
 # tensors sees: about 0.5-1 GiB on recent GPUs with PyTorch. Assumed. (cuDNN's convolution
 # workspaces are on the curve: cswap.plan.workspaces.)
 RESERVE_BYTES = 1 << 30
-# Pinned cudaMemcpyAsync reaches about this fraction of the link's theoretical rate. Assumed.
+# Pinned cudaMemcpyAsync reaches about this fraction of the link's theoretical rate. Assumed
+# (the H200 measured 0.88 of PCIe 5.0's: GPU.measured_link, used there).
 LINK_EFFICIENCY = 0.8
 # Codec throughput as a fraction of HBM bandwidth (bytes of input per second / HBM bytes per
 # second), per direction, and a fixed time per call: measured on an H200 (cswap's Triton
@@ -100,10 +102,14 @@ class AssumedProfile:
 
     def __init__(self, gpu: GPU):
         self.gpu = gpu
-        self.bw_d2h = self.bw_h2d = gpu.link_bytes_per_s * LINK_EFFICIENCY
+        if gpu.measured_link:
+            self.bw_d2h, self.bw_h2d = gpu.measured_link
+            link = f"{gpu.link} as measured: {self.bw_d2h / 1e9:.1f} GB/s out, {self.bw_h2d / 1e9:.1f} in"
+        else:
+            self.bw_d2h = self.bw_h2d = gpu.link_bytes_per_s * LINK_EFFICIENCY
+            link = f"assumed: {gpu.link} at {LINK_EFFICIENCY:.0%} of {gpu.link_bytes_per_s / 1e9:.1f} GB/s"
         self.codecs = tuple(CODEC_HBM_FRACTION)
-        self.source = (f"assumed: {gpu.link} at {LINK_EFFICIENCY:.0%} of {gpu.link_bytes_per_s / 1e9:.1f} GB/s; "
-                       f"codecs at {', '.join(f'{c} {a:.1%}/{b:.1%}' for c, (a, b) in CODEC_HBM_FRACTION.items())}"
+        self.source = (f"{link}; codecs at {', '.join(f'{c} {a:.1%}/{b:.1%}' for c, (a, b) in CODEC_HBM_FRACTION.items())}"
                        f" of HBM bandwidth (compress/decompress) plus a fixed time per call, as measured on an H200")
 
     def seconds(self, codec: str, direction: str, size: float, sparsity: float) -> float:
