@@ -1456,6 +1456,26 @@ def test_graph_dropped_before_the_worker_copies_returns_its_buffer(monkeypatch):
         cswap.unpatch(model)
 
 
+def test_a_slots_buffer_cuts_each_slot_when_taken_and_reuses_it_when_put_back():
+    """The buffer an encode's sizes are read back into: SLOTS slots of SLOT bytes, each cut
+    when taken (a block comes from the pool about once an encode; cutting all 256 up front
+    cost the worker 1.5 ms an encode on the H200). Taken ones are distinct and within the
+    buffer; one put back is taken again; the block is idle once all are back."""
+    from cswap.runtime.offload import SLOT, SLOTS, _Slots
+
+    buffer = torch.zeros(SLOT * SLOTS, dtype=torch.uint8)
+    block = _Slots(buffer)
+    views = [block.take(None) for _ in range(SLOTS)]
+    assert block.take(None) is None
+    starts = sorted(v.data_ptr() - buffer.data_ptr() for v in views)
+    assert starts == [i * SLOT for i in range(SLOTS)] and all(v.numel() == SLOT for v in views)
+    assert all(block.holds(v) for v in views)
+    assert block.put(views[7], None) is False
+    again = block.take(None)
+    assert again.data_ptr() == views[7].data_ptr()
+    assert [block.put(v, None) for v in views][-1] is True  # (the last one back)
+
+
 def test_host_limit_keeps_tensors_in_place():
     model = cswap.patch(nets.vgg_like(), mode="vdnn", min_bytes=0, max_host_bytes=0)
     try:
