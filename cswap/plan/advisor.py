@@ -726,8 +726,8 @@ def simulate(iteration: IterationProfile, choices: Mapping[str, str | None], pro
     ended when backward asks for it is served from the device, as the runtime does
     (False: it is waited for, as the advisor scores its options). budgeted: the runtime
     under a memory budget (windows admit one tensor at least, payloads held at their
-    size, with no room reserved). decode_waits: the thread that queues a decode waits for it,
-    as the runtime did before 138c7ca (torch 2.11 on CUDA copied each decode's verdict from
+    size, with no room reserved). decode_waits: the thread that queues a decode waits for it
+    (while the GPU runs the kernels queued before), as the runtime did before 138c7ca (torch 2.11 on CUDA copied each decode's verdict from
     pageable memory and synchronized; benchmarks/twin.py --pageable-verdict replays the same);
     sender_waits: every compressed copy out is queued by the sender thread once the sizes have
     landed, as the runtime did before c30342c (a bounded codec's is now queued behind its
