@@ -1461,11 +1461,23 @@ def test_a_slots_buffer_cuts_each_slot_when_taken_and_reuses_it_when_put_back():
     when taken (a block comes from the pool about once an encode; cutting all 256 up front
     cost the worker 1.5 ms an encode on the H200). Taken ones are distinct and within the
     buffer; one put back is taken again; the block is idle once all are back."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     from cswap.runtime.offload import SLOT, SLOTS, _Slots
 
+    class Views(TorchDispatchMode):
+        made = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Views.made += func.is_view
+            return func(*args, **(kwargs or {}))
+
     buffer = torch.zeros(SLOT * SLOTS, dtype=torch.uint8)
-    block = _Slots(buffer)
-    views = [block.take(None) for _ in range(SLOTS)]
+    with Views():
+        block = _Slots(buffer)
+        first = block.take(None)
+    assert Views.made == 1  # (one slot cut, not SLOTS)
+    views = [first] + [block.take(None) for _ in range(SLOTS - 1)]
     assert block.take(None) is None
     starts = sorted(v.data_ptr() - buffer.data_ptr() for v in views)
     assert starts == [i * SLOT for i in range(SLOTS)] and all(v.numel() == SLOT for v in views)

@@ -671,13 +671,13 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
     # With decode_waits, autograd's thread blocks on each decode while the GPU runs the kernels
     # it queued before: once it has waited, it reaches the next unpacks, and queues their
     # restores, when it last resumed (`host`), and the op that asked waits only for what the
-    # thread waited beyond the GPU's own time
+    # thread waited beyond the GPU's own time (inf: it has not waited, or never does)
     host = math.inf
     for i in order:
         t = tensors[i]
         use = b0 + t.use_s + back
         if i not in ready_at:  # not restored ahead: on demand
-            at = min(host, use) if decode_waits else use
+            at = min(host, use)
             restore(i, at)
             if decode_waits and options[i] is not None:
                 host = max(at, ready_at[i])
@@ -690,7 +690,7 @@ def _timeline(iteration: IterationProfile, options: list[str | None], costs: lis
             back += stall
             use += stall
         used[t.key] = use
-        at = min(host, use) if decode_waits else use
+        at = min(host, use)
         refill = not ahead or sum(held(a) for a in ahead) <= window // 2
         while refill and issued < n:  # the next restores, within the window
             j = order[issued]
