@@ -20,6 +20,14 @@ import cswap
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
+# A patched model's steps before it is steady: the timed step sends each raw tensor alone; the
+# second groups them into those host buffers while pinning its groups' own; the third is the
+# one the host pool counts; the fourth begins by freeing the buffers the third did without
+# (cswap.runtime.swapper: _trim_after_timed_pass). Freeing pinned memory is slow: on the H200
+# the fourth step of vdnn spent 253 ms in 17 cudaFreeHost calls before its first kernel
+# (results/nvidia-h200/trace/trace-cifar-vdnn.json.gz), and timed steps that began at the third
+# took 364 ms where the others took 112. Benchmarks time steps from the fifth on.
+SETTLE_STEPS = 4
 
 
 def installed_tree(commit: str, into: Path, name: str = "cswap") -> Path:

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 import cswap
 from cswap.models import build
 
-from common import environment, format_row, synchronize, write_results
+from common import SETTLE_STEPS, environment, format_row, synchronize, write_results
 
 PROVIDERS = ("unpatched", "none", "vdnn", "sc", "cswap", "cswap_timeline", "save_on_cpu",
              "vdnn_checksum", "sc_checksum", "cswap_checksum")
@@ -170,7 +170,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default="vgg16", help="a name from cswap.models.names()")
     p.add_argument("--dataset", choices=["cifar10", "imagenet"])
     p.add_argument("--batch", type=int)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=SETTLE_STEPS, help="steps before timing (default: %(default)s, "
+                   "until the runtime is steady: benchmarks/common.py, SETTLE_STEPS)")
     p.add_argument("--iters", type=int)
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     p.add_argument("--profile", type=Path, help="device profile for the cswap modes (default: this device's)")

@@ -1,7 +1,8 @@
 """One training step per mode under torch.profiler: where a step's time goes, on a GPU.
 
 For each run of benchmarks/twin.py (VGG16 at CIFAR shape, batch 2560; at ImageNet shape,
-batch 64) and each mode (unpatched, vdnn, sc, cswap), three warm-up steps and then one
+batch 64) and each mode (unpatched, vdnn, sc, cswap), four warm-up steps (common.SETTLE_STEPS:
+until 2026-12-05 three, so the step profiled was the one that freed idle pinned buffers) and then one
 step profiled with every thread recorded: the device's kernels and copies on each stream
 (CUDA activity), cswap's stages on each host thread as `cswap.<stage>` ranges
 (cswap.runtime.trace: pack, encode, send, release, unpack, prefetch, restore), and the
@@ -39,7 +40,7 @@ import cswap
 from cswap.runtime.trace import on_every_thread
 
 import memory_peak
-from common import RESULTS, device_slug, environment, synchronize
+from common import RESULTS, SETTLE_STEPS, device_slug, environment, synchronize
 from twin import MODES, RUNS, _model_and_batch
 
 _MIB = 2 ** 20
@@ -60,7 +61,7 @@ def profiled_step(run: dict, mode: str, device: torch.device, out: Path, quick: 
         optimizer.step()
 
     cuda = device.type == "cuda"
-    for _ in range(3):
+    for _ in range(SETTLE_STEPS):
         step()
     synchronize(device)
     if mode != "unpatched":

@@ -87,7 +87,7 @@ import torch.nn.functional as F
 import cswap
 from cswap.models import build, names
 
-from common import environment, format_row, synchronize, write_results
+from common import SETTLE_STEPS, environment, format_row, synchronize, write_results
 
 MODES = ("none", "vdnn", "vdnnpp", "sc", "cswap", "save_on_cpu")
 ORAC = "orac (computed)"
@@ -394,7 +394,8 @@ def parse_args(argv=None):
     p.add_argument("--paper-gpu", choices=sorted(PAPER_BATCH), default="v100", help="Table III column for batches")
     p.add_argument("--batch", type=int, help="one batch size for every model and shape (overrides Table III)")
     p.add_argument("--batch-scale", type=float, default=1.0, help="scale Table III's batch sizes")
-    p.add_argument("--warmup", type=int, help="untimed steps first (>= 2; default 3, quick 2)")
+    p.add_argument("--warmup", type=int, help="untimed steps first (>= 2; default 4, until the runtime is steady: "
+                   "common.SETTLE_STEPS; quick 2)")
     p.add_argument("--iters", type=int, help="timed steps (default 10, quick 1)")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate")
     p.add_argument("--budget-gib", type=float,
@@ -418,7 +419,7 @@ def parse_args(argv=None):
     args.datasets = args.datasets or (["cifar10"] if args.quick else list(DATASETS))
     args.modes = args.modes or list(MODES)
     args.batch = args.batch or (4 if args.quick else None)
-    args.warmup = 2 if args.warmup is None and args.quick else (3 if args.warmup is None else args.warmup)
+    args.warmup = 2 if args.warmup is None and args.quick else (SETTLE_STEPS if args.warmup is None else args.warmup)
     args.iters = args.iters or (1 if args.quick else 10)
     if args.warmup < 2:
         p.error("--warmup must be >= 2: cswap profiles its first step uncompressed and decides from the second")

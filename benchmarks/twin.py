@@ -454,10 +454,15 @@ def extract(commit: str, into: Path) -> Path:
 
 
 def main(argv=None) -> list[dict]:
+    from common import SETTLE_STEPS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=SETTLE_STEPS,
+                   help="steps before timing (default: %(default)s, until the runtime is steady: benchmarks/common.py, "
+                        "SETTLE_STEPS; the H200's 2026-12-04 headline warmed up 2, so its second timed step freed "
+                        "pinned buffers)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--sm-share", type=float, default=1.0,
                    help="of a codec kernel's time, what compute running beside it loses (1: all, the default; 0: none)")

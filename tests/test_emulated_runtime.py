@@ -24,6 +24,7 @@ from torch import nn
 import cswap
 import emulated
 import nets
+from benchmark_module import load_benchmark
 from cswap.models import build
 from cswap.patch import _PATCHED
 from cswap.runtime import sync
@@ -1271,6 +1272,30 @@ def test_host_buffers_the_steps_after_the_timed_one_do_without_are_freed():
     assert reserved[1] > in_use[1]  # the kept ones' buffers, idle
     assert reserved[3:] == in_use[3:], (reserved, in_use)
     assert allocations[1:] == [allocations[1]] * 4, allocations
+
+
+def test_benchmarks_time_steps_only_once_the_host_pool_is_steady():
+    """The benchmarks warm up common.SETTLE_STEPS steps: the last of them is the one whose
+    start frees the host buffers no later step uses (on the H200 that took 253 ms of
+    cudaFreeHost), and from it on the pool neither pins nor frees. Fails if the runtime
+    settles later (the benchmarks would time a step that frees) or earlier (they would
+    warm up longer than needed)."""
+    settle = load_benchmark("common").SETTLE_STEPS
+    model = cswap.patch(_relu_chain(20), mode="vdnn", min_bytes=0, stash_bytes=1 << 20)
+    x = torch.randn(4, 16)
+    pool_after = []  # (buffers pinned so far, bytes held) after each step
+    try:
+        with cswap.testing.emulated_device(bandwidth_gbps=float("inf")) as dev:
+            for _ in range(settle + 3):
+                _chain_gradients(model, x)
+                dev.synchronize()
+                pool = swapper_of(model).pool
+                pool_after.append((pool.allocations, pool.reserved_bytes))
+    finally:
+        cswap.unpatch(model)
+    steady = pool_after[settle - 1]
+    assert pool_after[settle - 2][1] > steady[1], pool_after  # the last settling step freed buffers
+    assert pool_after[settle - 1:] == [steady] * 4, pool_after
 
 
 def test_the_trim_after_the_timed_step_keeps_the_buffers_of_every_forward_of_a_step():
