@@ -107,11 +107,13 @@ planes' raw bytes (a byte per symbol), the mask (n / 8 bytes) and room for n
 non-zeros (launch_scratch_bytes); decoding in masked mode needs the mask and the
 non-zeros.
 
-Decoding: tables (torch, on the device: 4096-entry slot -> (symbol, f,
+Decoding: tables (one kernel, on the device: 4096-entry slot -> (symbol, f,
 slot - c) per coded plane), one kernel over every tile of every plane (raw
 tiles are copied in the same loop) writing plane bytes straight into the
 output words (dense) or into the mask and the non-zeros (masked), then in
-masked mode a popcount pass over the mask and ZVC's expansion kernel.
+masked mode one kernel that places the non-zeros where the mask says, each
+4096 elements finding their first non-zero by decoupled look-back, and
+checks the mask's count (_zans_unmask_kernel).
 
 Work per symbol (one symbol = one byte of a plane) on the GPU (one warp per
 tile, lanes = the K interleaved states; `tile` / K dependent steps per warp):
@@ -122,8 +124,8 @@ tile, lanes = the K interleaved states; `tile` / K dependent steps per warp):
     store; then the pack kernel copies the stream (1 load + 1 store per byte).
   decode: 1 table load (4096 x int32 per plane, L1-resident), a multiply-add
     and 5 other integer ops, a warp prefix sum, <= 1 16-bit load, 1 byte
-    store (strided by W); masked mode adds ZVC's expansion (mask + values
-    read, word written) and a popcount over the mask (n / 8 bytes).
+    store (strided by W); masked mode adds the placing (mask + values read,
+    word written, a popcount of each mask word).
   raw tiles: 1 byte load + 1 byte store per symbol.
   histogram: 1 word load per element, W + 1 warp histograms (tl.histogram:
     ballots per bin bit), per-program accumulators, 256 atomics per plane per
@@ -149,6 +151,7 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
+from .lookback import LOOK_BACK, exclusive_prefix, ticket
 from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements, to_device
 
 __all__ = [
@@ -951,27 +954,40 @@ def _zans_decode_kernel(s16_ptr, s8_ptr, offsets_ptr, dec_ptr, table_ok_ptr, tab
         tl.store(status_ptr + 2 * total_tiles + 1, tl.where(bad_first, first, tl.where(bad_last, last, 0)))
 
 
-@triton.jit(do_not_specialize=["n", "num_tiles"])
-def _zans_mask_count_kernel(mask_ptr, counts_ptr, n, num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
-    """Set bits of the mask per TILE elements (bits at or past n ignored): ZVC's tile offsets."""
-    pid = tl.program_id(0).to(tl.int64)
-    nprog = tl.num_programs(0)
-    idx = tl.arange(0, SUB)
-    WORDS: tl.constexpr = TILE // 32
-    for t in range(pid, num_tiles, nprog):
-        count = tl.zeros([SUB], dtype=tl.int64)
-        for s in range(0, WORDS, SUB):
-            wi = t * WORDS + s + idx
-            left = n - wi * 32  # elements of this word still inside the tensor
-            v = tl.load(mask_ptr + wi, mask=(s + idx < WORDS) & (left > 0), other=0).to(tl.int64) & 0xFFFFFFFF
-            keep = tl.where(left >= 32, 0xFFFFFFFF,
-                            (tl.full([SUB], 1, tl.int64) << tl.minimum(tl.maximum(left, 0), 31)) - 1)
-            v = v & keep
-            v = v - ((v >> 1) & 0x55555555)
-            v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
-            v = (v + (v >> 4)) & 0x0F0F0F0F
-            count += (v * 0x01010101 >> 24) & 255
-        tl.store(counts_ptr + t, tl.sum(count, axis=0))
+@triton.jit(do_not_specialize=["n", "symbols", "num_tiles"])
+def _zans_unmask_kernel(mask_ptr, values_ptr, out_ptr, state_ptr, check_ptr, n, symbols, num_tiles,
+                        TILE: tl.constexpr, LOOK: tl.constexpr):
+    """Masked mode's last step, in one pass: each TILE elements' non-zeros go where the mask
+    says, the first of them found by decoupled look-back over the tiles before (state_ptr:
+    int64[num_tiles + 1], zero before the launch). Bits at or past n are ignored, no value
+    is read at or past `symbols`, and the last tile checks the mask's count: check_ptr is
+    the status's row TT, (code, position), set to (MASK_COUNT, bits counted) when they
+    differ from `symbols` and the row holds no earlier failure. (Three kernels and a
+    prefix sum in the 2026-12-04 measurement: ZVC's decoder, with its offsets counted
+    first.)"""
+    ROWS: tl.constexpr = TILE // 32
+    rows = tl.arange(0, ROWS)
+    lane = tl.arange(0, 32)
+    offs = rows[:, None] * 32 + lane[None, :]
+    t = ticket(state_ptr)
+    while t < num_tiles:
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        inb = offs < tile_len
+        m = tl.load(mask_ptr + t * ROWS + rows, mask=rows * 32 < tile_len, other=0).to(tl.uint32, bitcast=True)
+        bit = tl.where(inb, ((m[:, None] >> lane[None, :].to(tl.uint32)) & 1).to(tl.int32), 0)
+        row_count = tl.sum(bit, axis=1)
+        total = tl.sum(row_count, axis=0).to(tl.int64)
+        prefix = exclusive_prefix(state_ptr, t, total, LOOK)
+        row_before = tl.cumsum(row_count, axis=0) - row_count
+        pos = prefix + row_before[:, None] + tl.cumsum(bit, axis=1) - bit
+        v = tl.load(values_ptr + pos, mask=(bit != 0) & (pos < symbols), other=0)
+        tl.store(out_ptr + t * TILE + offs, v, mask=inb)
+        if t == num_tiles - 1:
+            found = prefix + total
+            bad = (tl.load(check_ptr) == 0) & (found != symbols)
+            tl.store(check_ptr, tl.full([], 8, tl.int64), mask=bad)  # MASK_COUNT
+            tl.store(check_ptr + 1, found, mask=bad)
+        t = ticket(state_ptr)
 
 
 # -- launchers ------------------------------------------------------------------------------
@@ -1172,15 +1188,10 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
     if mode == MASKED and n:
         zvc_tiles = _cdiv(n, _zvc.TILE)
         grid, warps = launch_grid(config, zvc_tiles, device)
-        counts = torch.zeros(zvc_tiles + 1, dtype=torch.int64, device=device)
-        _zans_mask_count_kernel[(grid,)](masks, counts[1:], n, zvc_tiles, TILE=_zvc.TILE, SUB=32 * warps,
-                                         num_warps=warps, maxnreg=max_registers(warps))
-        tile_offsets = torch.cumsum(counts, 0)
-        _mask_count_check(status, tile_offsets[-1], symbols)
-        zvc_status = torch.empty(zvc_tiles, dtype=torch.int8, device=device)  # (its checks are the mask count's)
-        _zvc._zvc_decompress_kernel[(grid,)](masks, tile_offsets, values, out, zvc_status, n, symbols, zvc_tiles,
-                                             TILE=_zvc.TILE, SUB=step_elements(_zvc.TILE, warps, itemsize),
-                                             num_warps=warps, maxnreg=max_registers(warps))
+        warps = max(warps, _zvc.ONE_PASS_MIN_WARPS)  # (a whole tile at once, as ZVC's one-pass encoder)
+        state = torch.zeros(zvc_tiles + 1, dtype=torch.int64, device=device)
+        _zans_unmask_kernel[(grid,)](masks, values, out, state, status[-1], n, symbols, zvc_tiles, TILE=_zvc.TILE,
+                                     LOOK=LOOK_BACK, num_warps=warps, maxnreg=max_registers(warps))
     return out, status
 
 

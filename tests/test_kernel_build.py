@@ -33,13 +33,14 @@ KERNELS = {f"{codec}._{codec}_{part}_kernel" for codec in ("zvc", "rle", "csr") 
 KERNELS |= {"zvc._nonzero_count_kernel", "rle._rle_count_kernel"}  # ZVC's count pass serves CSR too
 KERNELS |= {"zvc._zvc_one_pass_kernel"}  # ZVC's encoder; _zvc_compress_kernel serves ZANS's masked mode
 KERNELS |= {"lz4._lz4_encode_kernel", "lz4._lz4_decompress_kernel"}
-KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "plan", "encode", "pack", "decode", "mask_count",
+KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "plan", "encode", "pack", "decode", "unmask",
                                                      "tables")}
-ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_mask_count_kernel", "zans._zans_tables_kernel"}  # mask bits; decoder tables: whatever the tensor
+ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_tables_kernel"}  # decoder tables: whatever the tensor
 # pointers and a plane mask, or the tile (ZANS's encode and pack read their sizes from the device's plan):
 # no argument grows with the tensor
 NO_SIZES = {"zans._zans_tables_kernel", "zans._zans_encode_kernel", "zans._zans_pack_kernel"}
-MIN_BLOCK = {"zvc._zvc_one_pass_kernel": 32 * ONE_PASS_MIN_WARPS}  # holds a whole tile: at least this many threads
+# hold a whole tile: at least this many threads
+MIN_BLOCK = {"zvc._zvc_one_pass_kernel": 32 * ONE_PASS_MIN_WARPS, "zans._zans_unmask_kernel": 32 * ONE_PASS_MIN_WARPS}
 FIXED_BLOCK = {"zans._zans_plan_kernel": 256,  # one thread per symbol of a table, whatever the config
                "lz4._lz4_encode_kernel": 32}  # one warp per chunk
 

@@ -492,6 +492,34 @@ def test_each_decoder_check_fires_with_its_code_on_both_backends():
         ZANS.decompress(cswap.Compressed.from_bytes(blob_of(x, meta2, p)))
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_masked_mode_places_the_non_zeros_of_many_mask_tiles(dtype):
+    """Masked decoding places each 4096 elements' non-zeros after those of the tiles before
+    (found by look-back, in one kernel): several tiles of uneven counts, a tile with none,
+    and a short last one. A flipped mask bit in a middle tile is reported as the mask's
+    count by both backends, with nothing read past the non-zeros."""
+    g = torch.Generator().manual_seed(3)
+    n = 3 * 4096 + 77
+    x = torch.randn(n, generator=g).to(dtype) if dtype.is_floating_point else \
+        torch.randint(-100, 100, (n,), generator=g).to(dtype)
+    keep = torch.rand(n, generator=g) < torch.linspace(0.05, 0.6, n)
+    keep[4096: 2 * 4096] = False  # (a tile without a non-zero)
+    x = torch.where(keep, x, torch.zeros((), dtype=dtype))
+    blob = ZANS.compress(x.to(TRITON_DEVICE), backend="triton")
+    assert blob.meta[1] == kz.MASKED
+    assert torch.equal(ZANS.decompress(blob, backend="triton").cpu().view(torch.uint8), x.view(torch.uint8))
+    words = x.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    off_freqs, off_streams = kz.layout(n, *blob.meta, x.element_size())[1:3]
+    p = blob.payload.cpu().clone()
+    tv, _, _ = kz.geometry(n, blob.meta[0], blob.meta[1], blob.meta[2], x.element_size())
+    mask_tile0 = int(p[: off_freqs].view(torch.int64)[x.element_size() * tv])  # (the mask's first tile)
+    if (blob.meta[3] >> x.element_size()) & 1:
+        pytest.skip("the mask plane is entropy-coded: a flipped byte is not one bit")
+    p[off_streams + mask_tile0 + 4096 // 8 + 3] ^= 4  # a bit of the second tile's mask
+    status = _status_both(p, n, blob.meta, words.dtype)
+    assert _first_bad(status) == (status.shape[0] - 1, kz.MASK_COUNT, blob.meta[2] + 1)
+
+
 def test_mask_count_and_table_ends_are_checked():
     x = relu_bf16(300, 9)  # small: every plane raw
     blob = ZANS.compress(x)
