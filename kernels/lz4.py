@@ -404,14 +404,15 @@ def _emit(dst, lits, lit, off, ml, STEP: tl.constexpr):
     _put_ext(po + 2, ext_m, (ml - _MINMATCH - 15) % 255, STEP)
 
 
-@triton.jit(do_not_specialize=["nbytes", "num_chunks", "offsets_pad"])
-def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, staging_ptr, nbytes, num_chunks,
+@triton.jit(do_not_specialize=["total_ptr", "nbytes", "num_chunks", "offsets_pad"])
+def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, staging_ptr, total_ptr, nbytes, num_chunks,
                        offsets_pad, CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr,
                        STAGE: tl.constexpr, LOOK: tl.constexpr, ALIGNED: tl.constexpr):
     """One warp per chunk, one pass: chunks are taken by ticket; each is hashed, looked
     up and parsed a tile at a time into the warp's staging room, then placed by
     decoupled look-back over the blocks' sizes and copied to its place. The last chunk
-    writes the total (offsets[num_chunks]) and zeroes the offsets' padding."""
+    writes the total (offsets[num_chunks], and total_ptr: the caller's size word) and
+    zeroes the offsets' padding."""
     pid = tl.program_id(0).to(tl.int64)
     HSIZE: tl.constexpr = 1 << HBITS
     t4 = tables_ptr + pid * (2 * HSIZE)
@@ -481,6 +482,7 @@ def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, 
             tl.store(dst + idx, tl.load(stage + idx, mask=idx < size), mask=idx < size)
         if c == num_chunks - 1:
             tl.store(offsets_ptr + num_chunks, prefix + size)
+            tl.store(total_ptr, prefix + size)
             pad = tl.arange(0, 2)
             tl.store(offsets_ptr + num_chunks + 1 + pad, pad.to(tl.int64) * 0, mask=pad < offsets_pad)
         k += 1
@@ -493,11 +495,12 @@ def _check_bytes(data: torch.Tensor, where: str) -> None:
 
 
 def lz4_launch(data: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
-               chunk: int = CHUNK) -> torch.Tensor:
+               chunk: int = CHUNK, sizes: torch.Tensor | None = None) -> torch.Tensor:
     """Compress 1-D uint8 `data` with Triton into `reserved` (reserve_nbytes bytes, 16-byte
     aligned), one LZ4 block per `chunk` bytes, in one kernel and no host sync. The payload
     is the first layout(num_chunks, blocks_nbytes)[1] bytes; returns blocks_nbytes as a
-    1-element int64 tensor on the device, for the caller to read back when the work has run."""
+    1-element int64 tensor on the device, for the caller to read back when the work has run,
+    which the kernel also writes into `sizes` (int64 [1] on the device) when given."""
     _check_bytes(data, "cswap.kernels.lz4.lz4_launch")
     check_chunk(chunk)
     nbytes = data.numel()
@@ -505,13 +508,16 @@ def lz4_launch(data: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig 
     offsets = reserved[: 8 * (num_chunks + 1)].view(torch.int64)
     if num_chunks == 0:
         reserved[: layout(0, 0)[1]].zero_()
+        if sizes is not None:
+            sizes.zero_()
         return offsets[:1]
     programs = encode_programs(num_chunks, config, data.device)
     tables = torch.empty(programs * (2 << hash_bits(chunk)), dtype=torch.int64, device=data.device)
     staging = torch.empty(programs * _staging_bytes(chunk), dtype=torch.uint8, device=data.device)
     state = torch.zeros(num_chunks + 1, dtype=torch.int64, device=data.device)
     blocks = reserved[layout(num_chunks, 0)[0]:]
-    _lz4_encode_kernel[(programs,)](data, offsets, blocks, state, tables, staging, nbytes, num_chunks,
+    total = offsets[num_chunks:] if sizes is None else sizes
+    _lz4_encode_kernel[(programs,)](data, offsets, blocks, state, tables, staging, total, nbytes, num_chunks,
                                     (-(num_chunks + 1)) % 2, CHUNK=chunk, HBITS=hash_bits(chunk),
                                     HT=encode_tile(), STAGE=_staging_bytes(chunk), LOOK=LOOK_BACK,
                                     ALIGNED=data.data_ptr() % 4 == 0, num_warps=1, maxnreg=max_registers(1))

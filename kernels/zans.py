@@ -781,13 +781,14 @@ def _zans_encode_kernel(words_ptr, values_ptr, mask_ptr, enc_ptr, magic_ptr, pla
         tl.store(lens_ptr + t, lens.to(tl.int64), mask=live)
 
 
-@triton.jit(do_not_specialize=["tile", "room"])
+@triton.jit(do_not_specialize=["meta_ptr", "tile", "room"])
 def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, lens_ptr, ends_ptr, offsets_ptr,
-                      payload_ptr, tile, room, W: tl.constexpr, BLOCK: tl.constexpr):
+                      payload_ptr, meta_ptr, tile, room, W: tl.constexpr, BLOCK: tl.constexpr):
     """Copy each tile's stream into the payload (the encoder's stream from scratch, or the
     tile's raw bytes and a zero pad byte from the plane) at its offset (`ends`: the
     lengths' inclusive prefix sums), and write the offset table; the last tile also
-    zeroes the streams' alignment padding and leaves streams_nbytes in the plan's meta.
+    zeroes the streams' alignment padding and writes the meta (tile, mode, symbols,
+    coded_planes, streams_nbytes) at meta_ptr (the plan's first words, or the caller's).
     Nothing is written at or past byte `room` of the payload (a buffer reserved for less
     than the largest): streams_nbytes still counts every stream, for the host to see it."""
     pid = tl.program_id(0).to(tl.int64)
@@ -830,7 +831,8 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
         pad = (16 - end % 16) % 16
         tl.store(streams_ptr + end + i0, tl.zeros([BLOCK], dtype=tl.uint8),
                  mask=last & (i0 < pad) & (end + i0 < streams_room))
-        tl.store(plan_ptr + _PLAN_STREAMS + t * 0, end, mask=first_lane & last)
+        meta = tl.where(i0 == _PLAN_STREAMS, end, tl.load(plan_ptr + i0, mask=i0 < _PLAN_STREAMS, other=0))
+        tl.store(meta_ptr + i0, meta, mask=last & (i0 <= _PLAN_STREAMS))
 
 
 @triton.jit(do_not_specialize=["coded_planes"])
@@ -1069,7 +1071,7 @@ def _plan_on_device(hist: torch.Tensor, ticket: torch.Tensor, n: int, itemsize: 
 
 
 def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
-                tile: int = TILE, code_below: float = CODE_BELOW) -> torch.Tensor:
+                tile: int = TILE, code_below: float = CODE_BELOW, sizes: torch.Tensor | None = None) -> torch.Tensor:
     """Compress 1-D integer `words` with Triton into `reserved` (reserve_nbytes bytes,
     16-byte aligned) without a host sync: the histograms, the plan (mode, coded planes,
     tables: what `plan` chooses on the host) and every size stay on the device, and each
@@ -1078,7 +1080,9 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
     [5] on the device; the payload is the first layout(...)[3] bytes of `reserved`, byte
     for byte what zans_compress_ref writes. `reserved` may be shorter than reserve_nbytes
     (not than min_room_nbytes): then nothing is written past its end, and a payload larger
-    than it is incomplete (the caller compares its size, from the meta, with the room)."""
+    than it is incomplete (the caller compares its size, from the meta, with the room).
+    `sizes` (int64 [5] on the device): the last kernel writes the meta there too, saving the
+    caller a copy."""
     n, itemsize, device = words.numel(), words.element_size(), words.device
     if reserved.numel() < min_room_nbytes(n, itemsize, tile):
         raise ValueError(f"cswap.kernels.zans: a buffer of {reserved.numel()} bytes cannot hold the head of "
@@ -1096,6 +1100,8 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
                                         SUB=sub, ROUND=_HIST_ROUND, num_warps=warps, maxnreg=max_registers(warps))
     plan_words, enc, magic = _plan_on_device(hist, ticket, n, itemsize, tile, code_below, reserved)
     if n == 0:
+        if sizes is not None:
+            sizes.copy_(plan_words[:5])
         return plan_words[:5]
     # Masked mode's compaction (ZVC's two-pass kernel: the mask words and the non-zeros), a
     # launch whose programs return at once in dense mode.
@@ -1117,7 +1123,8 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
     ends = torch.cumsum(lens, 0)  # (past the plan's tiles: unused)
     grid, warps = launch_grid(config, most_tiles, device)
     _zans_pack_kernel[(grid,)](words8, values8, masks8, scratch.view(torch.uint8), plan_words, lens, ends,
-                               reserved.view(torch.int64), reserved, tile, reserved.numel(), W=itemsize,
+                               reserved.view(torch.int64), reserved, plan_words if sizes is None else sizes, tile,
+                               reserved.numel(), W=itemsize,
                                BLOCK=32 * warps * 4,
                                num_warps=warps, maxnreg=max_registers(warps))
     return plan_words[:5]

@@ -102,13 +102,14 @@ def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_t
             count += tl.sum(row_count, axis=0)
 
 
-@triton.jit(do_not_specialize=["n", "num_tiles", "offsets_pad", "masks_pad", "values_room"])
-def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, n, num_tiles, offsets_pad,
+@triton.jit(do_not_specialize=["nnz_ptr", "n", "num_tiles", "offsets_pad", "masks_pad", "values_room"])
+def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, nnz_ptr, n, num_tiles, offsets_pad,
                          masks_pad, values_room, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
     """Count, place and write each tile in one read of the input: tiles taken by ticket
     find the non-zeros before them by decoupled look-back (cswap.kernels.lookback; its
     state_ptr: int64[num_tiles + 1], zero before the launch), then write. The last tile
-    also writes the total and zeroes the padding (offsets_pad int64 words after the
+    also writes the total (offsets[num_tiles], and nnz_ptr: the caller's size word) and
+    zeroes the padding (offsets_pad int64 words after the
     offsets, masks_pad int32 words after the masks, the values' up to VALUES_PAD words).
     No value is written at or past values_room words (a buffer reserved for less than
     the largest payload): the total still counts them all, for the host to see the overflow."""
@@ -135,6 +136,7 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
         if t == num_tiles - 1:
             nnz = prefix + total
             tl.store(offsets_ptr + num_tiles, nnz)
+            tl.store(nnz_ptr, nnz)
             pad = tl.arange(0, 4)
             tl.store(offsets_ptr + num_tiles + 1 + pad, pad.to(tl.int64) * 0, mask=pad < offsets_pad)
             tl.store(masks_ptr + (n + 31) // 32 + pad, pad * 0, mask=pad < masks_pad)
@@ -211,9 +213,11 @@ def nonzero_offsets(words: torch.Tensor, tile: int, config: LaunchConfig | None 
 ONE_PASS_MIN_WARPS = 8
 
 
-def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig | None, tile: int) -> torch.Tensor:
+def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig | None, tile: int,
+              sizes: torch.Tensor | None = None) -> torch.Tensor:
     """Write the payload of `words` into `payload` in one kernel (_zvc_one_pass_kernel);
-    returns the offsets' last entry, nnz, as a 1-element int64 view on the device.
+    returns the offsets' last entry, nnz, as a 1-element int64 view on the device, which
+    the kernel also writes into `sizes` (int64 [1]) when given.
     `payload` holds at least the offsets and masks (min_room_nbytes); values that do
     not fit are not written (the payload is whole when layout(n, tile, nnz)[3] fits)."""
     n, itemsize = words.numel(), words.element_size()
@@ -225,12 +229,15 @@ def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig |
     values_room = (payload.numel() - layout(n, tile, 0, itemsize)[2]) // itemsize  # (the padding's room too)
     if not num_tiles:
         payload[:16].zero_()  # the offsets' one entry (0) and its padding
+        if sizes is not None:
+            sizes.zero_()
         return offsets[:1]
     state = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
     grid, warps = launch_grid(config, num_tiles, words.device)
     warps = max(warps, ONE_PASS_MIN_WARPS)
     offsets_pad, masks_pad = (-(num_tiles + 1)) % (_ALIGN // 8), (-masks.numel()) % (_ALIGN // 4)
-    _zvc_one_pass_kernel[(grid,)](words, offsets, masks, values, state, n, num_tiles, offsets_pad, masks_pad,
+    nnz_out = offsets[num_tiles:] if sizes is None else sizes
+    _zvc_one_pass_kernel[(grid,)](words, offsets, masks, values, state, nnz_out, n, num_tiles, offsets_pad, masks_pad,
                                   values_room, TILE=tile, LOOK=LOOK_BACK, VALUES_PAD=_ALIGN // itemsize,
                                   num_warps=warps, maxnreg=max_registers(warps))
     return offsets[num_tiles:]
@@ -258,15 +265,16 @@ def min_room_nbytes(n: int, tile: int) -> int:
 
 
 def zvc_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfig | None = None,
-               tile: int = TILE) -> torch.Tensor:
+               tile: int = TILE, sizes: torch.Tensor | None = None) -> torch.Tensor:
     """zvc_compress without the host sync, in one read of the input: the payload is
     written into `reserved` (16-byte aligned), byte for byte what zvc_compress writes for
     the same input, in the first layout(n, tile, nnz, itemsize)[3] bytes. Returns nnz as
     a 1-element int64 tensor on the device, for the caller to read back when the work
     has run. `reserved` may be shorter than reserve_nbytes (not than min_room_nbytes):
     then nothing is written past its end, and a payload larger than it is incomplete
-    (the caller compares its size, from nnz, with the room)."""
-    return _one_pass(words, reserved, config, tile)
+    (the caller compares its size, from nnz, with the room). `sizes` (int64 [1] on the
+    device): the kernel writes nnz there too, saving the caller a copy."""
+    return _one_pass(words, reserved, config, tile, sizes)
 
 
 def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype,

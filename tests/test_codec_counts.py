@@ -50,7 +50,9 @@ def test_zvc_compresses_in_one_read_of_its_input_and_no_host_sync():
     x = activation()
     nbytes = x.numel() * 4
     counts, reserved, sizes = launch_into(cswap.codecs.get("zvc"), x)
-    assert counts.names(triton=True) == ["zvc_one_pass"] and counts.launches <= 3, counts.names()
+    # (its look-back state zeroed, then the kernel, which also writes the caller's size word:
+    # since 2026-12-05 no copy of it after)
+    assert counts.names() == ["aten.zeros", "zvc_one_pass"], counts.names()
     assert counts.syncs == []
     (one_pass,) = [r for r in counts.runs if r.triton]
     # The input once, and the look-back's reads of its predecessors' states (a 32-word
@@ -115,7 +117,7 @@ def test_zans_launches_without_a_host_sync(dtype, sparsity):
     counts, reserved, sizes = launch_into(codec, x)
     assert counts.syncs == [], counts.syncs
     assert counts.names(triton=True) == ["zans_histogram", "zans_plan", "zvc_compress", "zans_encode", "zans_pack"]
-    assert counts.launches <= 9, counts.names()
+    assert counts.launches <= 8, counts.names()  # (9 until the pack kernel wrote the caller's size words)
     payload, header = codec.encode(x, CONFIG, "torch")
     launched = codec.launched(sizes.tolist(), tuple(x.shape), x.dtype)
     assert launched == header and torch.equal(reserved[: payload.numel()], payload)
@@ -132,7 +134,8 @@ def _one_pass_from(words, tile, state, payload):
     num_tiles = -(-n // tile)
     offsets, masks, values = kz._sections(payload, n, tile, n, words.dtype)
     room = (payload.numel() - kz.layout(n, tile, 0, itemsize)[2]) // itemsize  # values the payload holds
-    kz._zvc_one_pass_kernel[(2,)](words, offsets, masks, values, state, n, num_tiles, (-(num_tiles + 1)) % 2,
+    kz._zvc_one_pass_kernel[(2,)](words, offsets, masks, values, state, offsets[num_tiles:], n, num_tiles,
+                                  (-(num_tiles + 1)) % 2,
                                   (-masks.numel()) % 4, room, TILE=tile, LOOK=kb.LOOK_BACK, VALUES_PAD=16 // itemsize,
                                   num_warps=1)
 
@@ -187,7 +190,7 @@ def test_lz4_compresses_in_one_kernel_and_no_host_sync(monkeypatch):
     kernel, no sync, the payload byte for byte the reference's (a chunk and a tail here;
     the bytes it moves are held on larger inputs by the slow test below)."""
     counts = _lz4_encode_counted(monkeypatch, 4096 + 44)
-    assert counts.names(triton=True) == ["lz4_encode"] and counts.launches <= 3, counts.names()
+    assert counts.names() == ["aten.zeros", "lz4_encode"], counts.names()  # (its look-back state, then the kernel)
     assert counts.syncs == []
 
 
@@ -235,8 +238,9 @@ def test_lz4_places_its_blocks_by_look_back():
     wxyz = int.from_bytes(b"WXYZ", "little")
     tables = torch.full((2 * (2 << kl.hash_bits(chunk)),), ((1 << 16) | 11) << 32 | wxyz, dtype=torch.int64)
     staging = torch.empty(2 * kl._staging_bytes(chunk), dtype=torch.uint8)
-    kl._lz4_encode_kernel[(2,)](data, payload[: 8 * (num_chunks + 1)].view(torch.int64), payload[off_blocks:],
-                                state, tables, staging, data.numel(), num_chunks, (-(num_chunks + 1)) % 2,
+    offsets = payload[: 8 * (num_chunks + 1)].view(torch.int64)
+    kl._lz4_encode_kernel[(2,)](data, offsets, payload[off_blocks:], state, tables, staging, offsets[num_chunks:],
+                                data.numel(), num_chunks, (-(num_chunks + 1)) % 2,
                                 CHUNK=chunk, HBITS=kl.hash_bits(chunk), HT=kl.encode_tile(),
                                 STAGE=kl._staging_bytes(chunk), LOOK=kb.LOOK_BACK, ALIGNED=True, num_warps=1)
     total = kl.layout(num_chunks, blocks_nbytes)[1]

@@ -275,3 +275,24 @@ def test_launches_allocate_at_most_their_declared_scratch(name, dtype, density):
     codec.launch_into(x, reserved, sizes, backend="triton")  # (ZANS's cost table, made once per device)
     scratch = _allocated_peak(lambda: codec.launch_into(x, reserved, sizes, backend="triton"))
     assert 0 < scratch <= codec.launch_scratch_bytes(x.numel(), x.element_size()), (scratch, name)
+
+
+@pytest.mark.parametrize("name", ["zvc", "lz4", "zans"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_launch_into_takes_only_size_words_its_kernels_can_write(name, backend):
+    """The Triton launchers write the size words from their last kernel, straight into
+    `sizes`: a tensor of another dtype, too short or strided is refused with a message
+    (a kernel would write int64 words past it), and the words a good one gets are the
+    ones encode's header holds."""
+    codec = cswap.codecs.get(name)
+    x = random_bits((40, 33), torch.float32, 0.5)
+    reserved = torch.empty(codec.reserve_nbytes(x.numel(), x.element_size()), dtype=torch.uint8)
+    for bad in (torch.zeros(codec.size_words, dtype=torch.int32), torch.zeros(codec.size_words - 1, dtype=torch.int64),
+                torch.zeros(2 * (codec.size_words + 1), dtype=torch.int64)[::2]):
+        with pytest.raises(ValueError, match="sizes must be a contiguous int64 tensor of at least"):
+            codec.launch_into(x, reserved, bad, backend=backend)
+    sizes = torch.full((codec.size_words + 1,), -7, dtype=torch.int64)  # (longer is fine: the rest untouched)
+    codec.launch_into(x, reserved, sizes, backend=backend)
+    payload, header = codec.encode(x, backend="torch")
+    assert codec.launched(sizes[:-1].tolist(), tuple(x.shape), x.dtype) == header and sizes[-1] == -7
+    assert torch.equal(reserved[: payload.numel()], payload)

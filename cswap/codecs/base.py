@@ -259,7 +259,13 @@ class Codec:
         `sizes` for launched(); no host sync."""
         where = f"cswap.codecs.{self.name}.compress"
         backend = resolve_backend(backend, x.device, where)
-        sizes.copy_(self._launch(as_words(x), tuple(x.shape), config, backend, reserved))
+        if (sizes.dtype != torch.int64 or sizes.numel() < self.size_words or not sizes.is_contiguous()
+                or sizes.device != x.device):  # (the kernels write int64 words there)
+            raise ValueError(f"{where}: sizes must be a contiguous int64 tensor of at least {self.size_words} "
+                             f"words on {x.device}, got {sizes.dtype} of {sizes.numel()} on {sizes.device}")
+        words = self._launch(as_words(x), tuple(x.shape), config, backend, reserved, sizes)
+        if words is not None:  # (the Triton launchers write `sizes` from their last kernel)
+            sizes[: words.numel()].copy_(words)
 
     def launched(self, words, shape: tuple[int, ...], dtype: torch.dtype) -> Header:
         """The header of what launch_into wrote, from its size words read back (ints); the
@@ -360,8 +366,9 @@ class Codec:
         return 0
 
     def _launch(self, words: torch.Tensor, shape: tuple[int, ...], config, backend: str,
-                reserved: torch.Tensor) -> torch.Tensor:
-        """Write the payload into `reserved`; return the int64 device words the host needs."""
+                reserved: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor | None:
+        """Write the payload into `reserved` and the int64 words the host needs into `sizes`,
+        or return those words (on the device) for the caller to copy there."""
         raise NotImplementedError
 
     def _meta_from(self, words: tuple[int, ...], numel: int, itemsize: int) -> tuple[tuple[int, ...], int]:

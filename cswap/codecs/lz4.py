@@ -80,10 +80,11 @@ class LZ4(Codec):
     def _reserve_nbytes(self, numel, itemsize):
         return kernels.reserve_nbytes(numel * itemsize)
 
-    def _launch(self, words, shape, config, backend, reserved):
+    def _launch(self, words, shape, config, backend, reserved, sizes):
         data = words.view(torch.uint8)
         if backend == "triton":
-            return kernels.lz4_launch(data, reserved, config)
+            kernels.lz4_launch(data, reserved, config, sizes=sizes)
+            return None
         return kernels.lz4_launch_ref(data, reserved)
 
     def _meta_from(self, words, numel, itemsize):

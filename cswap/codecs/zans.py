@@ -60,9 +60,10 @@ class ZANS(Codec):
     def _min_room_nbytes(self, numel, itemsize):
         return kernels.min_room_nbytes(numel, itemsize)
 
-    def _launch(self, words, shape, config, backend, reserved):
+    def _launch(self, words, shape, config, backend, reserved, sizes):
         if backend == "triton":
-            return kernels.zans_launch(words, reserved, config)
+            kernels.zans_launch(words, reserved, config, sizes=sizes)
+            return None
         return kernels.zans_launch_ref(words, reserved)
 
     def _meta_from(self, words, numel, itemsize):

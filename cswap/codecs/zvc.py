@@ -39,9 +39,10 @@ class ZVC(Codec):
     def _min_room_nbytes(self, numel, itemsize):
         return kernels.min_room_nbytes(numel, kernels.TILE)
 
-    def _launch(self, words, shape, config, backend, reserved):
+    def _launch(self, words, shape, config, backend, reserved, sizes):
         if backend == "triton":
-            return kernels.zvc_launch(words, reserved, config)
+            kernels.zvc_launch(words, reserved, config, sizes=sizes)
+            return None
         return kernels.zvc_launch_ref(words, reserved)
 
     def _meta_from(self, words, numel, itemsize):
