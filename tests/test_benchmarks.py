@@ -38,6 +38,24 @@ def test_codec_benchmark_quick_run_writes_results(tmp_path, capsys):
     assert "zvc" in capsys.readouterr().out
 
 
+def test_zans_tile_benchmark_round_trips_each_tile_and_prices_the_short_ones(tmp_path):
+    """Off a GPU it takes ratios only (no interpreter time passes for a GPU's); each tile
+    round-trips the same tensor, and a shorter tile gives a plane more warps, fewer steps
+    per lane and a lower ratio (more state flushes)."""
+    bench = load_benchmark("zans_tiles")
+    rows = bench.main(["--quick", "--sizes-mib", "0.0625", "--cases", "bf16-gelu", "--tiles", "4096", "8192",
+                       "--out", str(tmp_path)])
+    assert [r["tile"] for r in rows] == [4096, 8192, 16384]  # (the default tile joins, to compare with)
+    assert all("decode_ms" not in r for r in rows)
+    warps = [r["warps_per_plane"] for r in rows]
+    steps = [r["steps_per_lane"] for r in rows]
+    ratios = [r["ratio"] for r in rows]
+    assert warps == [8, 4, 2] and steps == [128, 256, 512]
+    assert ratios[0] < ratios[1] < ratios[2] and rows[-1]["ratio_vs_default"] == 1.0
+    assert rows[0]["ratio_vs_default"] > 0.97
+    assert json.loads((tmp_path / "zans-tiles.json").read_text())["rows"] == rows
+
+
 def test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200(tmp_path, capsys):
     bench = load_benchmark("codec_counts")
     doc = bench.main(["--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.5", "0.8", "--mib", "0.0625",
