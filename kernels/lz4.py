@@ -405,8 +405,8 @@ def _emit(dst, lits, lit, off, ml, STEP: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["total_ptr", "nbytes", "num_chunks", "offsets_pad"])
-def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, staging_ptr, total_ptr, nbytes, num_chunks,
-                       offsets_pad, CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr,
+def _lz4_encode_kernel(src_ptr, offsets_ptr, blocks_ptr, state_ptr, tables_ptr, staging_ptr, total_ptr, nbytes,
+                       num_chunks, offsets_pad, CHUNK: tl.constexpr, HBITS: tl.constexpr, HT: tl.constexpr,
                        STAGE: tl.constexpr, LOOK: tl.constexpr, ALIGNED: tl.constexpr):
     """One warp per chunk, one pass: chunks are taken by ticket; each is hashed, looked
     up and parsed a tile at a time into the warp's staging room, then placed by

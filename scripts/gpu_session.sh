@@ -10,6 +10,7 @@
 #   bash scripts/gpu_session.sh tests:150 overhead:60 codecs:90   # several stages, each with a time limit (s)
 #   bash scripts/gpu_session.sh headline:130 trace:120 codecs:180   # first, whenever a GPU is lent (on the
 #                                   H200 on 2026-12-04: about 1, 1 and 2.5 minutes, with the codecs at 1-256 MiB)
+#   bash scripts/gpu_session.sh zans-tiles:120                      # then: ZANS's time by tile (not yet run)
 #   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs zans-tiles runtime soak tune
 #           tune-quick train sanitize
 #   overhead-ab: the overhead benchmark on the GPU, alternating between this tree's cswap and the one in
