@@ -49,6 +49,9 @@ COVERAGE = {
     "python benchmarks/codec_counts.py": ("test", "tests/test_benchmarks.py::"
                                                   "test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200"),
     "python benchmarks/lz4_chunks.py": ("long", "LZ4 on every activation of the ratio corpus"),
+    "python benchmarks/zans_tiles.py": ("gpu", "times ZANS's kernels on a GPU; tests/test_benchmarks.py::"
+                                               "test_zans_tile_benchmark_round_trips_each_tile_and_prices_the_short_ones "
+                                               "runs its --quick"),
     "python benchmarks/runtime.py": ("gpu", "VGG16 at ImageNet shape"),
     "python benchmarks/runtime.py --quick": ("test", "tests/test_benchmarks.py::test_runtime_benchmark_quick_run_matches_losses"),
     "python benchmarks/runtime.py --dataset cifar10 --batch 32 --emulate measured": ("gpu", "measures a GPU"),
