@@ -22,6 +22,7 @@ zans-tiles.csv and .json under benchmarks/results/<device>/.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -110,8 +111,6 @@ def main(argv=None) -> list[dict]:
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
-        import os
-
         if os.environ.get("TRITON_INTERPRET") != "1":
             p.error("off a GPU the kernels run in Triton's interpreter: set TRITON_INTERPRET=1 (and use --quick)")
     sizes = args.sizes_mib or ([0.0625] if args.quick else [1, 16, 256])

@@ -151,7 +151,7 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
-from .lookback import LOOK_BACK, exclusive_prefix, ticket
+from .lookback import LOOK_BACK, ticket
 from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements, to_device
 
 __all__ = [
@@ -977,11 +977,7 @@ def _zans_unmask_kernel(mask_ptr, values_ptr, out_ptr, state_ptr, check_ptr, n, 
         inb = offs < tile_len
         m = tl.load(mask_ptr + t * ROWS + rows, mask=rows * 32 < tile_len, other=0).to(tl.uint32, bitcast=True)
         bit = tl.where(inb, ((m[:, None] >> lane[None, :].to(tl.uint32)) & 1).to(tl.int32), 0)
-        row_count = tl.sum(bit, axis=1)
-        total = tl.sum(row_count, axis=0).to(tl.int64)
-        prefix = exclusive_prefix(state_ptr, t, total, LOOK)
-        row_before = tl.cumsum(row_count, axis=0) - row_count
-        pos = prefix + row_before[:, None] + tl.cumsum(bit, axis=1) - bit
+        prefix, total, pos = _zvc._placed(bit, state_ptr, t, LOOK)
         v = tl.load(values_ptr + pos, mask=(bit != 0) & (pos < symbols), other=0)
         tl.store(out_ptr + t * TILE + offs, v, mask=inb)
         if t == num_tiles - 1:

@@ -102,6 +102,19 @@ def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_t
             count += tl.sum(row_count, axis=0)
 
 
+@triton.jit
+def _placed(nz, state_ptr, t, LOOK: tl.constexpr):
+    """Where tile t's non-zeros go, given its [ROWS, 32] 0/1 matrix `nz` (elements row-major):
+    publishes the tile's count by decoupled look-back and returns (the non-zeros of the tiles
+    before it, its own count, each element's position among all non-zeros). Shared by ZVC's
+    one-pass encoder and ZANS's masked-mode decoder (zans._zans_unmask_kernel)."""
+    row_count = tl.sum(nz, axis=1)
+    total = tl.sum(row_count, axis=0).to(tl.int64)
+    prefix = exclusive_prefix(state_ptr, t, total, LOOK)
+    row_before = tl.cumsum(row_count, axis=0) - row_count
+    return prefix, total, prefix + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
+
+
 @triton.jit(do_not_specialize=["nnz_ptr", "n", "num_tiles", "offsets_pad", "masks_pad", "values_room"])
 def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, nnz_ptr, n, num_tiles, offsets_pad,
                          masks_pad, values_room, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
@@ -109,8 +122,8 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
     find the non-zeros before them by decoupled look-back (cswap.kernels.lookback; its
     state_ptr: int64[num_tiles + 1], zero before the launch), then write. The last tile
     also writes the total (offsets[num_tiles], and nnz_ptr: the caller's size word) and
-    zeroes the padding (offsets_pad int64 words after the
-    offsets, masks_pad int32 words after the masks, the values' up to VALUES_PAD words).
+    zeroes the padding (offsets_pad int64 words after the offsets, masks_pad int32 words
+    after the masks, the values' up to VALUES_PAD words).
     No value is written at or past values_room words (a buffer reserved for less than
     the largest payload): the total still counts them all, for the host to see the overflow."""
     ROWS: tl.constexpr = TILE // 32
@@ -126,12 +139,8 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
         bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
         tl.store(masks_ptr + t * ROWS + rows, tl.sum(bits, axis=1).to(tl.int32, bitcast=True),
                  mask=rows * 32 < tile_len)
-        row_count = tl.sum(nz, axis=1)
-        total = tl.sum(row_count, axis=0).to(tl.int64)
-        prefix = exclusive_prefix(state_ptr, t, total, LOOK)
+        prefix, total, pos = _placed(nz, state_ptr, t, LOOK)
         tl.store(offsets_ptr + t, prefix)
-        row_before = tl.cumsum(row_count, axis=0) - row_count
-        pos = prefix + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
         tl.store(values_ptr + pos, w, mask=inb & (nz != 0) & (pos < values_room))
         if t == num_tiles - 1:
             nnz = prefix + total
