@@ -169,6 +169,7 @@ _OFFSET_BEFORE_START = tl.constexpr(OFFSET_BEFORE_START)
 _OVERFLOW = tl.constexpr(OVERFLOW)
 _ENDS_WITH_MATCH = tl.constexpr(ENDS_WITH_MATCH)
 _SHORT = tl.constexpr(SHORT)
+_BAD_OFFSETS = tl.constexpr(BAD_OFFSETS)
 _MINMATCH = tl.constexpr(MINMATCH)
 _MFLIMIT = tl.constexpr(MFLIMIT)
 _LASTLITERALS = tl.constexpr(LASTLITERALS)
@@ -593,9 +594,14 @@ def _lz4_decompress_kernel(blocks_ptr, offsets_ptr, out_ptr, status_ptr, nbytes,
     for c0 in range(pid * ROWS, num_chunks, nprog * ROWS):
         c = c0 + row
         live = c < num_chunks
-        # block_offsets are untrusted: clamp each block into the blocks section.
-        ib = tl.minimum(tl.maximum(tl.load(offsets_ptr + c, mask=live, other=0), 0), blocks_nbytes)
-        ie = tl.minimum(tl.maximum(tl.load(offsets_ptr + c + 1, mask=live, other=0), ib), blocks_nbytes)
+        # block_offsets are untrusted: a chunk whose range is not inside the blocks section
+        # (or does not start and end it, first and last) is not decoded; its status says so.
+        start = tl.load(offsets_ptr + c, mask=live, other=0)
+        end = tl.load(offsets_ptr + c + 1, mask=live, other=0)
+        bad = (start < 0) | (end < start) | (end > blocks_nbytes)
+        bad = bad | ((c == 0) & (start != 0)) | ((c == num_chunks - 1) & (end != blocks_nbytes))
+        ib = tl.minimum(tl.maximum(start, 0), blocks_nbytes)
+        ie = tl.minimum(tl.maximum(end, ib), blocks_nbytes)
         src = blocks_ptr + ib
         dst = out_ptr + c * chunk
         # Decoding fails long before 2**30 bytes into a block (a sequence of n bytes
@@ -606,7 +612,7 @@ def _lz4_decompress_kernel(blocks_ptr, offsets_ptr, out_ptr, status_ptr, nbytes,
         op = ip
         err = ip
         errpos = ip
-        done = live == 0
+        done = (live == 0) | bad
         while tl.min(done.to(tl.int32), axis=0) == 0:
             going = done == 0
             # Token and literals.
@@ -664,21 +670,8 @@ def _lz4_decompress_kernel(blocks_ptr, offsets_ptr, out_ptr, status_ptr, nbytes,
             done = done | (fail != 0) | last
             ip = tl.where(going, ip3, ip)
             op = tl.where(going, op2 + mcopy, op)
-        tl.store(status_ptr + 2 * c, err.to(tl.int64), mask=live)
-        tl.store(status_ptr + 2 * c + 1, errpos.to(tl.int64), mask=live)
-
-
-def _offsets_status(offsets: torch.Tensor, blocks_nbytes: int, status: torch.Tensor) -> None:
-    """Mark chunks whose block range is not inside the blocks section or goes
-    backwards (on the device: no sync). Position = the recorded start offset."""
-    if status.shape[0] == 0:
-        return
-    start, end = offsets[:-1], offsets[1:]
-    bad = (start < 0) | (end < start) | (end > blocks_nbytes)
-    bad[0] |= offsets[0] != 0
-    bad[-1] |= offsets[-1] != blocks_nbytes
-    status[:, 0] = torch.where(bad, BAD_OFFSETS, status[:, 0])
-    status[:, 1] = torch.where(bad, start, status[:, 1])
+        tl.store(status_ptr + 2 * c, tl.where(bad, _BAD_OFFSETS, err).to(tl.int64), mask=live)
+        tl.store(status_ptr + 2 * c + 1, tl.where(bad, start, errpos.to(tl.int64)), mask=live)
 
 
 def _check_payload(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: int, blocks_nbytes: int,
@@ -698,8 +691,10 @@ def lz4_decompress(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: i
     int64[C, 2] = (code, position))."""
     _check_payload(payload, nbytes, chunk, num_chunks, blocks_nbytes, "cswap.kernels.lz4.lz4_decompress")
     offsets, blocks = sections(payload, num_chunks, blocks_nbytes)
-    out = decoder_output(out, nbytes, torch.uint8, payload.device, zero=True)
-    status = torch.zeros((num_chunks, 2), dtype=torch.int64, device=payload.device)
+    # The kernel writes every byte of a chunk that decodes and every chunk's status (a chunk
+    # that fails leaves the rest of its bytes as they were: its status makes the call raise).
+    out = decoder_output(out, nbytes, torch.uint8, payload.device, zero=False)
+    status = torch.empty((num_chunks, 2), dtype=torch.int64, device=payload.device)
     if num_chunks:
         # One chunk per warp: a program of `warps` warps decodes that many chunks at once.
         warps = (config or default_config(payload.device)).num_warps
@@ -709,7 +704,6 @@ def lz4_decompress(payload: torch.Tensor, nbytes: int, chunk: int, num_chunks: i
         _lz4_decompress_kernel[(programs,)](blocks, offsets, out, status, nbytes, chunk, blocks_nbytes,
                                             num_chunks, ROWS=warps, STEP=32 * DECODE_BYTES_PER_LANE,
                                             num_warps=warps, maxnreg=max_registers(warps))
-    _offsets_status(offsets, blocks_nbytes, status)
     return out, status
 
 
@@ -1010,12 +1004,14 @@ def lz4_decompress_ref(payload: torch.Tensor, nbytes: int, chunk: int, num_chunk
     decoded = bytearray(nbytes)
     codes = []
     for c in range(num_chunks):
-        ib = min(max(offs[c], 0), blocks_nbytes)
-        ie = min(max(offs[c + 1], ib), blocks_nbytes)
+        start, end = offs[c], offs[c + 1]
+        if start < 0 or end < start or end > blocks_nbytes or (c == 0 and start != 0) \
+                or (c == num_chunks - 1 and end != blocks_nbytes):  # (not decoded, as the kernel)
+            codes.append((BAD_OFFSETS, start))
+            continue
         ob = c * chunk
-        codes.append(_decode_block_py(src, ib, ie, decoded, ob, min(ob + chunk, nbytes)))
+        codes.append(_decode_block_py(src, start, end, decoded, ob, min(ob + chunk, nbytes)))
     status = torch.tensor(codes, dtype=torch.int64).reshape(num_chunks, 2).to(payload.device)
-    _offsets_status(offsets, blocks_nbytes, status)
     result = torch.frombuffer(decoded, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
     if out is None:
         return result.to(payload.device), status

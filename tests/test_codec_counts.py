@@ -260,3 +260,18 @@ def test_rle_decodes_in_one_kernel_and_no_host_sync():
     assert counts.names(triton=True) == ["rle_decompress"] and counts.syncs == []
     assert counts.launches <= 3, counts.names()
     assert torch.equal(out.view(torch.int32), x.view(torch.int32))
+
+
+def test_lz4_decodes_in_one_kernel_and_no_host_sync():
+    """Its output was zeroed first and its block offsets checked by 15 small torch ops
+    after the kernel (20 launches a decode): the kernel checks each chunk's offsets and
+    writes every status; the verdict folds them into one flag (two ops)."""
+    x = activation(1 << 15, 0.5)
+    codec = cswap.codecs.get("lz4")
+    payload, header = codec.encode(x, CONFIG, "triton")
+    with CallCounts() as counts:
+        out, check = codec.decode(payload, header, config=CONFIG, backend="triton")
+    assert counts.names(triton=True) == ["lz4_decompress"] and counts.syncs == []
+    assert counts.launches <= 3, counts.names()
+    assert counts.bytes_written <= 1.01 * x.numel() * 4  # (no zeroing pass over the output)
+    assert torch.equal(out.view(torch.int32), x.view(torch.int32)) and not bool(check.bad)

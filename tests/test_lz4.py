@@ -491,7 +491,8 @@ def test_fuzzed_blocks_triton_matches_torch_status_and_output():
         out_ref, status_ref = kl.lz4_decompress_ref(payload, n, n, 1, len(block))
         out, status = kl.lz4_decompress(payload, n, n, 1, len(block), cswap.LaunchConfig(1, 32))
         assert status.tolist() == status_ref.tolist(), block
-        assert torch.equal(out, out_ref)
+        if status_ref[0, 0] == kl.OK:  # (a block that fails leaves its chunk's remaining bytes unwritten)
+            assert torch.equal(out, out_ref)
 
 
 # -- corrupt buffers -----------------------------------------------------------------------------------
