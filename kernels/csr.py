@@ -231,6 +231,10 @@ def _csr_decompress_kernel(crow_ptr, col_ptr, values_ptr, out_ptr, status_ptr, r
                     | (8 * tl.max(bad_col.to(tl.int32), axis=0)) \
                     | (16 * tl.max(bad_order.to(tl.int32), axis=0))
         tl.store(status_ptr + t, flags.to(tl.int8))
+        if t == 0:  # the row pointers' ends: crow[0] == 0 and crow[rows] == nnz (bit 1, the last row)
+            first = tl.load(crow_ptr)
+            last = tl.load(crow_ptr + rows)
+            tl.store(status_ptr + num_tiles, ((first != 0) | (last != nnz)).to(tl.int8))
 
 
 def csr_compress(words: torch.Tensor, rows: int, cols: int, alloc, config: LaunchConfig | None = None,
@@ -272,12 +276,11 @@ def csr_decompress(payload: torch.Tensor, rows: int, cols: int, nnz: int, index_
     crow, col, values = sections(payload, rows, nnz, index_bytes, word_dtype)
     num_tiles = _num_check_tiles(rows, nnz, tile)
     out = decoder_output(out, n, word_dtype, payload.device, zero=True)
-    status = torch.zeros(num_tiles + 1, dtype=torch.int8, device=payload.device)
+    status = torch.empty(num_tiles + 1, dtype=torch.int8, device=payload.device)  # (the kernel writes every one)
     grid, warps = launch_grid(config, num_tiles, payload.device)
     _csr_decompress_kernel[(grid,)](crow, col, values, out, status, rows, cols, nnz, search_steps(rows),
                                     num_tiles, TILE=tile, SUB=step_elements(tile, warps, out.element_size()),
                                     num_warps=warps, maxnreg=max_registers(warps))
-    status[-1] = _ends_flag(crow, rows, nnz)
     return out, status
 
 

@@ -275,3 +275,16 @@ def test_lz4_decodes_in_one_kernel_and_no_host_sync():
     assert counts.launches <= 3, counts.names()
     assert counts.bytes_written <= 1.01 * x.numel() * 4  # (no zeroing pass over the output)
     assert torch.equal(out.view(torch.int32), x.view(torch.int32)) and not bool(check.bad)
+
+
+def test_csr_decodes_in_one_kernel_and_no_host_sync():
+    """Its row pointers' ends were checked by six small torch ops after the kernel (10
+    launches a decode): the kernel's first tile checks them. The output is zeroed first:
+    CSR holds only the non-zeros, which the kernel scatters."""
+    x = activation()
+    codec = cswap.codecs.get("csr")
+    payload, header = codec.encode(x, CONFIG, "triton")
+    with CallCounts() as counts:
+        out, check = codec.decode(payload, header, config=CONFIG, backend="triton")
+    assert counts.names() == ["aten.zeros", "csr_decompress", "aten.ne", "aten.any"] and counts.syncs == []
+    assert torch.equal(out.view(torch.int32), x.view(torch.int32)) and not bool(check.bad)
