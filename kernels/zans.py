@@ -423,13 +423,17 @@ def encoder_tables(freqs: np.ndarray, device) -> tuple[torch.Tensor, torch.Tenso
     return packed_t, magic_t
 
 
-def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int, config: LaunchConfig | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int, config: LaunchConfig | None = None,
+                   zero: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From the payload's tables (int16 [C, 256], on its device), in one kernel and no
     host sync: dec int32 [W + 1, 4096] (slot -> sym | (f - 1) << 8 | (slot - c) << 20),
     table_ok int32 [W + 1] (1 where the plane is raw or its table sums to M) and the
-    sums. A corrupt table still gives in-range entries (garbage symbols, flagged)."""
+    sums. A corrupt table still gives in-range entries (garbage symbols, flagged).
+    `zero`: an int64 tensor the same kernel zeroes (a later kernel's look-back state,
+    which then needs no launch of its own)."""
     device = freqs.device
+    if zero is None:
+        zero = torch.empty(0, dtype=torch.int64, device=device)
     planes = itemsize + 1
     dec = torch.empty(planes, PROB_SCALE, dtype=torch.int32, device=device)
     ok = torch.empty(planes, dtype=torch.int32, device=device)
@@ -437,7 +441,8 @@ def decoder_tables(freqs: torch.Tensor, coded_planes: int, itemsize: int, config
     if freqs.numel() == 0:  # no plane coded: any int16 pointer for the kernel's masked-off loads
         freqs = dec.view(torch.int16)
     warps = launch_grid(config, planes, device)[1]
-    _zans_tables_kernel[(planes,)](freqs, dec, ok, sums, coded_planes, num_warps=warps, maxnreg=max_registers(warps))
+    _zans_tables_kernel[(planes,)](freqs, dec, ok, sums, zero, zero.numel(), coded_planes, num_warps=warps,
+                                   maxnreg=max_registers(warps))
     return dec, ok, sums
 
 
@@ -835,15 +840,18 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
         tl.store(meta_ptr + i0, meta, mask=last & (i0 <= _PLAN_STREAMS))
 
 
-@triton.jit(do_not_specialize=["coded_planes"])
-def _zans_tables_kernel(freqs_ptr, dec_ptr, ok_ptr, sums_ptr, coded_planes):
+@triton.jit(do_not_specialize=["zero_len", "coded_planes"])
+def _zans_tables_kernel(freqs_ptr, dec_ptr, ok_ptr, sums_ptr, zero_ptr, zero_len, coded_planes):
     """decoder_tables, one plane per program. A slot's symbol is the k-th present one,
     k the number of present symbols whose start c = f[0] + ... + f[s - 1] is at or below
     the slot (starts rise with s): a 1 at each start, summed over the slots, then the
-    present symbols listed in order. The table's own row is the scratch for both."""
+    present symbols listed in order. The table's own row is the scratch for both. The
+    programs also zero zero_ptr[:zero_len] between them."""
     q = tl.program_id(0)
     sym = tl.arange(0, 256)
     slots = tl.arange(0, 4096)
+    for i in range(q * 4096, zero_len, tl.num_programs(0) * 4096):
+        tl.store(zero_ptr + i + slots, tl.zeros([4096], dtype=tl.int64), mask=i + slots < zero_len)
     plane_coded = (coded_planes >> q) & 1
     coded = plane_coded == 1
     # (masks as blocks of equal values: see _zans_pack_kernel's tiles)
@@ -1171,15 +1179,18 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
     itemsize = torch.empty((), dtype=word_dtype).element_size()
     tv, tm, total_tiles = geometry(n, tile, mode, symbols, itemsize)
     offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
-    dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize, config)
     out = decoder_output(out, n, word_dtype, device, zero=False)
     status = torch.empty(total_tiles + 1, 2, dtype=torch.int64, device=device)  # the kernel writes every row
+    zvc_tiles = _cdiv(n, _zvc.TILE)
     if mode == MASKED:
         masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
         values = torch.empty(symbols, dtype=word_dtype, device=device)
+        state = torch.empty(zvc_tiles + 1 if n else 0, dtype=torch.int64, device=device)  # (zeroed with the tables)
     else:
         masks = torch.empty(0, dtype=torch.int32, device=device)
         values = out
+        state = None
+    dec, table_ok, table_sum = decoder_tables(freqs, coded_planes, itemsize, config, zero=state)
     warps = launch_grid(config, 1, device)[1]
     grid = launch_grid(config, _cdiv(total_tiles, warps), device)[0]
     s16 = streams[: streams_nbytes // 2 * 2].view(torch.int16) if streams_nbytes >= 2 else \
@@ -1189,10 +1200,8 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
                                  total_tiles, coded_planes, streams_nbytes, W=itemsize, K=LANES, ROWS=warps,
                                  num_warps=warps, maxnreg=max_registers(warps))
     if mode == MASKED and n:
-        zvc_tiles = _cdiv(n, _zvc.TILE)
         grid, warps = launch_grid(config, zvc_tiles, device)
         warps = max(warps, _zvc.ONE_PASS_MIN_WARPS)  # (a whole tile at once, as ZVC's one-pass encoder)
-        state = torch.zeros(zvc_tiles + 1, dtype=torch.int64, device=device)
         _zans_unmask_kernel[(grid,)](masks, values, out, state, status[-1], n, symbols, zvc_tiles, TILE=_zvc.TILE,
                                      LOOK=LOOK_BACK, num_warps=warps, maxnreg=max_registers(warps))
     return out, status

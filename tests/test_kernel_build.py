@@ -37,7 +37,7 @@ KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "plan", "encod
                                                      "tables")}
 ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_tables_kernel"}  # decoder tables: whatever the tensor
 # pointers and a plane mask, or the tile (ZANS's encode and pack read their sizes from the device's plan):
-# no argument grows with the tensor
+# no argument grows with the tensor past 32 bits (the tables kernel zeroes n / 4096 + 1 words of look-back state)
 NO_SIZES = {"zans._zans_tables_kernel", "zans._zans_encode_kernel", "zans._zans_pack_kernel"}
 # hold a whole tile: at least this many threads
 MIN_BLOCK = {"zvc._zvc_one_pass_kernel": 32 * ONE_PASS_MIN_WARPS, "zans._zans_unmask_kernel": 32 * ONE_PASS_MIN_WARPS}

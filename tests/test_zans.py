@@ -409,6 +409,16 @@ def test_the_decoder_table_kernel_builds_the_references_tables(table):
     assert got[1].tolist() == [1, 1, int(table == "valid"), 1, 1]
 
 
+@pytest.mark.parametrize("words", [0, 1, 4097, 3 * 4096 + 5])
+def test_the_decoder_table_kernel_zeroes_the_unmask_kernels_look_back_state(words):
+    """Its programs zero the state between them (a masked decode's one launch less), all
+    of it and nothing past it, whatever its length against their 4096-word steps."""
+    freqs = torch.from_numpy(kz.normalize(np.arange(256)).astype(np.uint16).view(np.int16))[None]
+    buffer = torch.full((words + 3,), -1, dtype=torch.int64)
+    kz.decoder_tables(freqs, 0b1, 1, zero=buffer[:words])
+    assert not buffer[:words].any() and buffer[words:].tolist() == [-1, -1, -1]
+
+
 # -- corruption -----------------------------------------------------------------------------------
 
 
