@@ -151,7 +151,7 @@ import triton
 import triton.language as tl
 
 from . import zvc as _zvc
-from .lookback import LOOK_BACK, ticket
+from .lookback import LOOK_BACK, exclusive_prefix, ticket
 from .launch import LaunchConfig, decoder_output, launch_grid, max_registers, step_elements, to_device
 
 __all__ = [
@@ -504,10 +504,10 @@ _HIST_ROUND = 1 << 16
 
 
 @triton.jit(do_not_specialize=["n", "num_tiles"])
-def _zans_histogram_kernel(words_ptr, hist_ptr, counts_ptr, n, num_tiles,
+def _zans_histogram_kernel(words_ptr, hist_ptr, n, num_tiles,
                            W: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, ROUND: tl.constexpr):
-    """Byte histograms of every plane and of the mask bytes, and the non-zeros per
-    TILE elements (ZVC's tile offsets for the masked-mode compaction)."""
+    """Byte histograms of every plane and of the mask bytes (whose bits the plan counts
+    for the non-zeros)."""
     pid = tl.program_id(0).to(tl.int64)
     nprog = tl.num_programs(0)
     ROWS: tl.constexpr = SUB // 32
@@ -529,14 +529,12 @@ def _zans_histogram_kernel(words_ptr, hist_ptr, counts_ptr, n, num_tiles,
         for t in range(r0, tl.minimum(r0 + nprog * ROUND, num_tiles), nprog):
             src = words_ptr + t * TILE
             tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
-            count = tile_len * 0
             for s in range(0, TILE, SUB):
                 offs = s + rows[:, None] * 32 + lane[None, :]
                 inb = offs < tile_len
                 w = tl.load(src + offs, mask=inb, other=0)
                 nz = (w != 0).to(tl.int32)
                 w = w.to(tl.int64) if W == 8 else w.to(tl.int32)  # sign-extended: byte q is (w >> 8q) & 255
-                count += tl.sum(tl.sum(nz, axis=1), axis=0)
                 pad_words += SUB - tl.sum(tl.sum(inb.to(tl.int32), axis=1), axis=0)
                 h0 += _byte_hist(w, 0, SUB)
                 if W > 1:
@@ -553,7 +551,6 @@ def _zans_histogram_kernel(words_ptr, hist_ptr, counts_ptr, n, num_tiles,
                 hm += tl.histogram(mbytes, 256)
                 valid_rows = tl.sum((s + rows * 32 < tile_len).to(tl.int32), axis=0)
                 pad_mask += 4 * (ROWS - valid_rows)
-            tl.store(counts_ptr + t, count.to(tl.int64))
         _flush_hist(hist_ptr, h0, pad_words)
         if W > 1:
             _flush_hist(hist_ptr + 256, h1, pad_words)
@@ -720,6 +717,32 @@ def _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W: tl.constexp
     return is_mask, q, tip, first, tlen
 
 
+@triton.jit(do_not_specialize=["n", "num_tiles"])
+def _zans_compact_kernel(words_ptr, masks_ptr, values_ptr, state_ptr, plan_ptr, n, num_tiles,
+                         TILE: tl.constexpr, LOOK: tl.constexpr):
+    """Masked mode's compaction in one read of the input: each TILE words' mask words and
+    non-zeros, placed by decoupled look-back (state_ptr: int64[num_tiles + 1], zero before
+    the launch), as ZVC's one-pass encoder does; nothing when the device's plan chose the
+    dense mode. (A count pass, a prefix sum and ZVC's second pass until 2026-12-05.)"""
+    ROWS: tl.constexpr = TILE // 32
+    rows = tl.arange(0, ROWS)
+    lane = tl.arange(0, 32)
+    offs = rows[:, None] * 32 + lane[None, :]
+    tiles = tl.where(tl.load(plan_ptr + _PLAN_MODE) == _MASKED, num_tiles, 0)
+    t = ticket(state_ptr)
+    while t < tiles:
+        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+        inb = offs < tile_len
+        w = tl.load(words_ptr + t * TILE + offs, mask=inb, other=0)
+        nz = (w != 0).to(tl.int32)
+        bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
+        tl.store(masks_ptr + t * ROWS + rows, tl.sum(bits, axis=1).to(tl.int32, bitcast=True),
+                 mask=rows * 32 < tile_len)
+        pos = _zvc._placed(nz, state_ptr, t, LOOK)[2]
+        tl.store(values_ptr + pos, w, mask=inb & (nz != 0))
+        t = ticket(state_ptr)
+
+
 @triton.jit(do_not_specialize=["tile"])
 def _zans_encode_kernel(words_ptr, values_ptr, mask_ptr, enc_ptr, magic_ptr, plan_ptr, scratch_ptr, lens_ptr,
                         tile, W: tl.constexpr, K: tl.constexpr, ROWS: tl.constexpr):
@@ -787,17 +810,17 @@ def _zans_encode_kernel(words_ptr, values_ptr, mask_ptr, enc_ptr, magic_ptr, pla
 
 
 @triton.jit(do_not_specialize=["meta_ptr", "tile", "room"])
-def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, lens_ptr, ends_ptr, offsets_ptr,
-                      payload_ptr, meta_ptr, tile, room, W: tl.constexpr, BLOCK: tl.constexpr):
+def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, lens_ptr, state_ptr, offsets_ptr,
+                      payload_ptr, meta_ptr, tile, room, W: tl.constexpr, BLOCK: tl.constexpr, LOOK: tl.constexpr):
     """Copy each tile's stream into the payload (the encoder's stream from scratch, or the
-    tile's raw bytes and a zero pad byte from the plane) at its offset (`ends`: the
-    lengths' inclusive prefix sums), and write the offset table; the last tile also
+    tile's raw bytes and a zero pad byte from the plane) at its offset, the sum of the
+    lengths before it, found by decoupled look-back over tiles taken by ticket (state_ptr:
+    int64[largest tile count + 1], zero before the launch; a prefix sum of its own until
+    2026-12-05), and write the offset table; the last tile also
     zeroes the streams' alignment padding and writes the meta (tile, mode, symbols,
     coded_planes, streams_nbytes) at meta_ptr (the plan's first words, or the caller's).
     Nothing is written at or past byte `room` of the payload (a buffer reserved for less
     than the largest): streams_nbytes still counts every stream, for the host to see it."""
-    pid = tl.program_id(0).to(tl.int64)
-    nprog = tl.num_programs(0)
     i0 = tl.arange(0, BLOCK)
     first_lane = i0 == 0
     masked = (i0 * 0 + tl.load(plan_ptr + _PLAN_MODE)) == _MASKED  # (a block, as each tile's t below)
@@ -809,14 +832,16 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
     off_streams = tl.load(plan_ptr + _PLAN_OFF_STREAMS)
     streams_ptr = payload_ptr + off_streams
     streams_room = room - off_streams
-    for t0 in range(pid, total_tiles, nprog):
+    t0 = ticket(state_ptr)
+    while t0 < total_tiles:
+        before = exclusive_prefix(state_ptr, t0, tl.load(lens_ptr + t0), LOOK)  # (published first: no wait on the copy)
         # Everything per tile as a block of BLOCK equal values: the CPU interpreter (Triton
         # 3.9) turns a 0-d bool & a block of bools into integers, which a mask rejects.
         t = t0 + i0 * 0
         is_mask, q, tip, first, tlen = _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W)
-        end = tl.load(ends_ptr + t)
         length = tl.load(lens_ptr + t)
-        start = end - length
+        start = before + i0 * 0
+        end = start + length
         tl.store(offsets_ptr + t + 1, end, mask=first_lane)
         tl.store(offsets_ptr + t, start, mask=first_lane & (t == 0))
         raw = length == tlen + (tlen & 1)
@@ -838,6 +863,7 @@ def _zans_pack_kernel(words_ptr, values_ptr, mask_ptr, scratch_ptr, plan_ptr, le
                  mask=last & (i0 < pad) & (end + i0 < streams_room))
         meta = tl.where(i0 == _PLAN_STREAMS, end, tl.load(plan_ptr + i0, mask=i0 < _PLAN_STREAMS, other=0))
         tl.store(meta_ptr + i0, meta, mask=last & (i0 <= _PLAN_STREAMS))
+        t0 = ticket(state_ptr)
 
 
 @triton.jit(do_not_specialize=["zero_len", "coded_planes"])
@@ -1093,30 +1119,33 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
                          f"{n} words of {itemsize} bytes ({min_room_nbytes(n, itemsize, tile)} bytes)")
     num_tiles = _cdiv(n, _zvc.TILE)
     planes = itemsize + 1
+    most_tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)  # masked mode with every word non-zero
     # One zeroed buffer: the plan's ticket (and a word of padding, so that every piece is
-    # 16-byte aligned and the kernels compile once whatever the size), histograms, counts.
-    zeroed = torch.zeros(2 + planes * 256 + num_tiles + 1, dtype=torch.int64, device=device)
-    ticket, hist, counts = zeroed[:1], zeroed[2: 2 + planes * 256], zeroed[2 + planes * 256:]
+    # 16-byte aligned and the kernels compile once whatever the size), the histograms, and
+    # the look-back states of the compaction and of the pack (tickets and tiles' counts).
+    hist_end = 2 + planes * 256
+    compact_end = hist_end + _align(8 * (num_tiles + 1)) // 8
+    zeroed = torch.zeros(compact_end + most_tiles + 1, dtype=torch.int64, device=device)
+    ticket, hist = zeroed[:1], zeroed[2: hist_end]
+    compact_state, pack_state = zeroed[hist_end: compact_end], zeroed[compact_end:]
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, device)
         sub = step_elements(_zvc.TILE, warps, itemsize)
-        _zans_histogram_kernel[(grid,)](words, hist, counts[1:], n, num_tiles, W=itemsize, TILE=_zvc.TILE,
+        _zans_histogram_kernel[(grid,)](words, hist, n, num_tiles, W=itemsize, TILE=_zvc.TILE,
                                         SUB=sub, ROUND=_HIST_ROUND, num_warps=warps, maxnreg=max_registers(warps))
     plan_words, enc, magic = _plan_on_device(hist, ticket, n, itemsize, tile, code_below, reserved)
     if n == 0:
         if sizes is not None:
             sizes.copy_(plan_words[:5])
         return plan_words[:5]
-    # Masked mode's compaction (ZVC's two-pass kernel: the mask words and the non-zeros), a
-    # launch whose programs return at once in dense mode.
+    # Masked mode's compaction (the mask words and the non-zeros, in one pass), a launch
+    # whose programs return at once in dense mode.
     masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
     values = torch.empty(n, dtype=words.dtype, device=device)
     grid, warps = launch_grid(config, num_tiles, device)
-    _zvc._zvc_compress_kernel[(grid,)](words, torch.cumsum(counts, 0), masks, values, n, num_tiles,
-                                       plan_words[_PLAN_MODE.value:], TILE=_zvc.TILE,
-                                       SUB=step_elements(_zvc.TILE, warps, itemsize), num_warps=warps,
-                                       maxnreg=max_registers(warps))
-    most_tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)  # masked mode with every word non-zero
+    warps = max(warps, _zvc.ONE_PASS_MIN_WARPS)  # (a whole tile at once, as ZVC's one-pass encoder)
+    _zans_compact_kernel[(grid,)](words, masks, values, compact_state, plan_words, n, num_tiles, TILE=_zvc.TILE,
+                                  LOOK=LOOK_BACK, num_warps=warps, maxnreg=max_registers(warps))
     scratch = torch.empty((itemsize * n + mask_nbytes(n)) // 2 + planes, dtype=torch.int16, device=device)
     lens = torch.empty(most_tiles, dtype=torch.int64, device=device)
     words8, values8, masks8 = _as_u8(words), _as_u8(values), _as_u8(masks)
@@ -1124,12 +1153,10 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
     grid = launch_grid(config, _cdiv(most_tiles, warps), device)[0]
     _zans_encode_kernel[(grid,)](words8, values8, masks8, enc, magic, plan_words, scratch, lens, tile, W=itemsize,
                                  K=LANES, ROWS=warps, num_warps=warps, maxnreg=max_registers(warps))
-    ends = torch.cumsum(lens, 0)  # (past the plan's tiles: unused)
     grid, warps = launch_grid(config, most_tiles, device)
-    _zans_pack_kernel[(grid,)](words8, values8, masks8, scratch.view(torch.uint8), plan_words, lens, ends,
+    _zans_pack_kernel[(grid,)](words8, values8, masks8, scratch.view(torch.uint8), plan_words, lens, pack_state,
                                reserved.view(torch.int64), reserved, plan_words if sizes is None else sizes, tile,
-                               reserved.numel(), W=itemsize,
-                               BLOCK=32 * warps * 4,
+                               reserved.numel(), W=itemsize, BLOCK=32 * warps * 4, LOOK=LOOK_BACK,
                                num_warps=warps, maxnreg=max_registers(warps))
     return plan_words[:5]
 

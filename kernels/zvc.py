@@ -66,42 +66,6 @@ def _nonzero_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexp
         tl.store(counts_ptr + t, tl.sum(count, axis=0).to(tl.int64))
 
 
-@triton.jit(do_not_specialize=["n", "num_tiles"])
-def _zvc_compress_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, n, num_tiles, active_ptr,
-                         TILE: tl.constexpr, SUB: tl.constexpr):
-    """The two-pass encoder's second pass (ZANS's masked-mode compaction): every tile's
-    mask words and non-zeros, at the offsets the count pass's prefix sums give; nothing
-    when active_ptr[0] is 0 (ZANS's plan, on the device, chose its dense mode)."""
-    pid = tl.program_id(0).to(tl.int64)
-    nprog = tl.num_programs(0)
-    ROWS: tl.constexpr = SUB // 32
-    rows = tl.arange(0, ROWS)
-    lane = tl.arange(0, 32)
-    tiles = tl.where(tl.load(active_ptr) != 0, num_tiles, 0)
-    # 64-bit arithmetic only for the tile's place in memory; 32-bit within it.
-    for t in range(pid, tiles, nprog):
-        src = words_ptr + t * TILE
-        dst = values_ptr + tl.load(offsets_ptr + t)
-        mask_dst = masks_ptr + t * (TILE // 32)
-        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
-        count = tile_len * 0
-        for s in range(0, TILE, SUB):
-            offs = s + rows[:, None] * 32 + lane[None, :]
-            inb = offs < tile_len
-            w = tl.load(src + offs, mask=inb, other=0)
-            nz = (w != 0).to(tl.int32)
-            bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
-            mask_words = tl.sum(bits, axis=1).to(tl.uint32)
-            tl.store(mask_dst + s // 32 + rows, mask_words.to(tl.int32, bitcast=True),
-                     mask=s + rows * 32 < tile_len)
-            # Position of each non-zero: exclusive prefix over the step, row-major.
-            row_count = tl.sum(nz, axis=1)
-            row_before = tl.cumsum(row_count, axis=0) - row_count
-            pos = count + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
-            tl.store(dst + pos, w, mask=inb & (nz != 0))
-            count += tl.sum(row_count, axis=0)
-
-
 @triton.jit
 def _placed(nz, state_ptr, t, LOOK: tl.constexpr):
     """Where tile t's non-zeros go, given its [ROWS, 32] 0/1 matrix `nz` (elements row-major):

@@ -29,18 +29,19 @@ from cswap.tune.tuner import DEFAULT_BLOCKS
 pytestmark = pytest.mark.slow  # the compile gate: CI runs it (pytest -m slow), on both version jobs
 
 DEFAULT_BLOCK = LaunchConfig(grid=1).block
-KERNELS = {f"{codec}._{codec}_{part}_kernel" for codec in ("zvc", "rle", "csr") for part in ("compress", "decompress")}
+KERNELS = {f"{codec}._{codec}_{part}_kernel" for codec in ("rle", "csr") for part in ("compress", "decompress")}
 KERNELS |= {"zvc._nonzero_count_kernel", "rle._rle_count_kernel"}  # ZVC's count pass serves CSR too
-KERNELS |= {"zvc._zvc_one_pass_kernel"}  # ZVC's encoder; _zvc_compress_kernel serves ZANS's masked mode
+KERNELS |= {"zvc._zvc_one_pass_kernel", "zvc._zvc_decompress_kernel"}
 KERNELS |= {"lz4._lz4_encode_kernel", "lz4._lz4_decompress_kernel"}
-KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "plan", "encode", "pack", "decode", "unmask",
-                                                     "tables")}
+KERNELS |= {f"zans._zans_{part}_kernel" for part in ("histogram", "plan", "compact", "encode", "pack", "decode",
+                                                     "unmask", "tables")}
 ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_tables_kernel"}  # decoder tables: whatever the tensor
 # pointers and a plane mask, or the tile (ZANS's encode and pack read their sizes from the device's plan):
 # no argument grows with the tensor past 32 bits (the tables kernel zeroes n / 4096 + 1 words of look-back state)
 NO_SIZES = {"zans._zans_tables_kernel", "zans._zans_encode_kernel", "zans._zans_pack_kernel"}
 # hold a whole tile: at least this many threads
-MIN_BLOCK = {"zvc._zvc_one_pass_kernel": 32 * ONE_PASS_MIN_WARPS, "zans._zans_unmask_kernel": 32 * ONE_PASS_MIN_WARPS}
+MIN_BLOCK = {name: 32 * ONE_PASS_MIN_WARPS
+             for name in ("zvc._zvc_one_pass_kernel", "zans._zans_unmask_kernel", "zans._zans_compact_kernel")}
 FIXED_BLOCK = {"zans._zans_plan_kernel": 256,  # one thread per symbol of a table, whatever the config
                "lz4._lz4_encode_kernel": 32}  # one warp per chunk
 
