@@ -91,11 +91,12 @@ Encoding (zans_launch, the runtime's path), with no host sync: one histogram pas
 then the plan in one kernel (2W + 1 programs, one per candidate plane, choosing what
 `plan` chooses on the host: integers only, the estimate in fixed point; the last to
 finish picks the mode and writes the plan's words, the encoder tables and the
-payload's head), then ZVC's compaction (mask words + non-zeros into scratch; its
-programs return at once in dense mode), then ONE rANS pass that writes every coded
-tile's stream into bounded scratch (the tile's raw_len bytes: a tile whose stream
-would not be shorter is stored raw, so the scratch never overflows) and every tile's
-length, their prefix sums (torch.cumsum), and a pack kernel that copies streams and
+payload's head), then the masked mode's compaction (mask words + non-zeros into
+scratch, each 4096 words placed by decoupled look-back; its programs return at once in
+dense mode), then ONE rANS pass that writes every coded tile's stream into bounded
+scratch (the tile's raw_len bytes: a tile whose stream would not be shorter is stored
+raw, so the scratch never overflows) and every tile's length, and a pack kernel that
+finds each tile's offset by decoupled look-back over those lengths, copies streams and
 raw tiles into place in a buffer reserved for the largest payload (reserve_nbytes),
 writes the offset table and leaves streams_nbytes on the device beside the meta.
 Each kernel after the plan is launched for the largest geometry and reads the real
@@ -1064,11 +1065,12 @@ def launch_scratch_bytes(n: int, itemsize: int, tile: int = TILE) -> int:
     zvc_tiles = _cdiv(n, _zvc.TILE)
     most_tiles = itemsize * _cdiv(n, tile) + _cdiv(mask_nbytes(n), tile)
     planes = itemsize + 1
-    return (8 * (planes * 256 + zvc_tiles + 3) + 8 * (zvc_tiles + 1)      # ticket, histograms, counts; sums
+    return (8 * (2 + planes * 256) + _align(8 * (zvc_tiles + 1))       # ticket, histograms, look-back states
+            + 8 * (most_tiles + 1) + 8 * most_tiles                       # (the compaction's, the pack's); lengths
             + 8 * ((2 * planes - 1) * _ROW.value + _PLAN_WORDS + planes * 256)  # the plan's work and tables
             + mask_nbytes(n) + itemsize * n                              # the compacted mask and non-zeros
             + 2 * ((itemsize * n + mask_nbytes(n)) // 2 + planes)        # the coded streams' scratch
-            + 16 * most_tiles + 8 * (PROB_SCALE + 1))                     # lengths, their sums; cost table
+            + 8 * (PROB_SCALE + 1))                                       # cost table
 
 
 _EST_TABLES: dict = {}
