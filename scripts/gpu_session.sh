@@ -10,9 +10,10 @@
 #   bash scripts/gpu_session.sh tests:150 overhead:60 codecs:90   # several stages, each with a time limit (s)
 #   bash scripts/gpu_session.sh headline:130 trace:120 codecs:180   # first, whenever a GPU is lent (on the
 #                                   H200 on 2026-12-04: about 1, 1 and 2.5 minutes, with the codecs at 1-256 MiB)
-#   bash scripts/gpu_session.sh zans-tiles:120                      # then: ZANS's time by tile (not yet run)
-#   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs zans-tiles runtime soak tune
-#           tune-quick train sanitize
+#   bash scripts/gpu_session.sh zans-tiles:120 lz4-warps:90         # then: ZANS's time by tile, LZ4's by warps
+#                                   in flight (neither run yet)
+#   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs zans-tiles lz4-warps runtime
+#           soak tune tune-quick train sanitize
 #   overhead-ab: the overhead benchmark on the GPU, alternating between this tree's cswap and the one in
 #   .base/ (an older checkout, e.g. `git archive REV | tar -x -C .base`, named in the run's carry).
 #
@@ -109,6 +110,7 @@ for spec in "$@"; do
         codecs)   run "$limit" "$PY" benchmarks/codecs.py ${CODECS_ARGS:-} || status=$? ;;
         # ZANS's encode and decode times by tile size: is its decoder bound by the rANS chain's latency? (issue 41)
         zans-tiles) run "$limit" "$PY" benchmarks/zans_tiles.py || status=$? ;;
+        lz4-warps) run "$limit" "$PY" benchmarks/lz4_warps.py || status=$? ;;
         # runtime: the benchmark at ImageNet shapes, then the emulator's fidelity: the same run at
         # CIFAR shapes measured on the GPU and predicted by the emulator at the probed PCIe
         # bandwidth, side by side (peak allocated and reserved, stall per tensor, kept_on_gpu).

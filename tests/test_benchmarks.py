@@ -56,6 +56,18 @@ def test_zans_tile_benchmark_round_trips_each_tile_and_prices_the_short_ones(tmp
     assert json.loads((tmp_path / "zans-tiles.json").read_text())["rows"] == rows
 
 
+def test_lz4_warps_benchmark_writes_the_same_bytes_at_every_count(tmp_path):
+    """Off a GPU it compares bytes only: four chunks encoded by 1, 2 and 4 warps in flight
+    (a warp taking several chunks by ticket, or one each) give one payload; each count's
+    scratch is its warps' tables and staging."""
+    bench = load_benchmark("lz4_warps")
+    rows = bench.main(["--quick", "--sparsities", "0.5", "--out", str(tmp_path)])
+    assert [r["warps"] for r in rows] == [1, 2, 4] and all(r["same_bytes"] for r in rows)
+    assert all("encode_ms" not in r for r in rows) and len({r["ratio"] for r in rows}) == 1
+    assert rows[2]["scratch_mib"] == 4 * rows[0]["scratch_mib"] == 4 * 80 / 1024
+    assert json.loads((tmp_path / "lz4-warps.json").read_text())["rows"] == rows
+
+
 def test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200(tmp_path, capsys):
     bench = load_benchmark("codec_counts")
     doc = bench.main(["--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.5", "0.8", "--mib", "0.0625",

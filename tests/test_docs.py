@@ -52,6 +52,9 @@ COVERAGE = {
     "python benchmarks/zans_tiles.py": ("gpu", "times ZANS's kernels on a GPU; tests/test_benchmarks.py::"
                                                "test_zans_tile_benchmark_round_trips_each_tile_and_prices_the_short_ones "
                                                "runs its --quick"),
+    "python benchmarks/lz4_warps.py": ("gpu", "times LZ4's encoder on a GPU; tests/test_benchmarks.py::"
+                                              "test_lz4_warps_benchmark_writes_the_same_bytes_at_every_count "
+                                              "runs its --quick"),
     "python benchmarks/runtime.py": ("gpu", "VGG16 at ImageNet shape"),
     "python benchmarks/runtime.py --quick": ("test", "tests/test_benchmarks.py::test_runtime_benchmark_quick_run_matches_losses"),
     "python benchmarks/runtime.py --dataset cifar10 --batch 32 --emulate measured": ("gpu", "measures a GPU"),
