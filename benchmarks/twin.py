@@ -174,14 +174,13 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
             options["profile"] = scaled_profile(cswap, scale)
         cswap.patch(model, **options)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    times, phases, busy, blocked, host_scales = [], [], [], [], []
+    times, phases, busy, blocked, host_scales, peaks = [], [], [], [], [], []
     with activate(dev), ComputeClock(dev, model):
         for i in range(args.warmup + args.steps):
-            if i == args.warmup:
-                dev.reset_peak()
-                if mode != "unpatched":
-                    cswap.stats(model).reset()
+            if i == args.warmup and mode != "unpatched":
+                cswap.stats(model).reset()
             dev.synchronize()
+            dev.reset_peak()  # (each step's own peak)
             host_scales.append(dev.calibrate_host())  # (this CPU's speed swings: a host of one speed)
             t0, busy0, blocked0 = dev.now(), dict(dev.busy_s), dict(dev.blocked_s)
             optimizer.zero_grad(set_to_none=True)
@@ -196,6 +195,7 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
                 phases.append((forward.at - t0, backward.at - forward.at))
                 busy.append({k: v - busy0.get(k, 0.0) for k, v in dev.busy_s.items()})
                 blocked.append({k: v - blocked0.get(k, 0.0) for k, v in dev.blocked_s.items()})
+                peaks.append(dev.peak_bytes * scale / 2**20)
         stats = dict(cswap.stats(model)) if mode != "unpatched" else {}
     dev.close()
     middle = times.index(statistics.median_low(times))
@@ -211,7 +211,7 @@ def train(run: dict, mode: str, compute_factor: float, args) -> dict:
            "hazards": len(dev.hazards),
            "host_scale": statistics.median(host_scales),  # (this CPU's time x this: the host's)
            # the device bytes the twin tracks (saved activations, cswap's buffers), at full scale
-           "peak_saved_mib": dev.peak_bytes * scale / 2**20}
+           "peak_saved_mib": max(peaks), "peaks_saved_mib": [round(p) for p in peaks]}
     if stats:
         steps = args.steps
         row.update(moved_mib_per_step=stats["transferred_bytes"] * scale / steps / 2**20,
@@ -236,13 +236,12 @@ def measure_gpu(run: dict, mode: str, args) -> dict:
     if mode != "unpatched":
         cswap.patch(model, mode=mode, verbose=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    times, phases = [], []
+    times, phases, peaks, reserved = [], [], [], []
     for i in range(args.warmup + args.steps):
-        if i == args.warmup:
-            torch.cuda.reset_peak_memory_stats(device)
-            if mode != "unpatched":
-                cswap.stats(model).reset()
+        if i == args.warmup and mode != "unpatched":
+            cswap.stats(model).reset()
         torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)  # (each step's own peak: which step peaks, if one does)
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         start = time.perf_counter()
         marks[0].record()
@@ -256,12 +255,14 @@ def measure_gpu(run: dict, mode: str, args) -> dict:
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
             phases.append((marks[0].elapsed_time(marks[1]), marks[1].elapsed_time(marks[2])))
+            peaks.append(torch.cuda.max_memory_allocated(device) / 2**20)
+            reserved.append(torch.cuda.max_memory_reserved(device) / 2**20)
     middle = times.index(statistics.median_low(times))
     row = {"run": args.run_name, "mode": mode, "batch": run["batch"], "step_ms": 1e3 * times[middle],
            "steps_ms": [round(1e3 * t, 2) for t in times], "forward_ms": phases[middle][0],
            "backward_ms": phases[middle][1],
-           "peak_allocated_mib": torch.cuda.max_memory_allocated(device) / 2**20,
-           "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / 2**20}
+           "peak_allocated_mib": max(peaks), "peaks_allocated_mib": [round(p) for p in peaks],
+           "peak_reserved_mib": max(reserved)}
     if mode != "unpatched":
         stats, steps = dict(cswap.stats(model)), args.steps
         row.update(moved_mib_per_step=stats["transferred_bytes"] / steps / 2**20,
