@@ -81,7 +81,11 @@ per-chunk status (error code, byte position) reports the first problem; the
 PyTorch reference decoder reports the same codes and positions. It rejects
 offset 0, offsets before the chunk, lengths past the input or the chunk, a
 block that ends after a match, and a decoded size other than the chunk's; like
-many decoders it does not enforce the last-5-literals / 12-byte rules.
+many decoders it does not enforce the last-5-literals / 12-byte rules. The kernel
+also checks each chunk's block offsets (a range inside the blocks section, the first
+at 0, the last at its end) and does not decode a chunk whose offsets are not: one
+kernel, its output not zeroed first (a chunk that fails leaves the rest of its bytes
+as they were, and its status makes the call raise).
 """
 
 from __future__ import annotations
