@@ -370,6 +370,9 @@ def test_twin_benchmark_replays_the_h200_runs(tmp_path):
     assert by["sc"]["moved_mib_per_step"] < 0.7 * by["vdnn"]["moved_mib_per_step"]
     assert by["sc"]["codec_ms"] > 0 == by["vdnn"]["codec_ms"]  # (encodes and decodes: the codec stream's time)
     assert all(r["hazards"] == 0 for r in rows)
+    for r in rows:  # each timed step's own peak, and the row's the largest of them
+        assert len(r["peaks_saved_mib"]) == 1 and round(r["peak_saved_mib"]) == max(r["peaks_saved_mib"]) >= 0
+    assert by["vdnn"]["peak_saved_mib"] > 0
     saved = json.loads((tmp_path / "twin-today.json").read_text())
     assert saved["rows"] == rows
     from cswap.runtime import emulator
