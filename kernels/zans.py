@@ -725,20 +725,10 @@ def _zans_compact_kernel(words_ptr, masks_ptr, values_ptr, state_ptr, plan_ptr, 
     non-zeros, placed by decoupled look-back (state_ptr: int64[num_tiles + 1], zero before
     the launch), as ZVC's one-pass encoder does; nothing when the device's plan chose the
     dense mode. (A count pass, a prefix sum and ZVC's second pass until 2026-12-05.)"""
-    ROWS: tl.constexpr = TILE // 32
-    rows = tl.arange(0, ROWS)
-    lane = tl.arange(0, 32)
-    offs = rows[:, None] * 32 + lane[None, :]
     tiles = tl.where(tl.load(plan_ptr + _PLAN_MODE) == _MASKED, num_tiles, 0)
     t = ticket(state_ptr)
     while t < tiles:
-        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
-        inb = offs < tile_len
-        w = tl.load(words_ptr + t * TILE + offs, mask=inb, other=0)
-        nz = (w != 0).to(tl.int32)
-        bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
-        tl.store(masks_ptr + t * ROWS + rows, tl.sum(bits, axis=1).to(tl.int32, bitcast=True),
-                 mask=rows * 32 < tile_len)
+        w, inb, nz = _zvc._masked_tile(words_ptr, masks_ptr, t, n, TILE)
         pos = _zvc._placed(nz, state_ptr, t, LOOK)[2]
         tl.store(values_ptr + pos, w, mask=inb & (nz != 0))
         t = ticket(state_ptr)

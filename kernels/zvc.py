@@ -67,11 +67,28 @@ def _nonzero_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexp
 
 
 @triton.jit
+def _masked_tile(words_ptr, masks_ptr, t, n, TILE: tl.constexpr):
+    """Tile t's words as a [TILE // 32, 32] block (elements row-major), which of them lie
+    inside the n words, and which are non-zero (0/1); writes its mask words (bit i = element
+    i of a row). Shared by ZVC's one-pass encoder and ZANS's masked-mode compaction."""
+    ROWS: tl.constexpr = TILE // 32
+    rows = tl.arange(0, ROWS)
+    lane = tl.arange(0, 32)
+    tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
+    inb = rows[:, None] * 32 + lane[None, :] < tile_len
+    w = tl.load(words_ptr + t * TILE + rows[:, None] * 32 + lane[None, :], mask=inb, other=0)
+    nz = (w != 0).to(tl.int32)
+    bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
+    tl.store(masks_ptr + t * ROWS + rows, tl.sum(bits, axis=1).to(tl.int32, bitcast=True), mask=rows * 32 < tile_len)
+    return w, inb, nz
+
+
+@triton.jit
 def _placed(nz, state_ptr, t, LOOK: tl.constexpr):
     """Where tile t's non-zeros go, given its [ROWS, 32] 0/1 matrix `nz` (elements row-major):
     publishes the tile's count by decoupled look-back and returns (the non-zeros of the tiles
     before it, its own count, each element's position among all non-zeros). Shared by ZVC's
-    one-pass encoder and ZANS's masked-mode decoder (zans._zans_unmask_kernel)."""
+    one-pass encoder and ZANS's masked mode (zans._zans_compact_kernel, _zans_unmask_kernel)."""
     row_count = tl.sum(nz, axis=1)
     total = tl.sum(row_count, axis=0).to(tl.int64)
     prefix = exclusive_prefix(state_ptr, t, total, LOOK)
@@ -90,19 +107,9 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
     after the masks, the values' up to VALUES_PAD words).
     No value is written at or past values_room words (a buffer reserved for less than
     the largest payload): the total still counts them all, for the host to see the overflow."""
-    ROWS: tl.constexpr = TILE // 32
-    rows = tl.arange(0, ROWS)
-    lane = tl.arange(0, 32)
-    offs = rows[:, None] * 32 + lane[None, :]
     t = ticket(state_ptr)
     while t < num_tiles:
-        tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
-        inb = offs < tile_len
-        w = tl.load(words_ptr + t * TILE + offs, mask=inb, other=0)
-        nz = (w != 0).to(tl.int32)
-        bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
-        tl.store(masks_ptr + t * ROWS + rows, tl.sum(bits, axis=1).to(tl.int32, bitcast=True),
-                 mask=rows * 32 < tile_len)
+        w, inb, nz = _masked_tile(words_ptr, masks_ptr, t, n, TILE)
         prefix, total, pos = _placed(nz, state_ptr, t, LOOK)
         tl.store(offsets_ptr + t, prefix)
         tl.store(values_ptr + pos, w, mask=inb & (nz != 0) & (pos < values_room))
