@@ -31,7 +31,7 @@ import torch
 import cswap
 from cswap.tune.synthetic import PATTERNS, make_tensor
 
-from common import environment, format_row, write_results
+from common import environment, format_row, kernel_ms, write_results
 
 MiB = 1 << 20
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,11 +41,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def bench_ms(fn, device: torch.device, repeats: int) -> float:
-    """Median wall time of fn() in ms (CUDA: triton's do_bench, events, L2 flushed)."""
+    """Median wall time of fn() in ms (CUDA: common.kernel_ms)."""
     if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=5, rep=max(20, 10 * repeats), return_mode="median"))
+        return kernel_ms(fn, device, repeats)
     fn()  # warm-up
     times = []
     for _ in range(repeats):

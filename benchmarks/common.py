@@ -63,6 +63,16 @@ def settle(package, model) -> None:
         entry.swapper.offloader.stop()  # waits for its threads' queues
 
 
+def kernel_ms(fn, device: torch.device, repeats: int = 5) -> float | None:
+    """Median ms of fn() on a GPU by CUDA events (triton's do_bench, L2 flushed between
+    runs); None off a GPU, where the interpreter's time is not a GPU's."""
+    if device.type != "cuda":
+        return None
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=5, rep=max(20, 10 * repeats), return_mode="median"))
+
+
 def device_slug(device: torch.device) -> str:
     """'nvidia-h100-80gb-hbm3', 'cpu-x86-64': the results folder name."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu-{platform.machine()}"

@@ -31,19 +31,10 @@ import cswap
 from cswap.kernels import lz4 as kl
 from cswap.tune.synthetic import make_tensor
 
-from common import environment, format_row, write_results
+from common import environment, format_row, kernel_ms, write_results
 
 MiB = 1 << 20
 WARPS = (256, 512, 1024, 2048)
-
-
-def time_ms(fn, device: torch.device) -> float | None:
-    """Median ms of fn() by CUDA events (None off a GPU: the interpreter's time is not a GPU's)."""
-    if device.type != "cuda":
-        return None
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=3, rep=200, return_mode="median"))
 
 
 def measure(sparsity: float, nbytes: int, warps: list[int], device: torch.device) -> list[dict]:
@@ -65,7 +56,7 @@ def measure(sparsity: float, nbytes: int, warps: list[int], device: torch.device
                "ratio": nbytes / payload.numel(), "same_bytes": torch.equal(payload, first)}
         if not row["same_bytes"]:
             raise AssertionError(f"lz4 with {in_flight} warps in flight wrote other bytes than with {warps[0]}")
-        ms = time_ms(lambda: kl.lz4_launch(data, reserved, config), device)
+        ms = kernel_ms(lambda: kl.lz4_launch(data, reserved, config), device)
         if ms is not None:
             row.update(encode_ms=ms, encode_gbps=nbytes / ms / 1e6)
         rows.append(row)

@@ -32,7 +32,7 @@ import torch
 from cswap.kernels import zans as kz
 from cswap.tune.synthetic import make_tensor
 
-from common import environment, format_row, write_results
+from common import environment, format_row, kernel_ms, write_results
 
 MiB = 1 << 20
 TILES = (4096, 8192, 16384, 32768)
@@ -46,15 +46,6 @@ def case_tensor(case: str, nbytes: int, device: torch.device) -> torch.Tensor:
         x = torch.nn.functional.gelu(torch.randn(nbytes // 2, generator=g)).to(torch.bfloat16)
         return x.to(device)
     return make_tensor(nbytes, 0.8, torch.float32, "blocky", device, seed=0)
-
-
-def time_ms(fn, device: torch.device, repeats: int) -> float | None:
-    """Median ms of fn() by CUDA events (None off a GPU: the interpreter's time is not a GPU's)."""
-    if device.type != "cuda":
-        return None
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=5, rep=max(20, 10 * repeats), return_mode="median"))
 
 
 def measure(case: str, nbytes: int, tile: int, device: torch.device, repeats: int) -> dict:
@@ -72,8 +63,8 @@ def measure(case: str, nbytes: int, tile: int, device: torch.device, repeats: in
     row = {"case": case, "mib": nbytes / MiB, "tile": tile, "ratio": nbytes / size, "mode": meta[1],
            "coded_planes": bin(meta[3]).count("1"), "warps_per_plane": -(-symbols // tile),
            "steps_per_lane": min(tile, symbols) // kz.LANES}
-    encode = time_ms(lambda: kz.zans_launch(words, reserved, tile=tile), device, repeats)
-    decode = time_ms(lambda: kz.zans_decompress(payload, n, *meta, words.dtype, out=out), device, repeats)
+    encode = kernel_ms(lambda: kz.zans_launch(words, reserved, tile=tile), device, repeats)
+    decode = kernel_ms(lambda: kz.zans_decompress(payload, n, *meta, words.dtype, out=out), device, repeats)
     if encode is not None:
         row.update(encode_ms=encode, decode_ms=decode, encode_gbps=nbytes / encode / 1e6,
                    decode_gbps=nbytes / decode / 1e6)
