@@ -60,7 +60,7 @@ def measure(sparsity: float, nbytes: int, warps: list[int], device: torch.device
         if ms is not None:
             row.update(encode_ms=ms, encode_gbps=nbytes / ms / 1e6)
         rows.append(row)
-    base = next((r for r in rows if r["warps"] == max(r["warps"] for r in rows)), None)
+    base = max(rows, key=lambda r: r["warps"])
     for r in rows:
         if r.get("encode_ms") is not None:
             r["x_most_warps"] = r["encode_ms"] / base["encode_ms"]
