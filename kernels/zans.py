@@ -995,7 +995,7 @@ def _zans_unmask_kernel(mask_ptr, values_ptr, out_ptr, state_ptr, check_ptr, n, 
     ROWS: tl.constexpr = TILE // 32
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
-    offs = rows[:, None] * 32 + lane[None, :]
+    offs = _zvc._row_major(ROWS)
     t = ticket(state_ptr)
     while t < num_tiles:
         tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
@@ -1135,7 +1135,7 @@ def zans_launch(words: torch.Tensor, reserved: torch.Tensor, config: LaunchConfi
     masks = torch.empty(_cdiv(n, 32), dtype=torch.int32, device=device)
     values = torch.empty(n, dtype=words.dtype, device=device)
     grid, warps = launch_grid(config, num_tiles, device)
-    warps = max(warps, _zvc.ONE_PASS_MIN_WARPS)  # (a whole tile at once, as ZVC's one-pass encoder)
+    warps = max(warps, _zvc.TILE_MIN_WARPS)  # (a whole tile at once, as ZVC's one-pass encoder)
     _zans_compact_kernel[(grid,)](words, masks, values, compact_state, plan_words, n, num_tiles, TILE=_zvc.TILE,
                                   LOOK=LOOK_BACK, num_warps=warps, maxnreg=max_registers(warps))
     scratch = torch.empty((itemsize * n + mask_nbytes(n)) // 2 + planes, dtype=torch.int16, device=device)
@@ -1220,7 +1220,7 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
                                  num_warps=warps, maxnreg=max_registers(warps))
     if mode == MASKED and n:
         grid, warps = launch_grid(config, zvc_tiles, device)
-        warps = max(warps, _zvc.ONE_PASS_MIN_WARPS)  # (a whole tile at once, as ZVC's one-pass encoder)
+        warps = max(warps, _zvc.TILE_MIN_WARPS)  # (a whole tile at once, as ZVC's one-pass encoder)
         _zans_unmask_kernel[(grid,)](masks, values, out, state, status[-1], n, symbols, zvc_tiles, TILE=_zvc.TILE,
                                      LOOK=LOOK_BACK, num_warps=warps, maxnreg=max_registers(warps))
     return out, status

@@ -67,6 +67,17 @@ def _nonzero_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexp
 
 
 @triton.jit
+def _row_major(ROWS: tl.constexpr):
+    """[ROWS, 32] offsets of a tile's elements, row-major, hinted as no two neighbours
+    contiguous: Triton then lays one element of a row on each lane of a warp, not four
+    neighbours on each thread for a 128-bit load, and the non-zeros, stored or loaded at
+    positions known only at run time, use that layout as it is. In the four-neighbour one
+    the one-pass encoder took each tile through shared memory three times to store it,
+    and a whole tile did not fit the decoder's 128 registers (sm_90 builds, 2026-12-05)."""
+    return tl.max_contiguous(tl.arange(0, ROWS)[:, None] * 32 + tl.arange(0, 32)[None, :], [1, 1])
+
+
+@triton.jit
 def _masked_tile(words_ptr, masks_ptr, t, n, TILE: tl.constexpr):
     """Tile t's words as a [TILE // 32, 32] block (elements row-major), which of them lie
     inside the n words, and which are non-zero (0/1); writes its mask words (bit i = element
@@ -75,8 +86,9 @@ def _masked_tile(words_ptr, masks_ptr, t, n, TILE: tl.constexpr):
     rows = tl.arange(0, ROWS)
     lane = tl.arange(0, 32)
     tile_len = tl.minimum(n - t * TILE, TILE).to(tl.int32)
-    inb = rows[:, None] * 32 + lane[None, :] < tile_len
-    w = tl.load(words_ptr + t * TILE + rows[:, None] * 32 + lane[None, :], mask=inb, other=0)
+    offs = _row_major(ROWS)
+    inb = offs < tile_len
+    w = tl.load(words_ptr + t * TILE + offs, mask=inb, other=0)
     nz = (w != 0).to(tl.int32)
     bits = nz.to(tl.uint32) << lane[None, :].to(tl.uint32)
     tl.store(masks_ptr + t * ROWS + rows, tl.sum(bits, axis=1).to(tl.int32, bitcast=True), mask=rows * 32 < tile_len)
@@ -147,7 +159,7 @@ def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_p
         avail = tl.minimum(end - start, TILE).to(tl.int32)  # values the tile may read
         count = tile_len * 0
         for s in range(0, TILE, SUB):
-            offs = s + rows[:, None] * 32 + lane[None, :]
+            offs = s + _row_major(ROWS)
             inb = offs < tile_len
             m = tl.load(mask_src + s // 32 + rows, mask=s + rows * 32 < tile_len, other=0)
             m = m.to(tl.uint32, bitcast=True)
@@ -188,9 +200,10 @@ def nonzero_offsets(words: torch.Tensor, tile: int, config: LaunchConfig | None 
     return torch.cumsum(counts, 0)
 
 
-# The one-pass encoder holds a whole tile in registers: under 8 warps, ptxas spills it
-# (sm_90, 128 registers a thread; `python -m cswap.kernels.aot`), so it runs at least 8.
-ONE_PASS_MIN_WARPS = 8
+# The one-pass encoder and the decoder hold a whole tile in registers: under 8 warps,
+# ptxas spills it (sm_90, 128 registers a thread; `python -m cswap.kernels.aot`), so
+# they run at least 8 (as do ZANS's compaction and unmask).
+TILE_MIN_WARPS = 8
 
 
 def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig | None, tile: int,
@@ -214,7 +227,7 @@ def _one_pass(words: torch.Tensor, payload: torch.Tensor, config: LaunchConfig |
         return offsets[:1]
     state = torch.zeros(num_tiles + 1, dtype=torch.int64, device=words.device)
     grid, warps = launch_grid(config, num_tiles, words.device)
-    warps = max(warps, ONE_PASS_MIN_WARPS)
+    warps = max(warps, TILE_MIN_WARPS)
     offsets_pad, masks_pad = (-(num_tiles + 1)) % (_ALIGN // 8), (-masks.numel()) % (_ALIGN // 4)
     nnz_out = offsets[num_tiles:] if sizes is None else sizes
     _zvc_one_pass_kernel[(grid,)](words, offsets, masks, values, state, nnz_out, n, num_tiles, offsets_pad, masks_pad,
@@ -268,8 +281,11 @@ def zvc_decompress(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtyp
     status = torch.empty(num_tiles, dtype=torch.int8, device=payload.device)  # every tile writes its own
     if num_tiles:
         grid, warps = launch_grid(config, num_tiles, payload.device)
+        warps = max(warps, TILE_MIN_WARPS)
+        # A default tile in one step: its masks, then its values, two dependent loads a
+        # tile (16 KiB of fp32 a program; steps of 512 elements had 2 KiB in flight).
         _zvc_decompress_kernel[(grid,)](masks, offsets, values, out, status, n, nnz, num_tiles, TILE=tile,
-                                        SUB=step_elements(tile, warps, out.element_size()), num_warps=warps,
+                                        SUB=min(tile, TILE), num_warps=warps,
                                         maxnreg=max_registers(warps))
     return out, status
 

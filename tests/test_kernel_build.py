@@ -23,7 +23,7 @@ import pytest
 
 from cswap.kernels.aot import MAX_REGISTERS, spill_sites
 from cswap.kernels.launch import LaunchConfig
-from cswap.kernels.zvc import ONE_PASS_MIN_WARPS
+from cswap.kernels.zvc import TILE_MIN_WARPS
 from cswap.tune.tuner import DEFAULT_BLOCKS
 
 pytestmark = pytest.mark.slow  # the compile gate: CI runs it (pytest -m slow), on both version jobs
@@ -40,8 +40,9 @@ ONE_BUILD_FOR_ALL_WORDS = {"zans._zans_tables_kernel"}  # decoder tables: whatev
 # no argument grows with the tensor past 32 bits (the tables kernel zeroes n / 4096 + 1 words of look-back state)
 NO_SIZES = {"zans._zans_tables_kernel", "zans._zans_encode_kernel", "zans._zans_pack_kernel"}
 # hold a whole tile: at least this many threads
-MIN_BLOCK = {name: 32 * ONE_PASS_MIN_WARPS
-             for name in ("zvc._zvc_one_pass_kernel", "zans._zans_unmask_kernel", "zans._zans_compact_kernel")}
+MIN_BLOCK = {name: 32 * TILE_MIN_WARPS
+             for name in ("zvc._zvc_one_pass_kernel", "zvc._zvc_decompress_kernel", "zans._zans_unmask_kernel",
+                          "zans._zans_compact_kernel")}
 FIXED_BLOCK = {"zans._zans_plan_kernel": 256,  # one thread per symbol of a table, whatever the config
                "lz4._lz4_encode_kernel": 32}  # one warp per chunk
 
@@ -109,6 +110,17 @@ def test_registers_within_budget(builds):
     over = [b for b in results if b["registers"] > MAX_REGISTERS]
     assert not over, [(b["kernel"], b["config"], b["registers"]) for b in over]
     assert all(b["registers"] > 0 and b["shared_bytes"] >= 0 for b in results)
+
+
+def test_whole_tile_kernels_keep_their_tile_out_of_shared_memory(builds):
+    """Their non-zeros go to (or come from) positions known at run time, in the layout the
+    tile was loaded in (kernels.zvc._row_major): no conversion of the tile through shared
+    memory, which took ZVC's one-pass encoder 8-32 KiB a program and three round trips a
+    tile; what is left is the reductions' scratch."""
+    results, _ = builds
+    for kernel in MIN_BLOCK:
+        shared = {b["config"]: b["shared_bytes"] for b in results if b["kernel"] == kernel}
+        assert shared and all(0 <= nbytes <= 1024 for nbytes in shared.values()), (kernel, shared)
 
 
 def test_every_block_a_launch_config_admits_fits_the_blocks_registers(tmp_path):
