@@ -12,10 +12,11 @@
 #                                   H200 on 2026-12-04: about 1, 1 and 2.5 minutes, with the codecs at 1-256 MiB)
 #   bash scripts/gpu_session.sh zans-tiles:120 lz4-warps:90         # then: ZANS's time by tile, LZ4's by warps
 #                                   in flight (neither run yet)
-#   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs zans-tiles lz4-warps runtime
-#           soak tune tune-quick train sanitize
-#   overhead-ab: the overhead benchmark on the GPU, alternating between this tree's cswap and the one in
-#   .base/ (an older checkout, e.g. `git archive REV | tar -x -C .base`, named in the run's carry).
+#   bash scripts/gpu_session.sh codecs-ab:240                       # ZVC's and ZANS's kernels against .base/'s
+#   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs codecs-ab zans-tiles lz4-warps
+#           runtime soak tune tune-quick train sanitize
+#   overhead-ab, codecs-ab: the overhead and codec benchmarks on the GPU, alternating between this tree's cswap
+#   and the one in .base/ (an older checkout, e.g. `git archive REV | tar -x -C .base`, named in the run's carry).
 #
 # Device time is short (minutes a session), so one call runs several stages, each killed
 # at its limit so that the ones after it still run. cswap (no dependencies) is installed
@@ -69,6 +70,11 @@ run() {
 GPU_TESTS=(tests/test_runtime_gpu.py tests/test_zans.py tests/test_codecs.py tests/test_lz4.py tests/test_zvc.py
            tests/test_unmovable.py tests/test_csr.py tests/test_fsdp.py tests/test_rle.py)
 PYTEST=("$PY" -P -m pytest -q -rfEs -p no:cacheprovider --continue-on-collection-errors)
+# the tree in .base/, installed beside this one (overhead-ab, codecs-ab)
+install_base() {
+    [ -d /tmp/site-base ] || "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+        --ignore-requires-python --target /tmp/site-base ./.base
+}
 status=0
 for spec in "$@"; do
     stage=${spec%%:*}; limit=0
@@ -87,8 +93,7 @@ for spec in "$@"; do
         # the host's cost per saved tensor on this GPU, beside the CPU stand-ins (issue 26)
         overhead) run "$limit" "$PY" benchmarks/overhead.py --devices cuda lagging --busy || status=$? ;;
         overhead-ab)
-                  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
-                      --ignore-requires-python --target /tmp/site-base ./.base || exit 1
+                  install_base || exit 1
                   # the device's results folder, named as benchmarks/common.py device_slug names it
                   slug=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -cs 'A-Za-z0-9' '-' \
                          | tr 'A-Z' 'a-z' | sed 's/^-//; s/-$//')
@@ -109,6 +114,12 @@ for spec in "$@"; do
         # shellcheck disable=SC2086  # CODECS_ARGS is a list of options
         codecs)   run "$limit" "$PY" benchmarks/codecs.py ${CODECS_ARGS:-} || status=$? ;;
         # ZANS's encode and decode times by tile size: is its decoder bound by the rANS chain's latency? (issue 41)
+        # kernels of .base/ against this tree's, round by round on the same cases (issue 41)
+        # shellcheck disable=SC2086  # CODECS_AB_ARGS is a list of options
+        codecs-ab) install_base || exit 1
+                  run "$limit" "$PY" benchmarks/codecs_ab.py --base-site /tmp/site-base --new-site /tmp/site \
+                      -- ${CODECS_AB_ARGS:---codecs zvc zans --sizes-mib 1 256 --sparsities 0.2 0.8 --dtypes fp32 bf16 --no-nvcomp} \
+                      || status=$? ;;
         zans-tiles) run "$limit" "$PY" benchmarks/zans_tiles.py || status=$? ;;
         lz4-warps) run "$limit" "$PY" benchmarks/lz4_warps.py || status=$? ;;
         # runtime: the benchmark at ImageNet shapes, then the emulator's fidelity: the same run at

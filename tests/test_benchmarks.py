@@ -69,6 +69,35 @@ def test_lz4_warps_benchmark_writes_the_same_bytes_at_every_count(tmp_path):
     assert json.loads((tmp_path / "lz4-warps.json").read_text())["rows"] == rows
 
 
+def test_codecs_ab_runs_both_trees_and_compares_each_case(tmp_path):
+    """Off a GPU both "trees" are this one (the base site is empty): each case pairs up,
+    its payload sizes agree, and every time has a ratio; the runs' own files stay."""
+    bench = load_benchmark("codecs_ab")
+    rows = bench.main(["--base-site", str(tmp_path / "empty"), "--rounds", "1", "--out", str(tmp_path / "ab"), "--",
+                       "--quick", "--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.5", "--sizes-mib",
+                       "0.0625", "--no-nvcomp"])
+    assert [(r["provider"], r["dtype"], r["sparsity"]) for r in rows] == [("zvc", "fp32", "0.5")]
+    assert rows[0]["same_size"] and rows[0]["compress_ratio"] > 0 and rows[0]["decompress_ratio"] > 0
+    assert (tmp_path / "ab" / "base-1" / "codecs-quick.csv").exists()
+    assert json.loads((tmp_path / "ab" / "codecs-ab.json").read_text())["rows"] == rows
+
+
+def test_codecs_ab_takes_medians_over_rounds_and_flags_a_size_change():
+    bench = load_benchmark("codecs_ab")
+    case = {"provider": "zvc", "dtype": "fp32", "size_mib": "256.0", "sparsity": "0.8", "pattern": "blocky"}
+
+    def run(ms, size="100"):
+        return [{**case, "compress_ms": str(ms), "launch_ms": "", "decompress_ms": str(2 * ms),
+                 "compressed_bytes": size}]
+
+    rows = bench.compare([run(1.0), run(3.0), run(2.0)], [run(0.5), run(1.5)])
+    assert rows[0]["base_compress_ms"] == 2.0 and rows[0]["new_compress_ms"] == 1.0
+    assert rows[0]["compress_ratio"] == 0.5 and rows[0]["decompress_ratio"] == 0.5
+    assert "launch_ratio" not in rows[0] and rows[0]["same_size"]
+    assert not bench.compare([run(1.0)], [run(1.0, size="101")])[0]["same_size"]
+    assert bench.compare([run(1.0)], [[{**run(1.0)[0], "dtype": "bf16"}]]) == []  # no case in common
+
+
 def test_codec_counts_benchmark_counts_both_trees_and_fits_the_h200(tmp_path, capsys):
     bench = load_benchmark("codec_counts")
     doc = bench.main(["--codecs", "zvc", "--dtypes", "fp32", "--sparsities", "0.5", "0.8", "--mib", "0.0625",
