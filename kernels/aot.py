@@ -108,6 +108,7 @@ class Build:
     hot_spills: int = -1        # spill instructions in innermost loops (0 when none spill)
     shared_bytes: int = -1
     load_bytes: int = -1        # global bytes a thread's loads ask for in one loop pass (load_bytes_per_iteration)
+    fences: int = -1            # full memory fences (MEMBAR) in the code: an acq_rel atomic puts one before it
     error: str = ""
     log: str = field(default="", repr=False)
 
@@ -302,6 +303,7 @@ def build(launch: Launch, arch: int) -> Build:
     sass = _disassemble(compiled.asm["cubin"])
     result.hot_spills = sum(1 for _, inner in spill_sites(sass) if inner)
     result.load_bytes = load_bytes_per_iteration(sass)
+    result.fences = len(_SASS_FENCE.findall(sass))
     return result
 
 
@@ -310,6 +312,7 @@ _SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _SASS_BRANCH = re.compile(r"^(@!?U?P\w+\s+)?BRA((?:\.\w+)*)\b.*`\((\.L_x_\d+)\)")
 _SASS_EXIT = re.compile(r"^(@!?U?P\w+\s+)?(EXIT|RET)\b")
 _SASS_SPILL = re.compile(r"\b(STL|LDL)(\.\w+)*\b")
+_SASS_FENCE = re.compile(r"\bMEMBAR\b")
 
 
 def spill_sites(sass: str) -> list[tuple[int, bool]]:
@@ -457,10 +460,10 @@ def build_matrix(blocks=(128,), word_dtypes=WORD_DTYPES, archs=ARCHS, large: boo
 
 def format_table(builds: list[Build]) -> str:
     rows = [("kernel", "config", "arch", "registers", "spilled B", "hot spills", "shared B", "loads B/pass",
-             "status")]
+             "fences", "status")]
     for b in sorted(builds, key=lambda b: (b.kernel, b.config, b.arch)):
         rows.append((b.kernel, b.config, f"sm_{b.arch}", str(b.registers), str(b.spill_bytes), str(b.hot_spills),
-                     str(b.shared_bytes), str(b.load_bytes), b.status))
+                     str(b.shared_bytes), str(b.load_bytes), str(b.fences), b.status))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

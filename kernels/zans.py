@@ -495,7 +495,7 @@ def _byte_hist(w, shift: tl.constexpr, SUB: tl.constexpr):
 @triton.jit
 def _flush_hist(ptr, h, pad):
     bins = tl.arange(0, 256)
-    tl.atomic_add(ptr + bins, h.to(tl.int64) - tl.where(bins == 0, pad, 0))
+    tl.atomic_add(ptr + bins, h.to(tl.int64) - tl.where(bins == 0, pad, 0), sem="relaxed")  # (read next launch)
 
 
 # A program's histograms are int32 and flushed (256 atomics per plane) every ROUND of its

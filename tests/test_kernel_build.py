@@ -123,6 +123,16 @@ def test_whole_tile_kernels_keep_their_tile_out_of_shared_memory(builds):
         assert shared and all(0 <= nbytes <= 1024 for nbytes in shared.values()), (kernel, shared)
 
 
+def test_no_kernel_fences_but_the_plans_last_program(builds):
+    """A full fence (MEMBAR) waits until every store the thread issued has landed. The
+    look-back's atomics are relaxed (kernels/lookback.py): with Triton's default, acq_rel,
+    ZVC's one-pass encoder paid four or more a tile. Only ZANS's plan kernel needs one: its
+    last program reads the rows every other program wrote."""
+    results, _ = builds
+    fenced = {(b["kernel"], b["fences"]) for b in results if b["fences"] != 0}
+    assert fenced == {("zans._zans_plan_kernel", 1)}, fenced
+
+
 def test_every_block_a_launch_config_admits_fits_the_blocks_registers(tmp_path):
     """LaunchConfig admits blocks up to 1024 threads, beyond the tuner's 512; a block has
     64K registers, so there a thread gets 64. Under the 128-register cap alone LZ4's
