@@ -13,6 +13,7 @@
 #   bash scripts/gpu_session.sh zans-tiles:120 lz4-warps:90         # then: ZANS's time by tile, LZ4's by warps
 #                                   in flight (neither run yet)
 #   bash scripts/gpu_session.sh codecs-ab:240                       # ZVC's and ZANS's kernels against .base/'s
+#                                   (.base at 8744496: the kernels before the fences and layout of 2026-12-05)
 #   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs codecs-ab zans-tiles lz4-warps
 #           runtime soak tune tune-quick train sanitize
 #   overhead-ab, codecs-ab: the overhead and codec benchmarks on the GPU, alternating between this tree's cswap
