@@ -47,6 +47,24 @@ def test_special_values_survive(dtype, backend):
     assert_bit_equal(ZVC.decompress(ZVC.compress(x, backend=backend), backend=backend), x)
 
 
+@pytest.mark.parametrize("tile", [32, 2 * kz.TILE], ids=["one-word", "two-steps"])
+def test_decoder_reads_buffers_of_any_tile(tile):
+    """The tile comes from the header: the decoder takes min(tile, TILE) elements a step,
+    so a tile of one mask word decodes in one short step and a tile of 2 x TILE in two,
+    the count of values carried between them; a mask bit flipped in the first step shows
+    in that tile's status alone."""
+    x = random_bits((2 * tile + 45,), torch.float32, sparsity=0.5)
+    words = bits(x).reshape(-1)
+    held = []
+    nnz = kz.zvc_compress_ref(words, lambda k: held.append(torch.empty(k, dtype=torch.uint8)) or held[0], tile=tile)
+    out, status = kz.zvc_decompress(held[0], words.numel(), tile, nnz, torch.int32)
+    assert torch.equal(out, words) and not status.any()
+    _, masks, _ = kz._sections(held[0], words.numel(), tile, nnz, torch.int32)
+    masks[min(tile, kz.TILE) // 32 - 1] ^= 1  # tile 0's (first step's) last mask word: one value more or less
+    out, status = kz.zvc_decompress(held[0], words.numel(), tile, nnz, torch.int32)
+    assert status.tolist()[0] != 0 and not status[1:].any()
+
+
 def test_format_masks_lsb_first_then_values():
     x = torch.zeros(40, dtype=torch.int32)
     x[0], x[3], x[31], x[32], x[39] = 7, -1, 5, 9, 2
