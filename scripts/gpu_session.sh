@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One stage of the GPU work, for a session that is lent a GPU machine (the `device`
-# tool: 10 minutes a command, 30 minutes a session). The machine has torch, Triton,
+# tool: 10 minutes a command, 15 minutes of device time a session). The machine has torch, Triton,
 # scikit-learn, hypothesis and matplotlib but no package registry: cswap's other
 # dependencies travel as wheels in .whl/ (this script's `wheels` stage makes them
 # here, on the development machine; name `.whl` in the run's `carry`).
@@ -8,12 +8,14 @@
 #   bash scripts/gpu_session.sh wheels                 # here, once: .whl/ for Python 3.12 x86-64
 #   bash scripts/gpu_session.sh tests                  # there: the gpu-marked tests
 #   bash scripts/gpu_session.sh tests:150 overhead:60 codecs:90   # several stages, each with a time limit (s)
-#   bash scripts/gpu_session.sh headline:130 trace:120 codecs:180   # first, whenever a GPU is lent (on the
-#                                   H200 on 2026-12-04: about 1, 1 and 2.5 minutes, with the codecs at 1-256 MiB)
-#   bash scripts/gpu_session.sh zans-tiles:120 lz4-warps:90         # then: ZANS's time by tile, LZ4's by warps
-#                                   in flight (neither run yet)
-#   bash scripts/gpu_session.sh codecs-ab:240                       # ZVC's and ZANS's kernels against .base/'s
-#                                   (.base at 8744496: the kernels before the fences and layout of 2026-12-05)
+#   The next session's two calls (15 minutes of device time in all; on the H200 on 2026-12-04 headline,
+#   trace and codecs took about 1, 1 and 2.5 minutes):
+#   bash scripts/gpu_session.sh headline:130 trace:120 codecs-ab:200   # issue 40's steady steps and peaks;
+#                                   ZVC's and ZANS's kernels against .base/'s (.base at 8744496, the kernels
+#                                   before 2026-12-05's fences and layout: mkdir .base && git archive 8744496 |
+#                                   tar -x -C .base; an untracked folder travels with the tree)
+#   bash scripts/gpu_session.sh zans-tiles:120 lz4-warps:90 codecs:150 # ZANS's time by tile, LZ4's by warps in
+#                                   flight (neither run yet), every codec for the advisor's profile
 #   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs codecs-ab zans-tiles lz4-warps
 #           runtime soak tune tune-quick train sanitize
 #   overhead-ab, codecs-ab: the overhead and codec benchmarks on the GPU, alternating between this tree's cswap
