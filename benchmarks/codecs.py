@@ -178,7 +178,7 @@ def run_case(provider, x, device, repeats, bw_gbps, raw) -> dict:
     if launch is not None:  # the runtime's path: no host sync, the payload written in place
         row["launch_ms"] = bench_ms(launch, device, repeats)
         row["launch_gbps"] = nbytes / row["launch_ms"] / 1e6
-    if device.type == "cuda":
+    if raw:  # (on a GPU, unless --calls-only)
         pinned, back = raw["pinned"], raw["device_buf"]
         if provider.data(blob).numel() > pinned.numel():  # an expanding codec (CSR at low sparsity)
             pinned = torch.empty(provider.data(blob).numel(), dtype=torch.uint8, pin_memory=True)
@@ -252,6 +252,8 @@ def parse_args(argv=None):
     p.add_argument("--pattern", choices=PATTERNS, default="blocky", help="where the zeros are (blocky = ReLU-like)")
     p.add_argument("--repeats", type=int, help="timed repeats per measurement")
     p.add_argument("--no-nvcomp", action="store_true", help="skip nvCOMP even if it is installed")
+    p.add_argument("--calls-only", action="store_true",
+                   help="time the codec calls alone: no transfers, swaps or kernel builds (codecs_ab.py's runs)")
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     args = p.parse_args(argv)
     full = not args.quick
@@ -281,7 +283,7 @@ def main(argv=None) -> list[dict]:
           f"triton {env['triton']}; copy bandwidth {bw:.0f} GB/s (read + write); pattern {args.pattern}")
     found = providers(args, device)
     static = {}
-    if device.type == "cuda":  # what the compiler made of the kernels, beside their speed
+    if device.type == "cuda" and not args.calls_only:  # what the compiler made of the kernels, beside their speed
         from cswap.kernels.launch import default_config
 
         major, minor = torch.cuda.get_device_capability(device)
@@ -292,7 +294,7 @@ def main(argv=None) -> list[dict]:
         for size_mib in args.sizes_mib:
             for sparsity in args.sparsities:
                 x = make_tensor(int(size_mib * MiB), sparsity, DTYPES[dtype_name], args.pattern, device)
-                raw = raw_transfers(x, device, args.repeats)
+                raw = {} if args.calls_only else raw_transfers(x, device, args.repeats)
                 base = {"dtype": dtype_name, "size_mib": size_mib, "sparsity": sparsity, "pattern": args.pattern,
                         "bytes": x.numel() * x.element_size(),
                         **{k: v for k, v in raw.items() if k.endswith(("_ms", "_gbps"))}}

@@ -3,9 +3,10 @@
 A kernel change is judged by its time on a GPU, and two runs of codecs.py made in
 different sessions (or on two GPUs of one kind) differ by more than many changes. Here
 codecs.py runs with each tree's installed cswap in turn (its PYTHONPATH), round after
-round, on the same cases; each tree's time for a case is its median over the rounds, and
-the change is new / base. Both trees' payloads must be the same size (the format is
-fixed): a row whose sizes differ says so.
+round, on the same cases (`--calls-only`: the codec calls, without the transfers, swaps
+and kernel builds codecs.py adds on a GPU); each tree's time for a case is its median
+over the rounds, and the change is new / base. Both trees' payloads must be the same
+size (the format is fixed): a row whose sizes differ says so.
 
     python benchmarks/codecs_ab.py --base-site /tmp/site-base --new-site /tmp/site --rounds 2 \\
         -- --codecs zvc zans --sizes-mib 1 256 --sparsities 0.2 0.8 --dtypes fp32 bf16 --no-nvcomp
@@ -42,7 +43,8 @@ def run_codecs(site: str | None, args: list[str], out: Path) -> Path:
     env = dict(os.environ)
     if site:
         env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
-    subprocess.run([sys.executable, str(HERE / "codecs.py"), *args, "--out", str(out)], env=env, check=True)
+    subprocess.run([sys.executable, str(HERE / "codecs.py"), "--calls-only", *args, "--out", str(out)], env=env,
+                   check=True)
     found = sorted(out.glob("codecs*.csv"))
     if not found:
         raise RuntimeError(f"codecs_ab: codecs.py wrote no CSV under {out}")
