@@ -56,6 +56,16 @@ def test_zans_tile_benchmark_round_trips_each_tile_and_prices_the_short_ones(tmp
     assert json.loads((tmp_path / "zans-tiles.json").read_text())["rows"] == rows
 
 
+def test_zans_tile_benchmark_times_the_default_tile_at_more_programs(tmp_path):
+    """More programs an SM change where tiles run, not what they hold: the row decodes
+    (measure checks its round trip) to the same ratio as the default launch's."""
+    bench = load_benchmark("zans_tiles")
+    rows = bench.main(["--quick", "--sizes-mib", "0.0625", "--cases", "bf16-gelu", "--tiles", "16384",
+                       "--programs-per-sm", "16", "--out", str(tmp_path)])
+    assert [(r["tile"], r["programs_per_sm"]) for r in rows] == [(16384, 4), (16384, 16)]
+    assert rows[1]["ratio"] == rows[0]["ratio"] and rows[1]["ratio_vs_default"] == 1.0
+
+
 def test_lz4_warps_benchmark_writes_the_same_bytes_at_every_count(tmp_path):
     """Off a GPU it compares bytes only: four chunks encoded by 1, 2 and 4 warps in flight
     (a warp taking several chunks by ticket, or one each) give one payload; each count's
