@@ -14,8 +14,8 @@
 #                                   ZVC's and ZANS's kernels against .base/'s (.base at 8744496, the kernels
 #                                   before 2026-12-05's fences and layout: mkdir .base && git archive 8744496 |
 #                                   tar -x -C .base; an untracked folder travels with the tree)
-#   bash scripts/gpu_session.sh zans-tiles:120 lz4-warps:90 codecs:150 # ZANS's time by tile, LZ4's by warps in
-#                                   flight (neither run yet), every codec for the advisor's profile
+#   bash scripts/gpu_session.sh zans-tiles:170 lz4-warps:90            # ZANS's time by tile and programs an SM,
+#                                   LZ4's by warps in flight (neither run yet)
 #   stages: headline trace smoke tests fuzz overhead overhead-ab seam pyspy codecs codecs-ab zans-tiles lz4-warps
 #           runtime soak tune tune-quick train sanitize
 #   overhead-ab, codecs-ab: the overhead and codec benchmarks on the GPU, alternating between this tree's cswap
