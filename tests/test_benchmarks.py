@@ -4,6 +4,8 @@ import contextlib
 import gzip
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -77,6 +79,24 @@ def test_lz4_warps_benchmark_writes_the_same_bytes_at_every_count(tmp_path):
     per_warp = 2 * 8 * 4096 + 16384  # two tables of 4096 8-byte entries, and a block's staging (plus its bound)
     assert rows[2]["scratch_mib"] == 4 * rows[0]["scratch_mib"] and 0 < rows[0]["scratch_mib"] * 2**20 - per_warp < 256
     assert json.loads((tmp_path / "lz4-warps.json").read_text())["rows"] == rows
+
+
+def test_codec_host_benchmark_splits_a_calls_host_time(tmp_path):
+    """Run as a script (the interpreter these tests set would replace the kernels): every
+    ZVC call launches its one Triton kernel through Triton's path, and the host time splits
+    into cswap's part and Triton's, both there."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    run = subprocess.run([sys.executable, str(BENCHMARKS / "codec_host.py"), "--codecs", "zvc", "--mib", "0.25",
+                          "--calls", "20", "--rounds", "3", "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads((tmp_path / "codec-host.json").read_text())["rows"]
+    assert [(r["codec"], r["direction"], r["triton_launches"]) for r in rows] == [("zvc", "encode", 1),
+                                                                                  ("zvc", "decode", 1)]
+    for r in rows:
+        assert r["cswap_us"] > 0 and r["triton_us"] > 0
+        assert r["host_us"] == pytest.approx(r["cswap_us"] + r["triton_us"])
 
 
 def test_codecs_ab_runs_both_trees_and_compares_each_case(tmp_path):

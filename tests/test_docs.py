@@ -58,6 +58,8 @@ COVERAGE = {
     "python benchmarks/codecs_ab.py --base-site /tmp/site-base": ("gpu", "times two trees' kernels on a GPU; "
                                                                      "tests/test_benchmarks.py::test_codecs_ab_runs_"
                                                                      "both_trees_and_compares_each_case runs it on CPU"),
+    "python benchmarks/codec_host.py": ("test", "tests/test_benchmarks.py::test_codec_host_benchmark_splits_a_calls_"
+                                                "host_time"),
     "python benchmarks/runtime.py": ("gpu", "VGG16 at ImageNet shape"),
     "python benchmarks/runtime.py --quick": ("test", "tests/test_benchmarks.py::test_runtime_benchmark_quick_run_matches_losses"),
     "python benchmarks/runtime.py --dataset cifar10 --batch 32 --emulate measured": ("gpu", "measures a GPU"),
