@@ -103,7 +103,7 @@ def layout(rows: int, nnz: int, index_bytes: int, itemsize: int) -> tuple[int, i
 
 def sections(payload: torch.Tensor, rows: int, nnz: int, index_bytes: int, word_dtype: torch.dtype):
     """(crow_indices, col_indices, values) as views of `payload` (sizes already validated)."""
-    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    itemsize = word_dtype.itemsize
     _, off_col, off_values, _ = layout(rows, nnz, index_bytes, itemsize)
     crow = payload[: 8 * (rows + 1)].view(torch.int64)
     col = payload[off_col: off_col + index_bytes * nnz].view(torch.int32 if index_bytes == 4 else torch.int64)

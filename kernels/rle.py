@@ -92,7 +92,7 @@ class Sections(NamedTuple):
 def sections(payload: torch.Tensor, n: int, tile: int, num_runs: int, nnz: int,
              word_dtype: torch.dtype) -> Sections:
     """Typed views of the payload's sections (the payload must be exactly `layout(...)[-1]` bytes)."""
-    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    itemsize = word_dtype.itemsize
     _, off_vo, off_s, off_b, off_v, _ = layout(n, tile, num_runs, nnz, itemsize)
     num_tiles = -(-n // tile)
     return Sections(

@@ -1195,7 +1195,7 @@ def zans_decompress(payload: torch.Tensor, n: int, tile: int, mode: int, symbols
                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode with Triton (into `out` when given); returns (words, status int64 [TT + 1, 2])."""
     device = payload.device
-    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    itemsize = word_dtype.itemsize
     tv, tm, total_tiles = geometry(n, tile, mode, symbols, itemsize)
     offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
     out = decoder_output(out, n, word_dtype, device, zero=False)
@@ -1500,7 +1500,7 @@ def zans_decompress_ref(payload: torch.Tensor, n: int, tile: int, mode: int, sym
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference decoder; returns (words, status) like `zans_decompress`, same codes and positions."""
     device = payload.device
-    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    itemsize = word_dtype.itemsize
     tv, tm, total_tiles = geometry(n, tile, mode, symbols, itemsize)
     offsets, freqs, streams = sections(payload, n, tile, mode, symbols, coded_planes, streams_nbytes, itemsize)
     dec, table_ok, table_sum = decoder_tables_ref(freqs, coded_planes, itemsize)

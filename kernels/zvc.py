@@ -178,7 +178,7 @@ def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_p
 
 
 def _sections(payload: torch.Tensor, n: int, tile: int, nnz: int, word_dtype: torch.dtype):
-    itemsize = torch.empty((), dtype=word_dtype).element_size()
+    itemsize = word_dtype.itemsize
     _, off_masks, off_values, _ = layout(n, tile, nnz, itemsize)
     num_tiles = -(-n // tile)
     offsets = payload[: 8 * (num_tiles + 1)].view(torch.int64)

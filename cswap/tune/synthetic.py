@@ -28,7 +28,7 @@ def make_tensor(nbytes: int, sparsity: float, dtype: torch.dtype = torch.float32
     if not 0.0 <= sparsity <= 1.0:
         raise ValueError(f"cswap.tune.synthetic: sparsity must be in [0, 1], got {sparsity}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     n = max(0, nbytes // itemsize)
     gen = torch.Generator(device=device).manual_seed(seed)
     if pattern == "iid":
