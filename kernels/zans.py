@@ -718,7 +718,7 @@ def _tile_geometry(t, symbols, mask_bytes, tile, tiles_per_plane, W: tl.constexp
     return is_mask, q, tip, first, tlen
 
 
-@triton.jit(do_not_specialize=["n", "num_tiles"])
+@triton.jit(do_not_specialize=["words_ptr", "n", "num_tiles"])
 def _zans_compact_kernel(words_ptr, masks_ptr, values_ptr, state_ptr, plan_ptr, n, num_tiles,
                          TILE: tl.constexpr, LOOK: tl.constexpr):
     """Masked mode's compaction in one read of the input: each TILE words' mask words and
@@ -730,7 +730,7 @@ def _zans_compact_kernel(words_ptr, masks_ptr, values_ptr, state_ptr, plan_ptr, 
     while t < tiles:
         w, inb, nz = _zvc._masked_tile(words_ptr, masks_ptr, t, n, TILE)
         pos = _zvc._placed(nz, state_ptr, t, LOOK)[2]
-        tl.store(values_ptr + pos, w, mask=inb & (nz != 0))
+        tl.store(values_ptr + _zvc._flat(pos, TILE), _zvc._flat(w, TILE), mask=_zvc._flat(inb & (nz != 0), TILE))
         t = ticket(state_ptr)
 
 
@@ -981,7 +981,7 @@ def _zans_decode_kernel(s16_ptr, s8_ptr, offsets_ptr, dec_ptr, table_ok_ptr, tab
         tl.store(status_ptr + 2 * total_tiles + 1, tl.where(bad_first, first, tl.where(bad_last, last, 0)))
 
 
-@triton.jit(do_not_specialize=["n", "symbols", "num_tiles"])
+@triton.jit(do_not_specialize=["out_ptr", "n", "symbols", "num_tiles"])
 def _zans_unmask_kernel(mask_ptr, values_ptr, out_ptr, state_ptr, check_ptr, n, symbols, num_tiles,
                         TILE: tl.constexpr, LOOK: tl.constexpr):
     """Masked mode's last step, in one pass: each TILE elements' non-zeros go where the mask
@@ -1003,8 +1003,8 @@ def _zans_unmask_kernel(mask_ptr, values_ptr, out_ptr, state_ptr, check_ptr, n, 
         m = tl.load(mask_ptr + t * ROWS + rows, mask=rows * 32 < tile_len, other=0).to(tl.uint32, bitcast=True)
         bit = tl.where(inb, ((m[:, None] >> lane[None, :].to(tl.uint32)) & 1).to(tl.int32), 0)
         prefix, total, pos = _zvc._placed(bit, state_ptr, t, LOOK)
-        v = tl.load(values_ptr + pos, mask=(bit != 0) & (pos < symbols), other=0)
-        tl.store(out_ptr + t * TILE + offs, v, mask=inb)
+        v = tl.load(values_ptr + _zvc._flat(pos, TILE), mask=_zvc._flat((bit != 0) & (pos < symbols), TILE), other=0)
+        tl.store(out_ptr + t * TILE + _zvc._flat(offs, TILE), v, mask=_zvc._flat(inb, TILE))
         if t == num_tiles - 1:
             found = prefix + total
             bad = (tl.load(check_ptr) == 0) & (found != symbols)

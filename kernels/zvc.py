@@ -68,13 +68,21 @@ def _nonzero_count_kernel(words_ptr, counts_ptr, n, num_tiles, TILE: tl.constexp
 
 @triton.jit
 def _row_major(ROWS: tl.constexpr):
-    """[ROWS, 32] offsets of a tile's elements, row-major, hinted as no two neighbours
-    contiguous: Triton then lays one element of a row on each lane of a warp, not four
-    neighbours on each thread for a 128-bit load, and the non-zeros, stored or loaded at
-    positions known only at run time, use that layout as it is. In the four-neighbour one
-    the one-pass encoder took each tile through shared memory three times to store it,
-    and a whole tile did not fit the decoder's 128 registers (sm_90 builds, 2026-12-05)."""
-    return tl.max_contiguous(tl.arange(0, ROWS)[:, None] * 32 + tl.arange(0, 32)[None, :], [1, 1])
+    """[ROWS, 32] offsets of a tile's elements, row-major."""
+    return tl.arange(0, ROWS)[:, None] * 32 + tl.arange(0, 32)[None, :]
+
+
+# One element a lane for the whole tile. Triton gives a tile loaded with 128-bit loads
+# four neighbours a thread, and the non-zeros, stored or gathered at positions known only
+# at run time, one element a thread: the tile then went through shared memory to change
+# layout (three times a tile in the one-pass encoder), and a whole tile did not fit the
+# decoder's 128 registers. So the kernels leave the tile's pointer unspecialised (no
+# 16-byte alignment known: one element a load), and store or gather through 1-D views
+# (_flat), whose layout every Triton gives one element a lane in order; a 2-D pointer
+# with no contiguity, Triton 3.6 laid out down the columns (sm_90 builds, 2026-12-05).
+@triton.jit
+def _flat(x, N: tl.constexpr):
+    return tl.reshape(x, [N])
 
 
 @triton.jit
@@ -108,7 +116,7 @@ def _placed(nz, state_ptr, t, LOOK: tl.constexpr):
     return prefix, total, prefix + row_before[:, None] + tl.cumsum(nz, axis=1) - nz
 
 
-@triton.jit(do_not_specialize=["nnz_ptr", "n", "num_tiles", "offsets_pad", "masks_pad", "values_room"])
+@triton.jit(do_not_specialize=["words_ptr", "nnz_ptr", "n", "num_tiles", "offsets_pad", "masks_pad", "values_room"])
 def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_ptr, nnz_ptr, n, num_tiles, offsets_pad,
                          masks_pad, values_room, TILE: tl.constexpr, LOOK: tl.constexpr, VALUES_PAD: tl.constexpr):
     """Count, place and write each tile in one read of the input: tiles taken by ticket
@@ -124,7 +132,7 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
         w, inb, nz = _masked_tile(words_ptr, masks_ptr, t, n, TILE)
         prefix, total, pos = _placed(nz, state_ptr, t, LOOK)
         tl.store(offsets_ptr + t, prefix)
-        tl.store(values_ptr + pos, w, mask=inb & (nz != 0) & (pos < values_room))
+        tl.store(values_ptr + _flat(pos, TILE), _flat(w, TILE), mask=_flat(inb & (nz != 0) & (pos < values_room), TILE))
         if t == num_tiles - 1:
             nnz = prefix + total
             tl.store(offsets_ptr + num_tiles, nnz)
@@ -138,7 +146,7 @@ def _zvc_one_pass_kernel(words_ptr, offsets_ptr, masks_ptr, values_ptr, state_pt
         t = ticket(state_ptr)
 
 
-@triton.jit(do_not_specialize=["n", "nnz", "num_tiles"])
+@triton.jit(do_not_specialize=["out_ptr", "n", "nnz", "num_tiles"])
 def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_ptr, n, nnz,
                            num_tiles, TILE: tl.constexpr, SUB: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
@@ -168,8 +176,8 @@ def _zvc_decompress_kernel(masks_ptr, offsets_ptr, values_ptr, out_ptr, status_p
             row_count = tl.sum(bit, axis=1)
             row_before = tl.cumsum(row_count, axis=0) - row_count
             pos = count + row_before[:, None] + tl.cumsum(bit, axis=1) - bit
-            v = tl.load(src + pos, mask=inb & (bit != 0) & (pos < avail), other=0)
-            tl.store(dst + offs, v, mask=inb)
+            v = tl.load(src + _flat(pos, SUB), mask=_flat(inb & (bit != 0) & (pos < avail), SUB), other=0)
+            tl.store(dst + _flat(offs, SUB), v, mask=_flat(inb, SUB))
             count += tl.sum(row_count, axis=0)
         bad = (count != end - start) | (raw_start != start) | (raw_end != end)
         # The tiles must account for exactly nnz values, from the first.

@@ -114,7 +114,7 @@ def test_registers_within_budget(builds):
 
 def test_whole_tile_kernels_keep_their_tile_out_of_shared_memory(builds):
     """Their non-zeros go to (or come from) positions known at run time, in the layout the
-    tile was loaded in (kernels.zvc._row_major): no conversion of the tile through shared
+    tile was loaded in (kernels.zvc._flat): no conversion of the tile through shared
     memory, which took ZVC's one-pass encoder 8-32 KiB a program and three round trips a
     tile; what is left is the reductions' scratch."""
     results, _ = builds
