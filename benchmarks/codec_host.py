@@ -37,6 +37,7 @@ from triton.runtime.driver import driver  # noqa: E402
 
 import cswap  # noqa: E402
 from cswap.codecs import base as codec_base  # noqa: E402
+from cswap.kernels import aot  # noqa: E402
 from cswap.kernels.launch import LaunchConfig  # noqa: E402
 from cswap.tune.synthetic import make_tensor  # noqa: E402
 
@@ -58,26 +59,15 @@ class _Utils:
         return {"max_shared_mem": 232448, "multiprocessor_count": SMS, "max_num_regs": 65536, "warpSize": 32}
 
 
-class StandInDriver:
-    """A Triton driver that compiles for sm_90 and launches nothing."""
+class StandInDriver(aot._StandInDriver):
+    """The build tool's stand-in driver (it lets the JIT specialise and compile for sm_90),
+    with a binary loader and a launcher that does nothing, so that launches go through."""
 
     utils = _Utils()
 
     def __init__(self):
-        self.target = GPUTarget("cuda", 90, 32)
+        super().__init__(GPUTarget("cuda", 90, 32))
         self.launches = 0
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-    def is_active(self):
-        return True
 
     def launcher_cls(self, src, metadata):
         def launch(*args, **kwargs):
