@@ -38,13 +38,13 @@ from triton.runtime.driver import driver  # noqa: E402
 import cswap  # noqa: E402
 from cswap.codecs import base as codec_base  # noqa: E402
 from cswap.kernels import aot  # noqa: E402
-from cswap.kernels.launch import LaunchConfig  # noqa: E402
+from cswap.kernels.launch import PROGRAMS_PER_SM, LaunchConfig  # noqa: E402
 from cswap.tune.synthetic import make_tensor  # noqa: E402
 
 from common import environment, format_row, write_results  # noqa: E402
 
 MiB = 1 << 20
-SMS = 132  # an H100's: the default launch's grid is 4 programs an SM
+SMS = 132  # an H100's
 
 
 class _Utils:
@@ -134,7 +134,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--out", type=Path, help="results folder (default benchmarks/results/<device>)")
     args = p.parse_args(argv)
     x = make_tensor(int(args.mib * MiB), 0.8, torch.float32, "blocky", torch.device("cpu"), seed=0)
-    config = LaunchConfig(grid=4 * SMS, block=128)  # the default launch on an H100
+    config = LaunchConfig(grid=PROGRAMS_PER_SM * SMS, block=128)  # the default launch on an H100
     print(f"# host us per codec call on this machine's CPU (measured), {args.mib:g} MiB fp32 at 80% zeros; "
           f"the CUDA driver's launches and torch's CUDA allocations not counted")
     widths = [6, 7, 9, 9, 9, 10, 9]

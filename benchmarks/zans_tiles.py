@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 
 from cswap.kernels import zans as kz
-from cswap.kernels.launch import LaunchConfig, default_config
+from cswap.kernels.launch import PROGRAMS_PER_SM, LaunchConfig, default_config
 from cswap.tune.synthetic import make_tensor
 
 from common import environment, format_row, kernel_ms, write_results
 
 MiB = 1 << 20
 TILES = (4096, 8192, 16384, 32768)
-DEFAULT_PROGRAMS = 4  # an SM's programs at the default launch (kernels.launch.default_config)
+DEFAULT_PROGRAMS = PROGRAMS_PER_SM  # an SM's programs at the default launch
 
 
 def case_tensor(case: str, nbytes: int, device: torch.device) -> torch.Tensor:

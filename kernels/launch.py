@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LaunchConfig", "interpreting", "launch_grid", "default_config", "check_triton_device", "decoder_output",
-           "to_device",
-           "step_elements"]
+__all__ = ["LaunchConfig", "PROGRAMS_PER_SM", "interpreting", "launch_grid", "default_config", "check_triton_device",
+           "decoder_output", "to_device", "step_elements"]
 
 _MAX_GRID = 1 << 20
+PROGRAMS_PER_SM = 4  # the untuned default launch's programs an SM (default_config)
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,12 @@ def check_triton_device(device: torch.device, who: str) -> None:
 def default_config(device: torch.device) -> LaunchConfig:
     """Untuned default: a few programs per SM, 4 warps each.
 
-    grid = 4 x SMs: enough resident programs to hide memory latency on H100
+    grid = PROGRAMS_PER_SM x SMs: enough resident programs to hide memory latency on H100
     (132 SMs); cswap-tune replaces it with a measured optimum.
     """
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return LaunchConfig(grid=4 * sms, block=128)
+        return LaunchConfig(grid=PROGRAMS_PER_SM * sms, block=128)
     # The interpreter runs programs one after another and pays per operation, not
     # per element: fewer programs and longer steps (block 512: two or more steps
     # per tile still) are faster. Tests pass small blocks explicitly too.
